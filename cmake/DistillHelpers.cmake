@@ -1,0 +1,80 @@
+# Helpers shared by every folder.
+
+set(DISTILL_WARNINGS -Wall -Wextra -Wno-unused-parameter)
+
+if(DISTILL_SANITIZE)
+  set(DISTILL_SAN_FLAGS -fsanitize=${DISTILL_SANITIZE} -fno-omit-frame-pointer -fno-sanitize-recover=all)
+endif()
+
+# One precompiled header for torch, built once and reused by every target that
+# needs torch (REUSE_FROM needs identical flags, hence one static owner target).
+set(DISTILL_TORCH_PCH_HEADERS <torch/torch.h>)
+
+function(distill_common_flags target)
+  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${DISTILL_WARNINGS}>)
+  if(DISTILL_SAN_FLAGS)
+    target_compile_options(${target} PRIVATE ${DISTILL_SAN_FLAGS})
+    target_link_options(${target} PRIVATE ${DISTILL_SAN_FLAGS})
+  endif()
+  target_include_directories(${target} PRIVATE ${PROJECT_BINARY_DIR}/generated)
+endfunction()
+
+# distill_torch_pch(target): give `target` the shared torch PCH.
+function(distill_torch_pch target)
+  if(NOT DISTILL_TORCH_PCH)
+    return()
+  endif()
+  if(NOT TARGET distill_pch_owner)
+    file(WRITE ${PROJECT_BINARY_DIR}/pch_owner.cpp "// owns the torch precompiled header\n")
+    add_library(distill_pch_owner STATIC ${PROJECT_BINARY_DIR}/pch_owner.cpp)
+    target_link_libraries(distill_pch_owner PRIVATE distill_torch)
+    distill_common_flags(distill_pch_owner)
+    target_precompile_headers(distill_pch_owner PRIVATE ${DISTILL_TORCH_PCH_HEADERS})
+  endif()
+  target_precompile_headers(${target} REUSE_FROM distill_pch_owner)
+endfunction()
+
+# distill_library(name SOURCES ... DEPS ... [TORCH_SOURCES ...])
+# A module: folder `name`, namespace distill, shared library distill_<name>,
+# alias distill::<name>, public headers in <folder>/include/distill/<name>/.
+# Only TORCH_SOURCES get the torch PCH; the others must not need torch.
+function(distill_library name)
+  cmake_parse_arguments(A "" "" "SOURCES;TORCH_SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
+  set(t distill_${name})
+  add_library(${t} SHARED ${A_SOURCES} ${A_TORCH_SOURCES})
+  add_library(distill::${name} ALIAS ${t})
+  set_target_properties(${t} PROPERTIES EXPORT_NAME ${name} OUTPUT_NAME distill_${name})
+  target_include_directories(${t} PUBLIC
+    $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>
+    $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/generated>
+    $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
+  target_link_libraries(${t} PUBLIC ${A_DEPS} PRIVATE ${A_PRIVATE_DEPS})
+  distill_common_flags(${t})
+  if(A_TORCH_SOURCES)
+    distill_torch_pch(${t})
+    set_source_files_properties(${A_SOURCES} PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
+  endif()
+  set_property(GLOBAL APPEND PROPERTY DISTILL_LIBRARIES ${t})
+endfunction()
+
+# distill_test(name SOURCES ... [LIBS ...] [LABELS ...] [TORCH] [TIMEOUT s])
+# One gtest executable per test file; registered with ctest as one test so that
+# multi-process fixtures own their processes. TORCH: use the torch PCH.
+function(distill_test name)
+  cmake_parse_arguments(A "TORCH" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  add_executable(${name} ${A_SOURCES})
+  target_link_libraries(${name} PRIVATE ${A_LIBS} distill_testing GTest::gtest GTest::gtest_main)
+  distill_common_flags(${name})
+  if(A_TORCH)
+    distill_torch_pch(${name})
+  endif()
+  if(NOT A_TIMEOUT)
+    set(A_TIMEOUT 300)
+  endif()
+  add_test(NAME ${name} COMMAND ${name})
+  set_tests_properties(${name} PROPERTIES TIMEOUT ${A_TIMEOUT} LABELS "${A_LABELS}"
+    ENVIRONMENT "DISTILL_BIN_DIR=${PROJECT_BINARY_DIR}/bin;DISTILL_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+endfunction()
+
+set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bin)
+set(CMAKE_LIBRARY_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/lib)
