@@ -11,7 +11,7 @@ endif()
 set(DISTILL_TORCH_PCH_HEADERS <torch/torch.h>)
 
 function(distill_common_flags target)
-  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${DISTILL_WARNINGS}>)
+  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:${DISTILL_WARNINGS} -Winvalid-pch>)
   if(DISTILL_SAN_FLAGS)
     target_compile_options(${target} PRIVATE ${DISTILL_SAN_FLAGS})
     target_link_options(${target} PRIVATE ${DISTILL_SAN_FLAGS})
@@ -32,6 +32,14 @@ function(distill_torch_pch target)
     target_precompile_headers(distill_pch_owner PRIVATE ${DISTILL_TORCH_PCH_HEADERS})
   endif()
   target_precompile_headers(${target} REUSE_FROM distill_pch_owner)
+  # The PCH is built with -fPIC; CMake would give an executable -fPIE, which
+  # makes GCC reject the PCH ("created and used with different settings of
+  # -fpie") and silently parse all of torch again. -fPIC code links into a PIE.
+  get_target_property(_type ${target} TYPE)
+  if(_type STREQUAL "EXECUTABLE")
+    set_target_properties(${target} PROPERTIES POSITION_INDEPENDENT_CODE OFF)
+    target_compile_options(${target} PRIVATE -fPIC)
+  endif()
 endfunction()
 
 # distill_library(name SOURCES ... DEPS ... [TORCH_SOURCES ...])
@@ -63,7 +71,8 @@ endfunction()
 function(distill_test name)
   cmake_parse_arguments(A "TORCH" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${name} ${A_SOURCES})
-  target_link_libraries(${name} PRIVATE ${A_LIBS} distill_testing GTest::gtest GTest::gtest_main)
+  # support/main.cpp: runs a child role (support/roles.h) or the tests.
+  target_link_libraries(${name} PRIVATE ${A_LIBS} distill_testing distill_testing_main GTest::gtest)
   distill_common_flags(${name})
   if(A_TORCH)
     distill_torch_pch(${name})

@@ -7,6 +7,16 @@
 namespace distill {
 namespace {
 
+// An error that names no step reports the one this process is working on.
+ErrorWhere withCurrentStep(ErrorWhere w) {
+  int64_t step = 0, accStep = 0;
+  if (!w.step && currentStep(&step, &accStep)) {
+    w.step = step;
+    w.accStep = accStep;
+  }
+  return w;
+}
+
 std::string format(const std::string& msg, const ErrorWhere& w, const char* file, int line) {
   std::ostringstream os;
   os << identityPrefix() << ' ' << msg;
@@ -32,9 +42,9 @@ std::string format(const std::string& msg, const ErrorWhere& w, const char* file
 }  // namespace
 
 Error::Error(std::string msg, ErrorWhere where, const char* file, int line)
-    : std::runtime_error(format(msg, where, file, line)),
+    : std::runtime_error(format(msg, withCurrentStep(where), file, line)),
       msg_(std::move(msg)),
-      where_(std::move(where)),
+      where_(withCurrentStep(std::move(where))),
       file_(file),
       line_(line) {}
 

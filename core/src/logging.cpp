@@ -24,6 +24,9 @@ LogLevel levelFromEnv() {
   return LogLevel::kInfo;
 }
 
+std::atomic<int64_t> gStep{-1};
+std::atomic<int64_t> gAccStep{-1};
+
 std::atomic<int> gLevel{static_cast<int>(levelFromEnv())};
 
 const char* levelTag(LogLevel l) {
@@ -67,6 +70,19 @@ std::string identityPrefix() {
   s += roleName(id.role);
   s += "]";
   return s;
+}
+
+void setCurrentStep(int64_t step, int64_t accStep) {
+  gAccStep.store(accStep, std::memory_order_relaxed);
+  gStep.store(step, std::memory_order_relaxed);
+}
+
+bool currentStep(int64_t* step, int64_t* accStep) {
+  int64_t s = gStep.load(std::memory_order_relaxed);
+  if (s < 0) return false;
+  *step = s;
+  *accStep = gAccStep.load(std::memory_order_relaxed);
+  return true;
 }
 
 void setLogLevel(LogLevel level) { gLevel.store(static_cast<int>(level)); }

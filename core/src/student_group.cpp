@@ -1,10 +1,274 @@
+#include "distill/core/student_group.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include <cstdlib>
+#include <sstream>
+
+#include "distill/build_config.h"
+#include "distill/core/clock.h"
+#include "distill/core/errors.h"
+#include "distill/core/logging.h"
+#include "distill/core/options.h"
+#include "distill/core/topology.h"
+#include "nccl_backend.h"
+
 namespace distill {
-c10::intrusive_ptr<c10d::Backend> probeGloo(c10::intrusive_ptr<c10d::Store> store, int rank, int size) {
-  auto opts = c10d::ProcessGroupGloo::Options::create(std::chrono::milliseconds(1000));
-  opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+namespace {
+
+Millis secondsToMs(double s) { return Millis(static_cast<int64_t>(s * 1000.0)); }
+
+c10d::ReduceOp toC10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return c10d::ReduceOp::SUM;
+    case ReduceOp::kMax: return c10d::ReduceOp::MAX;
+    case ReduceOp::kMin: return c10d::ReduceOp::MIN;
+    case ReduceOp::kAvg: return c10d::ReduceOp::AVG;
+  }
+  return c10d::ReduceOp::SUM;
 }
+
+bool isLoopback(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
 }
+
+std::string joinRanks(const std::vector<int>& ranks) {
+  std::ostringstream os;
+  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << ranks[i];
+  return os.str();
+}
+
+}  // namespace
+
+struct StudentGroup::Impl {
+  int rank = 0;
+  int size = 0;
+  Millis timeout{0};
+  int64_t seq = 0;
+  c10::intrusive_ptr<c10d::Store> store;  // prefixed "distill/students/"
+  c10::intrusive_ptr<c10d::Backend> gloo;
+  c10::intrusive_ptr<c10d::Backend> nccl;  // null unless CUDA tensors may be reduced
+
+  bool serving = false;  // this rank hosts the TCPStore (student rank 0)
+
+  // Students whose counter `<prefix><rank>` is below `needed`: they never got there.
+  // Called after a failure. The store lives in student rank 0's process, so the
+  // other ranks must read it before rank 0 exits: each rank reports having read,
+  // and rank 0 waits (bounded) until every present rank has, before it throws.
+  std::vector<int> missing(const std::string& prefix, int64_t needed, const std::string& tag) {
+    std::vector<int> out;
+    try {
+      for (int r = 0; r < size; ++r) {
+        // add(key, 0) reads without blocking (get would wait for the key to exist).
+        if (store->add(prefix + std::to_string(r), 0) < needed) out.push_back(r);
+      }
+      int present = size - static_cast<int>(out.size());
+      if (store->add("diagnosed/" + tag, 1) >= present) {
+        store->set("diagnosed/" + tag + "/all", std::vector<uint8_t>{1});
+      }
+      if (serving) {
+        store->setTimeout(kDiagnoseGrace);
+        store->wait({"diagnosed/" + tag + "/all"});
+      }
+    } catch (const std::exception&) {
+      // The store is gone (rank 0 left) or a peer never read: report what we know.
+    }
+    return out;
+  }
+  static constexpr Millis kDiagnoseGrace{3000};
+
+  // Runs one collective with the arrival bookkeeping and the deadline.
+  void run(const std::string& what, const std::function<c10::intrusive_ptr<c10d::Work>()>& start) {
+    const int64_t mySeq = ++seq;
+    const std::string awaited = "student group " + what + " #" + std::to_string(mySeq);
+    auto deadline = Deadline::after(timeout);
+    try {
+      store->add("arrived/" + std::to_string(rank), 1);
+      auto work = start();
+      // gloo bounds its own transfers by the same timeout; wait() adds ours for NCCL.
+      if (!work->wait(timeout)) {
+        failed(what, mySeq, awaited, "timed out after " + std::to_string(timeout.count()) + " ms");
+      }
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      bool late = deadline.expired();
+      failed(what, mySeq, awaited,
+             (late ? "timed out after " + std::to_string(timeout.count()) + " ms: "
+                   : std::string("failed: ")) +
+                 firstLine(e.what()));
+    }
+  }
+
+  [[noreturn]] void failed(const std::string& what, int64_t mySeq, const std::string& awaited,
+                           const std::string& how) {
+    auto absent = missing("arrived/", mySeq, "c" + std::to_string(mySeq));
+    std::string who = absent.empty()
+                          ? "every student rank entered it; a peer failed inside it"
+                          : "student rank(s) " + joinRanks(absent) + " never entered it";
+    if (how.rfind("timed out", 0) == 0) {
+      DISTILL_THROW(TimeoutError, awaiting(awaited), "student group ", what, " #", mySeq, " ", how,
+                    "; ", who);
+    }
+    DISTILL_THROW(PeerLostError, awaiting(awaited), "student group ", what, " #", mySeq, " ", how,
+                  "; ", who);
+  }
+
+  static std::string firstLine(const std::string& s) {
+    auto nl = s.find('\n');
+    return nl == std::string::npos ? s : s.substr(0, nl);
+  }
+
+  c10d::Backend& backendFor(const std::vector<at::Tensor>& tensors) {
+    if (!tensors.empty() && tensors[0].is_cuda()) {
+      DISTILL_CHECK_T(ConfigError, nccl, "CUDA tensors given to the student group, but it has no "
+                      "NCCL backend (built with DISTILL_CUDA=", DISTILL_CUDA,
+                      ", student.device/student.backend select gloo); move them to CPU or set "
+                      "student.device: cuda");
+      return *nccl;
+    }
+    return *gloo;
+  }
+};
+
+StudentGroup::StudentGroup(const Topology& topo, const RunOptions& run,
+                           const StudentOptions& student)
+    : impl_(std::make_unique<Impl>()) {
+  auto& s = *impl_;
+  s.rank = topo.studentRank;
+  s.size = topo.studentWorldSize;
+  s.timeout = secondsToMs(run.collective_timeout_s);
+  const Millis startup = secondsToMs(run.startup_timeout_s);
+  DISTILL_CHECK_T(ConfigError, topo.masterPort > 0, "student group: MASTER_PORT is not set");
+
+  // Under torchrun the agent already serves a store at MASTER_ADDR:MASTER_PORT.
+  const char* agentStore = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  bool useAgentStore = agentStore && std::string(agentStore) == "True";
+
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<uint16_t>(topo.masterPort);
+  opts.isServer = s.rank == 0 && !useAgentStore;
+  opts.numWorkers = static_cast<size_t>(s.size);
+  opts.waitWorkers = false;  // admission below has its own deadline and names who is missing
+  opts.timeout = startup;
+  s.serving = opts.isServer;
+  try {
+    auto tcp = c10::make_intrusive<c10d::TCPStore>(topo.masterAddr, opts);
+    s.store = c10::make_intrusive<c10d::PrefixStore>("distill/students", tcp);
+  } catch (const std::exception& e) {
+    DISTILL_THROW(TimeoutError, awaiting("student group store at " + topo.masterAddr + ":" +
+                                         std::to_string(topo.masterPort)),
+                  "student group: cannot ", opts.isServer ? "serve" : "reach",
+                  " the rendezvous store within ", startup.count(), " ms: ",
+                  Impl::firstLine(e.what()));
+  }
+
+  // Admission: every student announces itself, then waits (deadline) for all.
+  auto deadline = Deadline::after(startup);
+  try {
+    s.store->add("joined/" + std::to_string(s.rank), 1);
+    if (s.store->add("joined", 1) == s.size) s.store->set("all_joined", std::vector<uint8_t>{1});
+  } catch (const std::exception& e) {
+    DISTILL_THROW(PeerLostError, awaiting("student group rendezvous"),
+                  "student group: lost the rendezvous store (served by student rank 0): ",
+                  Impl::firstLine(e.what()));
+  }
+  for (;;) {
+    if (deadline.expired()) {
+      auto absent = s.missing("joined/", 1, "rendezvous");
+      DISTILL_THROW(TimeoutError, awaiting("student group rendezvous"), "student group: ",
+                    absent.size(), " of ", s.size, " student rank(s) never joined within ",
+                    startup.count(), " ms: missing student rank(s) ", joinRanks(absent));
+    }
+    // The store has no blocking "wait until counter >= n": wait() on the key
+    // that the last student to join sets, bounded by the time left.
+    try {
+      s.store->setTimeout(std::max(Millis(1), std::chrono::ceil<Millis>(deadline.remaining())));
+      s.store->wait({"all_joined"});
+      break;
+    } catch (const std::exception& e) {
+      // A timeout: the loop reports who is missing. Anything earlier is the store failing.
+      if (deadline.remaining() > Millis(50)) {
+        DISTILL_THROW(PeerLostError, awaiting("student group rendezvous"),
+                      "student group: lost the rendezvous store (served by student rank 0): ",
+                      Impl::firstLine(e.what()));
+      }
+    }
+  }
+  s.store->setTimeout(s.timeout);
+
+  // gloo rendezvous itself (connectFullMesh) is bounded by the store's timeout.
+  auto glooOpts = c10d::ProcessGroupGloo::Options::create(s.timeout);
+  const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+  if (ifname && *ifname) {
+    glooOpts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+  } else if (isLoopback(topo.masterAddr)) {
+    glooOpts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  } else {
+    glooOpts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+  }
+  auto glooStore = c10::make_intrusive<c10d::PrefixStore>("gloo", s.store);
+  s.gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(glooStore, s.rank, s.size, glooOpts);
+
+  bool wantNccl = student.backend == "nccl" ||
+                  (student.backend == "auto" && student.device.rfind("cuda", 0) == 0);
+  if (wantNccl) {
+    s.nccl = makeNcclBackend(c10::make_intrusive<c10d::PrefixStore>("nccl", s.store), s.rank,
+                             s.size, s.timeout, student.device);
+  }
+  DISTILL_LOG(kInfo) << "student group ready: rank " << s.rank << "/" << s.size << " (gloo"
+                     << (s.nccl ? " + nccl" : "") << "), collective timeout " << s.timeout.count()
+                     << " ms";
+}
+
+StudentGroup::~StudentGroup() = default;
+
+int StudentGroup::rank() const { return impl_->rank; }
+int StudentGroup::size() const { return impl_->size; }
+std::chrono::milliseconds StudentGroup::timeout() const { return impl_->timeout; }
+int64_t StudentGroup::sequence() const { return impl_->seq; }
+
+void StudentGroup::barrier(const std::string& what) {
+  impl_->run(what, [&] {
+    c10d::BarrierOptions o;
+    o.timeout = impl_->timeout;
+    return impl_->gloo->barrier(o);
+  });
+}
+
+void StudentGroup::allReduce(std::vector<at::Tensor>& tensors, ReduceOp op,
+                             const std::string& what) {
+  auto& backend = impl_->backendFor(tensors);
+  impl_->run(what, [&] {
+    c10d::AllreduceOptions o;
+    o.reduceOp = toC10d(op);
+    o.timeout = impl_->timeout;
+    return backend.allreduce(tensors, o);
+  });
+}
+
+void StudentGroup::allReduce(at::Tensor& tensor, ReduceOp op, const std::string& what) {
+  std::vector<at::Tensor> v{tensor};
+  allReduce(v, op, what);
+}
+
+void StudentGroup::broadcast(std::vector<at::Tensor>& tensors, int root, const std::string& what) {
+  DISTILL_CHECK_T(ConfigError, root >= 0 && root < impl_->size, "broadcast root ", root,
+                  " is not a student rank (0..", impl_->size - 1, ")");
+  auto& backend = impl_->backendFor(tensors);
+  impl_->run(what, [&] {
+    c10d::BroadcastOptions o;
+    o.rootRank = root;
+    o.timeout = impl_->timeout;
+    return backend.broadcast(tensors, o);
+  });
+}
+
+void StudentGroup::broadcast(at::Tensor& tensor, int root, const std::string& what) {
+  std::vector<at::Tensor> v{tensor};
+  broadcast(v, root, what);
+}
+
+}  // namespace distill

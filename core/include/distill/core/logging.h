@@ -4,6 +4,7 @@
 // process identity ("[n0 r3 student]") so that interleaved output of many ranks
 // stays attributable. Thread safe: one write(2) per line.
 
+#include <cstdint>
 #include <sstream>
 #include <string>
 
@@ -21,6 +22,11 @@ struct Identity {
 };
 
 void setIdentity(const Identity& id);
+
+// The (step, acc_step) this process is working on, if known; an error that
+// names none itself reports this one. Set by the student client per request.
+void setCurrentStep(int64_t step, int64_t accStep);
+bool currentStep(int64_t* step, int64_t* accStep);
 Identity identity();
 // "[n0 r3 student]", or "[distill]" before setIdentity.
 std::string identityPrefix();

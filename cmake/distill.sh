@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The README's two commands:
+#   bash cmake/distill.sh demo   installs what is missing, builds, runs the main job
+#   bash cmake/distill.sh test   installs what is missing, builds, runs every test
+# Running either again is quick: installs and configure are skipped when done,
+# the build is incremental.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+what=${1:-}
+case "$what" in demo|test) ;; *) echo "usage: $0 demo|test" >&2; exit 2 ;; esac
+
+TORCH_VERSION=2.11.0
+BUILD=${DISTILL_BUILD_DIR:-build}
+JOBS=${DISTILL_JOBS:-$(nproc)}
+SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+
+# ---- Debian packages ----
+pkgs=(cmake ninja-build g++ libboost-dev libyaml-cpp-dev libgloo-dev
+      libgtest-dev libgmock-dev clang libclang-rt-14-dev)
+missing=()
+command -v python3 >/dev/null || missing+=(python3 python3-pip)
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "== installing: ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# ---- LibTorch: the PyPI torch wheel, pinned ----
+if ! python3 -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '$TORCH_VERSION' else 1)" 2>/dev/null; then
+  echo "== installing torch==$TORCH_VERSION (pip)"
+  # Debian's own python3 marks itself externally managed; a pyenv/venv python does not.
+  python3 -m pip install -q "torch==$TORCH_VERSION" ||
+    python3 -m pip install -q --break-system-packages "torch==$TORCH_VERSION"
+fi
+
+# ---- configure (once) and build ----
+if [ ! -f "$BUILD/build.ninja" ]; then
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDISTILL_BUILD_FUZZ=ON
+fi
+start=$(date +%s)
+cmake --build "$BUILD" -j "$JOBS"
+echo "== build: $(( $(date +%s) - start )) s"
+
+case "$what" in
+  test)
+    start=$(date +%s)
+    # -j1: the multi-process tests measure detection times; keep the 2 cores for them.
+    ctest --test-dir "$BUILD" --output-on-failure --timeout 600
+    echo "== tests: $(( $(date +%s) - start )) s"
+    ;;
+  demo)
+    exec "$BUILD/bin/distill-hello" --config configs/hello.yaml
+    ;;
+esac

@@ -1,0 +1,54 @@
+#pragma once
+
+// Experiment configuration: a YAML file of sections (run, teacher, student,
+// transport, loss, checkpoint) whose keys are the fields of options.h, plus
+// `--set section.key=value` overrides from the command line.
+//
+// Validation is complete before anything starts: every problem of a file (unknown
+// keys with a suggestion, wrong types, values out of range, missing required keys,
+// cross-field constraints) is collected and thrown as ONE ConfigError whose
+// message() reads
+//
+//   config exp.yaml: 2 problem(s):
+//   loss.temprature: unknown key; did you mean loss.temperature?
+//   transport.slots: must be >= 1, found 0 (from --set)
+//
+// All functions are pure (no global state) and safe to call from any thread.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "distill/core/options.h"
+
+namespace distill {
+
+// Reads and validates the YAML file at `path`, then applies `overrides`
+// ("section.key=value", as given to --set; later ones win). The result's
+// `source` is `path`. Throws ConfigError (unreadable file: path and strerror;
+// YAML syntax error: path, line and column; otherwise the problem list).
+Config loadConfig(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// As loadConfig, on YAML text; `sourceName` only names it in messages. An
+// override value is parsed as a YAML scalar or flow value ("[a, b]") and
+// validated exactly like a value of the file. The result's `source` is "".
+Config parseConfig(const std::string& yamlText, const std::vector<std::string>& overrides = {},
+                   const std::string& sourceName = "<string>");
+
+// Every dotted key of the schema ("run.name", ...), in schema order.
+std::vector<std::string> configKeys();
+
+// Canonical YAML of every key, in schema order: deterministic, and parsed back
+// by parseConfig into an equal Config. `source` is not part of it.
+std::string dumpConfig(const Config& config);
+
+// FNV-1a 64 of dumpConfig(config): what a checkpoint manifest records.
+uint64_t configHash(const Config& config);
+
+// Removes every `--set k=v` and `--set=k=v` from argv (updating argc, keeping
+// argv[argc] == nullptr) and returns the k=v strings in order. Scanning stops
+// at a bare `--`, so arguments meant for a child program are left alone.
+// A `--set` with nothing after it is a ConfigError.
+std::vector<std::string> extractSetOverrides(int& argc, char** argv);
+
+}  // namespace distill

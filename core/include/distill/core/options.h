@@ -1,0 +1,98 @@
+#pragma once
+
+// Options of an experiment. Each struct is one YAML section, each field one
+// key of the same name in snake_case (configs/reference.yaml documents them all,
+// with these defaults). Parsing and validation live in config.cpp only.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace distill {
+
+// run: how the job is laid out and how long anything may wait.
+struct RunOptions {
+  std::string name = "distill";           // job name, used in logs and the segment name
+  int nproc_per_node = 3;                 // processes per node: students + 1 teacher (>= 2)
+  int nnodes = 1;                         // nodes in the job (>= 1)
+  int node_rank = 0;                      // this node, 0 .. nnodes-1
+  std::string master_addr = "127.0.0.1";  // student group rendezvous host (student rank 0)
+  int master_port = 29500;                // student group rendezvous port (1..65535)
+  std::string log_dir = "logs";           // per-rank log files, metrics, hang reports
+  double startup_timeout_s = 60;          // admission: students <-> teacher, store connect (> 0)
+  double collective_timeout_s = 300;      // each student-group collective (> 0)
+  double hang_timeout_s = 300;            // no progress on any rank for this long = hang (> 0)
+  std::string on_hang = "teardown";       // teardown | wait: what the watchdog does on a hang
+  int64_t seed = 0;                       // base RNG seed; rank r uses seed + r
+  int64_t steps = 0;                      // training steps the trainer runs (0: trainer decides)
+};
+
+// teacher: the model served by the teacher process.
+struct TeacherOptions {
+  std::string kind = "torchscript";       // torchscript | registered | self
+  std::string path;                       // torchscript: the .pt file
+  std::string library;                    // registered: shared library that registers the module
+  std::string module;                     // registered: name the module was registered under
+  std::string weights;                    // registered: torch::save file with its weights ("" = none)
+  std::string method = "forward";         // torchscript: method to call
+  std::vector<std::string> inputs = {"input_ids"};  // names of the request tensors, in call order
+  std::string output = "logits";          // name of the output tensor (first element if a tuple)
+  std::vector<std::string> hidden_states; // extra named outputs to return (dict outputs only)
+  std::string device = "cpu";             // cpu | cuda | cuda:N
+  std::string autocast = "none";          // none | float16 | bfloat16 (GPU only)
+  int64_t max_batch_tokens = 16384;       // batch requests of several students up to this many tokens
+  int64_t topk = 0;                       // 0: full logits; k > 0: top-k values + int32 indices
+  int max_restarts = 0;                   // distill-run restarts a dead teacher this many times
+  int threads = 0;                        // torch intra-op threads (0: torch's default)
+};
+
+// student: the trainer side.
+struct StudentOptions {
+  int grad_acc_steps = 1;                 // micro-batches per optimizer step (>= 1)
+  int in_flight = 2;                      // requests outstanding per student (1 .. transport.slots)
+  std::string device = "cpu";             // cpu | cuda | cuda:N (the student's tensors)
+  std::string backend = "auto";           // auto | gloo | nccl: the student group's backend
+  double bucket_mb = 25;                  // gradient all-reduce bucket size in MiB (> 0)
+};
+
+// transport: the shared-memory rings between the students and the teacher of a node.
+struct TransportOptions {
+  int slots = 4;                          // slots per ring (>= 1)
+  int64_t max_request_bytes = 4 << 20;    // payload capacity of a request slot
+  int64_t max_response_bytes = 64 << 20;  // payload capacity of a response slot
+  int heartbeat_ms = 100;                 // liveness period; a peer is lost after ~2 of them
+  int spin_us = 20;                       // spin this long before sleeping on the futex (0: never)
+  std::string cuda_ipc = "auto";          // auto | on | off: GPU tensors as CUDA IPC buffers
+};
+
+// loss: the distillation loss.
+struct LossOptions {
+  std::string kind = "forward_kl";        // forward_kl | reverse_kl | jsd
+  double temperature = 1.0;               // softmax temperature T (> 0); KL is scaled by T^2
+  double alpha = 0.5;                     // weight of the distillation term; 1-alpha on hard-label CE
+  double jsd_beta = 0.5;                  // JSD mixture weight, in (0, 1)
+  int64_t ignore_index = -100;            // label value masked out of every term
+  int64_t chunk_tokens = 4096;            // tokens per chunk in the loss (bounds memory; >= 1)
+};
+
+// checkpoint: student-only checkpoints.
+struct CheckpointOptions {
+  std::string dir;                        // checkpoint root ("" = checkpoints off)
+  int64_t every_steps = 0;                // save every N steps (0 = only when the trainer asks)
+  int keep_last = 3;                      // complete checkpoints kept (>= 1)
+  bool async = false;                     // write in a background thread
+  bool resume = true;                     // load the newest complete checkpoint at start
+  std::string on_error = "stop";          // stop | continue: what a failed save does
+};
+
+struct Config {
+  RunOptions run;
+  TeacherOptions teacher;
+  StudentOptions student;
+  TransportOptions transport;
+  LossOptions loss;
+  CheckpointOptions checkpoint;
+  std::string source;                     // file it was loaded from ("" if from text)
+};
+
+}  // namespace distill

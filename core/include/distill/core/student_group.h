@@ -1,0 +1,70 @@
+#pragma once
+
+// The process group of the students, and only the students.
+//
+// Every barrier, all-reduce and broadcast of a distill job runs here: the
+// teacher is in no collective at all (DESIGN.md, first failure). A StudentGroup
+// can only be made by a StudentContext (private constructor), and a
+// TeacherContext has no way to reach one — that is checked at compile time by
+// tests/core/context_test.cpp.
+//
+// Backends: c10d ProcessGroupGloo for CPU tensors (and every barrier);
+// ProcessGroupNCCL for CUDA tensors when built with CUDA and student.backend
+// allows it. Rendezvous: TCPStore at MASTER_ADDR:MASTER_PORT (student rank 0
+// serves it) under the prefix "distill/students/".
+//
+// Deadlines: every collective is bounded by run.collective_timeout_s. Before a
+// collective each rank bumps its own arrival counter in the store; on a timeout
+// or a failure the error names the ranks whose counter shows they never
+// entered that collective.
+//
+// Thread safety: collectives must be issued from one thread per process, in
+// the same order on every rank (as with any c10d group).
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace distill {
+
+struct Topology;
+struct RunOptions;
+struct StudentOptions;
+class StudentContext;
+
+enum class ReduceOp { kSum, kMax, kMin, kAvg };
+
+class StudentGroup {
+ public:
+  ~StudentGroup();
+  StudentGroup(const StudentGroup&) = delete;
+  StudentGroup& operator=(const StudentGroup&) = delete;
+
+  int rank() const;
+  int size() const;
+  std::chrono::milliseconds timeout() const;
+  // Collectives entered so far by this rank.
+  int64_t sequence() const;
+
+  // `what` names the collective in errors ("checkpoint barrier", "grad bucket 3").
+  void barrier(const std::string& what = "barrier");
+  // In place. CPU tensors go through gloo, CUDA tensors through NCCL.
+  void allReduce(std::vector<at::Tensor>& tensors, ReduceOp op = ReduceOp::kSum,
+                 const std::string& what = "all_reduce");
+  void allReduce(at::Tensor& tensor, ReduceOp op = ReduceOp::kSum,
+                 const std::string& what = "all_reduce");
+  void broadcast(std::vector<at::Tensor>& tensors, int root, const std::string& what = "broadcast");
+  void broadcast(at::Tensor& tensor, int root, const std::string& what = "broadcast");
+
+ private:
+  friend class StudentContext;
+  StudentGroup(const Topology& topo, const RunOptions& run, const StudentOptions& student);
+
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace distill

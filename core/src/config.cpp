@@ -1,0 +1,666 @@
+#include "distill/core/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <climits>
+#include <cstdio>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <set>
+#include <variant>
+
+#include "distill/core/errors.h"
+
+namespace distill {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr const char* kFromSet = " (from --set)";
+
+// Where a key's value lives in a Config; the alternative held is also its type.
+using Field =
+    std::variant<std::string*, int*, int64_t*, double*, bool*, std::vector<std::string>*>;
+
+// Allowed numbers: lo..hi, either end open; an infinite end is no bound.
+struct Range {
+  double lo = -kInf;
+  double hi = kInf;
+  bool loOpen = false;
+  bool hiOpen = false;
+};
+
+// One key of the schema. The setters chain so that the table reads one line per key.
+struct KeySpec {
+  KeySpec(const char* p, Field (*f)(Config&)) : path(p), field(f) {}
+  KeySpec& min(double v) { range.lo = v; return *this; }
+  KeySpec& above(double v) { range.lo = v; range.loOpen = true; return *this; }
+  KeySpec& max(double v) { range.hi = v; return *this; }
+  KeySpec& below(double v) { range.hi = v; range.hiOpen = true; return *this; }
+  KeySpec& oneOf(std::vector<std::string> c) { choices = std::move(c); return *this; }
+  KeySpec& byteSize() { bytes = true; return *this; }
+  KeySpec& mandatory() { required = true; return *this; }
+  KeySpec& nonEmpty() { notEmpty = true; return *this; }
+
+  std::string section() const { return path.substr(0, path.find('.')); }
+  std::string name() const { return path.substr(path.find('.') + 1); }
+
+  std::string path;                  // "section.key"
+  Field (*field)(Config&);           // the field in a Config
+  Range range;                       // numbers only
+  std::vector<std::string> choices;  // enumerated strings; "cuda:N" stands for cuda:<index>
+  bool bytes = false;                // an int64 that also takes "64MiB"
+  bool required = false;             // no default: the file must set it
+  bool notEmpty = false;             // strings and lists
+};
+
+// The path and the field come from one spelling, so they cannot drift apart.
+#define DISTILL_KEY(sec, key) \
+  KeySpec(#sec "." #key, [](Config& c) -> Field { return &c.sec.key; })
+
+// The schema, in the order of options.h; ranges are its comments.
+const std::vector<KeySpec>& schema() {
+  static const std::vector<KeySpec> keys = {
+      DISTILL_KEY(run, name).nonEmpty(),
+      DISTILL_KEY(run, nproc_per_node).min(2),
+      DISTILL_KEY(run, nnodes).min(1),
+      DISTILL_KEY(run, node_rank).min(0),  // and < run.nnodes, checked across fields
+      DISTILL_KEY(run, master_addr).nonEmpty(),
+      DISTILL_KEY(run, master_port).min(1).max(65535),
+      DISTILL_KEY(run, log_dir).nonEmpty(),
+      DISTILL_KEY(run, startup_timeout_s).above(0),
+      DISTILL_KEY(run, collective_timeout_s).above(0),
+      DISTILL_KEY(run, hang_timeout_s).above(0),
+      DISTILL_KEY(run, on_hang).oneOf({"teardown", "wait"}),
+      DISTILL_KEY(run, seed),
+      DISTILL_KEY(run, steps).min(0),
+
+      DISTILL_KEY(teacher, kind).oneOf({"torchscript", "registered", "self"}).mandatory(),
+      DISTILL_KEY(teacher, path),     // required by kind, checked across fields
+      DISTILL_KEY(teacher, library),  // idem
+      DISTILL_KEY(teacher, module),   // idem
+      DISTILL_KEY(teacher, weights),
+      DISTILL_KEY(teacher, method).nonEmpty(),
+      DISTILL_KEY(teacher, inputs).nonEmpty(),
+      DISTILL_KEY(teacher, output).nonEmpty(),
+      DISTILL_KEY(teacher, hidden_states),
+      DISTILL_KEY(teacher, device).oneOf({"cpu", "cuda", "cuda:N"}),
+      DISTILL_KEY(teacher, autocast).oneOf({"none", "float16", "bfloat16"}),
+      DISTILL_KEY(teacher, max_batch_tokens).min(1),
+      DISTILL_KEY(teacher, topk).min(0),
+      DISTILL_KEY(teacher, max_restarts).min(0),
+      DISTILL_KEY(teacher, threads).min(0),
+
+      DISTILL_KEY(student, grad_acc_steps).min(1),
+      DISTILL_KEY(student, in_flight).min(1),  // and <= transport.slots, checked across fields
+      DISTILL_KEY(student, device).oneOf({"cpu", "cuda", "cuda:N"}),
+      DISTILL_KEY(student, backend).oneOf({"auto", "gloo", "nccl"}),
+      DISTILL_KEY(student, bucket_mb).above(0),
+
+      DISTILL_KEY(transport, slots).min(1),
+      DISTILL_KEY(transport, max_request_bytes).byteSize().min(1),
+      DISTILL_KEY(transport, max_response_bytes).byteSize().min(1),
+      DISTILL_KEY(transport, heartbeat_ms).min(1),
+      DISTILL_KEY(transport, spin_us).min(0),
+      DISTILL_KEY(transport, cuda_ipc).oneOf({"auto", "on", "off"}),
+
+      DISTILL_KEY(loss, kind).oneOf({"forward_kl", "reverse_kl", "jsd"}),
+      DISTILL_KEY(loss, temperature).above(0),
+      DISTILL_KEY(loss, alpha).min(0).max(1),
+      DISTILL_KEY(loss, jsd_beta).above(0).below(1),
+      DISTILL_KEY(loss, ignore_index),
+      DISTILL_KEY(loss, chunk_tokens).min(1),
+
+      DISTILL_KEY(checkpoint, dir),
+      DISTILL_KEY(checkpoint, every_steps).min(0),
+      DISTILL_KEY(checkpoint, keep_last).min(1),
+      DISTILL_KEY(checkpoint, async),
+      DISTILL_KEY(checkpoint, resume),
+      DISTILL_KEY(checkpoint, on_error).oneOf({"stop", "continue"}),
+  };
+  return keys;
+}
+
+#undef DISTILL_KEY
+
+int keyIndex(const std::string& path) {
+  const auto& keys = schema();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (keys[i].path == path) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+// Index of a key this file names itself: a miss is a typo here, not bad input.
+size_t knownKey(const char* path) {
+  const int i = keyIndex(path);
+  DISTILL_INTERNAL_ASSERT(i >= 0, "no config key ", path);
+  return static_cast<size_t>(i);
+}
+
+std::vector<std::string> sectionNames() {
+  std::vector<std::string> out;
+  for (const KeySpec& k : schema()) {
+    if (out.empty() || out.back() != k.section()) out.push_back(k.section());
+  }
+  return out;
+}
+
+bool isSection(const std::string& name) {
+  const auto s = sectionNames();
+  return std::find(s.begin(), s.end(), name) != s.end();
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const std::string& s : items) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+size_t levenshtein(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string unknownKey(const std::string& path) {
+  const std::string section = path.substr(0, path.find('.'));
+  // Nearest key of the same section first: a typo rarely changes the section.
+  std::string best;
+  size_t bestDist = 4;
+  for (bool sameSection : {true, false}) {
+    for (const KeySpec& k : schema()) {
+      if (sameSection && k.section() != section) continue;
+      const size_t d = levenshtein(path, k.path);
+      if (d < bestDist) {
+        bestDist = d;
+        best = k.path;
+      }
+    }
+    if (!best.empty()) return path + ": unknown key; did you mean " + best + "?";
+  }
+  if (!isSection(section)) return path + ": unknown key; valid sections: " + join(sectionNames());
+  std::vector<std::string> names;
+  for (const KeySpec& k : schema()) {
+    if (k.section() == section) names.push_back(k.name());
+  }
+  return path + ": unknown key; valid keys in " + section + ": " + join(names);
+}
+
+std::string unknownSection(const std::string& name) {
+  // Section names are short: allow fewer edits, or "xyz" would suggest "run".
+  const size_t limit = std::min<size_t>(3, name.size() / 2);
+  for (const std::string& s : sectionNames()) {
+    if (levenshtein(name, s) <= limit) return name + ": unknown section; did you mean " + s + "?";
+  }
+  return name + ": unknown section; valid sections: " + join(sectionNames());
+}
+
+// A YAML double-quoted string: readable in messages and parsed back by yaml-cpp.
+std::string quote(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char ch : s) {
+    switch (ch) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (ch < 0x20 || ch == 0x7f) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\x%02x", ch);
+          out += buf;
+        } else {
+          out += static_cast<char>(ch);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+enum class Number { kNone, kInt, kFloat };
+
+// Syntax of a decimal number (no hex, inf or nan): what a plain scalar means as a number.
+Number numberKind(const std::string& s) {
+  size_t i = 0;
+  const size_t n = s.size();
+  auto digits = [&] {
+    const size_t start = i;
+    while (i < n && s[i] >= '0' && s[i] <= '9') ++i;
+    return i - start;
+  };
+  if (i < n && (s[i] == '+' || s[i] == '-')) ++i;
+  size_t mantissa = digits();
+  bool isFloat = false;
+  if (i < n && s[i] == '.') {
+    ++i;
+    isFloat = true;
+    mantissa += digits();
+  }
+  if (mantissa == 0) return Number::kNone;
+  if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+    ++i;
+    isFloat = true;
+    if (i < n && (s[i] == '+' || s[i] == '-')) ++i;
+    if (digits() == 0) return Number::kNone;
+  }
+  if (i != n) return Number::kNone;
+  return isFloat ? Number::kFloat : Number::kInt;
+}
+
+// from_chars: locale-independent (a trainer may have set a locale), but rejects '+'.
+template <typename T>
+bool parseNumber(const std::string& s, T& out) {
+  const char* begin = s.data() + (!s.empty() && s[0] == '+');
+  const char* end = s.data() + s.size();
+  const auto [ptr, ec] = std::from_chars(begin, end, out);
+  return ec == std::errc() && ptr == end;
+}
+
+bool isBoolText(const std::string& s) {
+  static const std::set<std::string> words = {"true", "True", "TRUE", "false", "False", "FALSE"};
+  return words.count(s) > 0;
+}
+
+bool isPlain(const YAML::Node& n) { return n.IsScalar() && n.Tag() == "?"; }
+
+// How a value reads to a user: `string "hot"`, `number 3.5`, `a list`, ...
+std::string describe(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Null: return "null";
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Map: return "a map";
+    case YAML::NodeType::Scalar: break;
+    default: return "nothing";
+  }
+  const std::string& s = n.Scalar();
+  if (isPlain(n) && isBoolText(s)) return "boolean " + s;
+  if (isPlain(n) && numberKind(s) != Number::kNone) return "number " + s;
+  return "string " + quote(s);
+}
+
+std::string expected(const char* what, const YAML::Node& n) {
+  return std::string("expected ") + what + ", found " + describe(n);
+}
+
+std::string formatNumber(double v) {
+  char buf[32];
+  const auto res = std::to_chars(buf, buf + sizeof buf, v);  // shortest exact form
+  return std::string(buf, res.ptr);
+}
+
+std::optional<std::string> checkRange(const Range& r, double v, const std::string& text) {
+  // Written so that NaN fails.
+  const bool ok = (r.loOpen ? v > r.lo : v >= r.lo) && (r.hiOpen ? v < r.hi : v <= r.hi);
+  if (ok) return std::nullopt;
+  std::string bound;
+  if (r.lo > -kInf && r.hi < kInf) {
+    bound = std::string("in ") + (r.loOpen ? "(" : "[") + formatNumber(r.lo) + ", " +
+            formatNumber(r.hi) + (r.hiOpen ? ")" : "]");
+  } else if (r.lo > -kInf) {
+    bound = (r.loOpen ? "> " : ">= ") + formatNumber(r.lo);
+  } else {
+    bound = (r.hiOpen ? "< " : "<= ") + formatNumber(r.hi);
+  }
+  return "must be " + bound + ", found " + text;
+}
+
+bool matchesChoice(const std::string& value, const std::string& choice) {
+  const std::string prefix = "cuda:";
+  if (choice == "cuda:N") {
+    return value.size() > prefix.size() && value.compare(0, prefix.size(), prefix) == 0 &&
+           std::all_of(value.begin() + prefix.size(), value.end(),
+                       [](char ch) { return ch >= '0' && ch <= '9'; });
+  }
+  return value == choice;
+}
+
+// A plain integer of bytes, or digits with a binary unit: "64MiB", "1 GiB". Returns
+// false if `n` is no byte size at all; sets `overflow` if it does not fit an int64.
+bool parseByteSize(const YAML::Node& n, int64_t& out, bool& overflow) {
+  const std::string& s = n.Scalar();
+  if (isPlain(n) && numberKind(s) == Number::kInt) {
+    overflow = !parseNumber(s, out);  // negative or zero: the range check reports it
+    return true;
+  }
+  size_t digits = 0;
+  while (digits < s.size() && s[digits] >= '0' && s[digits] <= '9') ++digits;
+  std::string unit = s.substr(digits);
+  if (!unit.empty() && unit[0] == ' ') unit.erase(0, 1);
+  int shift = 0;
+  if (unit == "KiB") shift = 10;
+  else if (unit == "MiB") shift = 20;
+  else if (unit == "GiB") shift = 30;
+  if (digits == 0 || shift == 0) return false;
+  int64_t amount = 0;
+  overflow = !parseNumber(s.substr(0, digits), amount) ||
+             amount > (std::numeric_limits<int64_t>::max() >> shift);
+  out = overflow ? 0 : amount << shift;
+  return true;
+}
+
+// Parses `n` into the field `k` names in `c`. Returns the problem (without the
+// path) or nothing; on a problem the field keeps its value.
+std::optional<std::string> assign(const KeySpec& k, const YAML::Node& n, Config& c) {
+  const Field field = k.field(c);
+
+  if (auto* list = std::get_if<std::vector<std::string>*>(&field)) {
+    if (!n.IsSequence()) return expected("a list of strings", n);
+    std::vector<std::string> items;
+    for (size_t i = 0; i < n.size(); ++i) {
+      if (!n[i].IsScalar()) {
+        return expected("a list of strings", n) + " with " + describe(n[i]) + " at index " +
+               std::to_string(i);
+      }
+      items.push_back(n[i].Scalar());
+    }
+    if (k.notEmpty && items.empty()) return "must not be empty";
+    **list = std::move(items);
+    return std::nullopt;
+  }
+
+  if (auto* str = std::get_if<std::string*>(&field)) {
+    // Any scalar is a string here: `name: 2024` means "2024".
+    if (!n.IsScalar()) return expected("a string", n);
+    const std::string& s = n.Scalar();
+    if (k.notEmpty && s.empty()) return "must not be empty";
+    if (!k.choices.empty() &&
+        std::none_of(k.choices.begin(), k.choices.end(),
+                     [&](const std::string& ch) { return matchesChoice(s, ch); })) {
+      return "must be one of " + join(k.choices) + "; found " + quote(s);
+    }
+    **str = s;
+    return std::nullopt;
+  }
+
+  if (auto* flag = std::get_if<bool*>(&field)) {
+    if (!isPlain(n) || !isBoolText(n.Scalar())) return expected("a boolean", n);
+    **flag = n.Scalar()[0] == 't' || n.Scalar()[0] == 'T';
+    return std::nullopt;
+  }
+
+  if (auto* real = std::get_if<double*>(&field)) {
+    if (!isPlain(n) || numberKind(n.Scalar()) == Number::kNone) return expected("a number", n);
+    double v = 0;
+    if (!parseNumber(n.Scalar(), v)) return "must be a finite number, found " + n.Scalar();
+    if (auto problem = checkRange(k.range, v, n.Scalar())) return problem;
+    **real = v;
+    return std::nullopt;
+  }
+
+  // int or int64, possibly a byte size.
+  int64_t v = 0;
+  bool overflow = false;
+  if (k.bytes) {
+    if (!n.IsScalar() || !parseByteSize(n, v, overflow)) return expected("a byte size", n);
+  } else {
+    if (!isPlain(n) || numberKind(n.Scalar()) != Number::kInt) return expected("an integer", n);
+    overflow = !parseNumber(n.Scalar(), v);
+  }
+  if (overflow) {
+    return "must be in [" + std::to_string(std::numeric_limits<int64_t>::min()) + ", " +
+           std::to_string(std::numeric_limits<int64_t>::max()) + "], found " + n.Scalar();
+  }
+  if (auto problem = checkRange(k.range, static_cast<double>(v), n.Scalar())) return problem;
+  if (std::holds_alternative<int*>(field)) {
+    // Past the key's own range only when it does not fit an int: name both bounds then.
+    Range fits = k.range;
+    fits.lo = std::max<double>(fits.lo, INT_MIN);
+    fits.hi = std::min<double>(fits.hi, INT_MAX);
+    if (auto problem = checkRange(fits, static_cast<double>(v), n.Scalar())) return problem;
+  }
+  if (auto* i32 = std::get_if<int*>(&field)) {
+    **i32 = static_cast<int>(v);
+  } else {
+    *std::get<int64_t*>(field) = v;
+  }
+  return std::nullopt;
+}
+
+std::string formatValue(const Field& field) {
+  struct {
+    std::string operator()(const std::string* s) const { return quote(*s); }
+    std::string operator()(const int* v) const { return std::to_string(*v); }
+    std::string operator()(const int64_t* v) const { return std::to_string(*v); }
+    std::string operator()(const double* v) const { return formatNumber(*v); }
+    std::string operator()(const bool* v) const { return *v ? "true" : "false"; }
+    std::string operator()(const std::vector<std::string>* v) const {
+      std::vector<std::string> items;
+      for (const std::string& s : *v) items.push_back(quote(s));
+      return "[" + join(items) + "]";
+    }
+  } format;
+  return std::visit(format, field);
+}
+
+// The value a key was given, and whether by --set.
+struct Setting {
+  YAML::Node node;
+  bool fromSet = false;
+};
+
+// Records each key's value from the document, and the problems of its shape
+// (not a map, unknown names, duplicates). Values themselves are checked later.
+// Returns false if the document is no map at all.
+bool readDocument(const YAML::Node& doc, std::vector<std::optional<Setting>>& values,
+                  std::vector<std::string>& problems) {
+  if (doc.IsNull()) return true;  // an empty file: only the required keys will be missing
+  if (!doc.IsMap()) {
+    problems.push_back("(document): expected a map of sections, found " + describe(doc));
+    return false;
+  }
+  std::set<std::string> seen;
+  for (const auto& sec : doc) {
+    if (!sec.first.IsScalar()) {
+      problems.push_back("(document): expected a section name, found " + describe(sec.first));
+      continue;
+    }
+    const std::string& name = sec.first.Scalar();
+    if (!isSection(name)) {
+      problems.push_back(unknownSection(name));
+      continue;
+    }
+    if (!seen.insert(name).second) problems.push_back(name + ": duplicate section");
+    const YAML::Node& body = sec.second;
+    if (body.IsNull()) continue;  // "loss:" with every key commented out
+    if (!body.IsMap()) {
+      problems.push_back(name + ": expected a map, found " + describe(body));
+      continue;
+    }
+    for (const auto& kv : body) {
+      if (!kv.first.IsScalar()) {
+        problems.push_back(name + ": expected a key name, found " + describe(kv.first));
+        continue;
+      }
+      const std::string path = name + "." + kv.first.Scalar();
+      const int i = keyIndex(path);
+      if (i < 0) {
+        problems.push_back(unknownKey(path));
+        continue;
+      }
+      // yaml-cpp keeps both entries of a repeated key; the later one wins.
+      if (values[i]) problems.push_back(path + ": duplicate key");
+      values[i] = Setting{kv.second, false};
+    }
+  }
+  return true;
+}
+
+void readOverrides(const std::vector<std::string>& overrides,
+                   std::vector<std::optional<Setting>>& values,
+                   std::vector<std::string>& problems) {
+  for (const std::string& o : overrides) {
+    const size_t eq = o.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      problems.push_back((o.empty() ? "(empty)" : o) + ": expected key=value" + kFromSet);
+      continue;
+    }
+    const std::string path = o.substr(0, eq);
+    const int i = keyIndex(path);
+    if (i < 0) {
+      problems.push_back(unknownKey(path) + kFromSet);
+      continue;
+    }
+    try {
+      values[i] = Setting{YAML::Load(o.substr(eq + 1)), true};
+    } catch (const YAML::Exception& e) {
+      problems.push_back(path + ": not a YAML value: " + e.msg + kFromSet);
+    }
+  }
+}
+
+}  // namespace
+
+Config parseConfig(const std::string& yamlText, const std::vector<std::string>& overrides,
+                   const std::string& sourceName) {
+  YAML::Node doc;
+  try {
+    doc = YAML::Load(yamlText);
+  } catch (const YAML::Exception& e) {
+    DISTILL_THROW(ConfigError, "config ", sourceName, ": YAML syntax error at line ",
+                  e.mark.line + 1, ", column ", e.mark.column + 1, ": ", e.msg);
+  }
+
+  const auto& keys = schema();
+  std::vector<std::optional<Setting>> values(keys.size());
+  std::vector<std::string> problems;
+  // A document that is no map says nothing about required keys: don't pile on.
+  const bool isMap = readDocument(doc, values, problems);
+  readOverrides(overrides, values, problems);
+
+  Config config;
+  std::vector<bool> valid(keys.size(), true);  // false: the key's value had a problem
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!values[i]) {
+      if (keys[i].required && isMap) problems.push_back(keys[i].path + ": required key is missing");
+      continue;
+    }
+    if (auto problem = assign(keys[i], values[i]->node, config)) {
+      problems.push_back(keys[i].path + ": " + *problem + (values[i]->fromSet ? kFromSet : ""));
+      valid[i] = false;
+    }
+  }
+
+  // Across fields, only between values that are valid on their own.
+  const auto ok = [&](const char* path) { return valid[knownKey(path)]; };
+  const auto suffix = [&](const char* path) {
+    const auto& v = values[knownKey(path)];
+    return std::string(v && v->fromSet ? kFromSet : "");
+  };
+  const auto needs = [&](const char* path, const std::string& value) {
+    if (value.empty() && ok(path)) {
+      problems.push_back(std::string(path) + ": required when teacher.kind is " +
+                         config.teacher.kind);
+    }
+  };
+  if (values[knownKey("teacher.kind")] && ok("teacher.kind")) {
+    if (config.teacher.kind == "torchscript") needs("teacher.path", config.teacher.path);
+    if (config.teacher.kind == "registered") {
+      needs("teacher.library", config.teacher.library);
+      needs("teacher.module", config.teacher.module);
+    }
+  }
+  if (ok("student.in_flight") && ok("transport.slots") &&
+      config.student.in_flight > config.transport.slots) {
+    problems.push_back("student.in_flight: must be <= transport.slots (" +
+                       std::to_string(config.transport.slots) + "), found " +
+                       std::to_string(config.student.in_flight) + suffix("student.in_flight"));
+  }
+  if (ok("run.node_rank") && ok("run.nnodes") && config.run.node_rank >= config.run.nnodes) {
+    problems.push_back("run.node_rank: must be < run.nnodes (" +
+                       std::to_string(config.run.nnodes) + "), found " +
+                       std::to_string(config.run.node_rank) + suffix("run.node_rank"));
+  }
+
+  if (!problems.empty()) {
+    std::string msg = "config " + sourceName + ": " + std::to_string(problems.size()) +
+                      " problem(s):";
+    for (const std::string& p : problems) msg += "\n" + p;
+    DISTILL_THROW(ConfigError, msg);
+  }
+  return config;
+}
+
+Config loadConfig(const std::string& path, const std::vector<std::string>& overrides) {
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "rb"),
+                                                        &std::fclose);
+  if (!file) DISTILL_THROW(ConfigError, "config ", path, ": cannot open: ", errnoString(errno));
+  std::string text;
+  char buf[1 << 16];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, file.get())) > 0) text.append(buf, n);
+  if (std::ferror(file.get())) {
+    DISTILL_THROW(ConfigError, "config ", path, ": cannot read: ", errnoString(errno));
+  }
+  Config config = parseConfig(text, overrides, path);
+  config.source = path;
+  return config;
+}
+
+std::vector<std::string> configKeys() {
+  std::vector<std::string> out;
+  for (const KeySpec& k : schema()) out.push_back(k.path);
+  return out;
+}
+
+std::string dumpConfig(const Config& config) {
+  Config copy = config;  // the schema's accessors take a mutable Config
+  std::string out;
+  std::string section;
+  for (const KeySpec& k : schema()) {
+    if (k.section() != section) {
+      section = k.section();
+      out += section + ":\n";
+    }
+    out += "  " + k.name() + ": " + formatValue(k.field(copy)) + "\n";
+  }
+  return out;
+}
+
+uint64_t configHash(const Config& config) {
+  uint64_t h = 14695981039346656037ull;
+  for (unsigned char ch : dumpConfig(config)) {
+    h ^= ch;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::vector<std::string> extractSetOverrides(int& argc, char** argv) {
+  std::vector<std::string> out;
+  if (argc < 1) return out;
+  int kept = 1;
+  int i = 1;
+  for (; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--") break;
+    if (arg == "--set") {
+      if (i + 1 >= argc || std::string(argv[i + 1]) == "--") {
+        DISTILL_THROW(ConfigError, "--set needs a section.key=value argument after it");
+      }
+      out.push_back(argv[++i]);
+    } else if (arg.compare(0, 6, "--set=") == 0) {
+      out.push_back(arg.substr(6));
+    } else {
+      argv[kept++] = argv[i];
+    }
+  }
+  for (; i < argc; ++i) argv[kept++] = argv[i];
+  argc = kept;
+  argv[argc] = nullptr;
+  return out;
+}
+
+}  // namespace distill

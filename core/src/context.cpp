@@ -1,0 +1,26 @@
+#include "distill/core/context.h"
+
+#include "distill/core/errors.h"
+#include "distill/core/logging.h"
+#include "distill/core/student_group.h"
+
+namespace distill {
+
+StudentContext::StudentContext(Topology topo, Config config)
+    : topo_(std::move(topo)), config_(std::move(config)) {
+  DISTILL_CHECK_T(ConfigError, topo_.isStudent(), "a StudentContext needs a student's topology, got ",
+                  topo_.describe());
+  setIdentity(topo_.identity());
+  group_.reset(new StudentGroup(topo_, config_.run, config_.student));
+}
+
+StudentContext::~StudentContext() = default;
+
+TeacherContext::TeacherContext(Topology topo, Config config)
+    : topo_(std::move(topo)), config_(std::move(config)) {
+  DISTILL_CHECK_T(ConfigError, topo_.isTeacher(), "a TeacherContext needs the teacher's topology, got ",
+                  topo_.describe());
+  setIdentity(topo_.identity());
+}
+
+}  // namespace distill

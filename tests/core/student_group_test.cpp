@@ -1,0 +1,174 @@
+// The production hang of the checkpoint barrier, as a regression: the students
+// run collectives on their own group while the teacher process is alive and
+// calls nothing collective. Real processes, a real TCPStore and gloo group.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <torch/torch.h>
+
+#include <chrono>
+
+#include "distill/core/context.h"
+#include "distill/core/errors.h"
+#include "distill/core/student_group.h"
+#include "support/process.h"
+#include "support/roles.h"
+
+using namespace std::chrono;
+namespace dt = distill::testing;
+
+namespace {
+
+// Blocks until SIGTERM arrives or `timeout` passes; true on SIGTERM.
+bool waitForSigterm(seconds timeout) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigprocmask(SIG_BLOCK, &set, nullptr);
+  timespec ts{static_cast<time_t>(timeout.count()), 0};
+  return sigtimedwait(&set, nullptr, &ts) == SIGTERM;
+}
+
+distill::Config groupConfig(double startupS, double collectiveS) {
+  distill::Config c;
+  c.run.startup_timeout_s = startupS;
+  c.run.collective_timeout_s = collectiveS;
+  return c;
+}
+
+std::map<std::string, std::string> envFor(int local, int perNode, int port) {
+  distill::Topology t;
+  t.localRank = local;
+  t.localWorldSize = perNode;
+  t.role = local == perNode - 1 ? distill::Role::kTeacher : distill::Role::kStudent;
+  t.globalRank = local;
+  t.studentRank = t.isStudent() ? local : -1;
+  t.studentLocalRank = t.studentRank;
+  t.studentWorldSize = perNode - 1;
+  t.masterPort = port;
+  return distill::topologyEnv(t);
+}
+
+int exitCodeFor(const std::exception& e) {
+  if (dynamic_cast<const distill::TimeoutError*>(&e)) return 3;
+  if (dynamic_cast<const distill::PeerLostError*>(&e)) return 4;
+  return 5;
+}
+
+}  // namespace
+
+// args: iterations collective_timeout_s startup_timeout_s mode(run|stall)
+DISTILL_TEST_ROLE(student) {
+  const int iterations = std::stoi(args.at(0));
+  auto config = groupConfig(std::stod(args.at(2)), std::stod(args.at(1)));
+  const bool stall = args.at(3) == "stall";
+  auto start = steady_clock::now();
+  try {
+    distill::StudentContext ctx(distill::Topology::fromEnvironment(), config);
+    auto& g = ctx.group();
+    if (stall) {
+      // Joined, then stuck (as in a frozen data loader): never enters a collective.
+      return waitForSigterm(seconds(60)) ? 0 : 6;
+    }
+    const int64_t n = g.size();
+    for (int i = 1; i <= iterations; ++i) {
+      start = steady_clock::now();
+      g.barrier("checkpoint barrier");
+      auto t = torch::full({4}, static_cast<double>((g.rank() + 1) * i), torch::kFloat64);
+      g.allReduce(t, distill::ReduceOp::kSum, "loss all_reduce");
+      double expected = static_cast<double>(i) * n * (n + 1) / 2;
+      if (!torch::allclose(t, torch::full({4}, expected, torch::kFloat64))) {
+        std::fprintf(stderr, "wrong sum at %d: %f vs %f\n", i, t[0].item<double>(), expected);
+        return 1;
+      }
+    }
+    std::fprintf(stderr, "RESULT ok %d collectives\n", static_cast<int>(g.sequence()));
+    return 0;
+  } catch (const std::exception& e) {
+    auto ms = duration_cast<milliseconds>(steady_clock::now() - start).count();
+    std::fprintf(stderr, "ERROR after %lld ms: %s\n", static_cast<long long>(ms), e.what());
+    return exitCodeFor(e);
+  }
+}
+
+// The teacher: a TeacherContext, alive for the whole run, in no collective.
+DISTILL_TEST_ROLE(teacher) {
+  distill::TeacherContext ctx(distill::Topology::fromEnvironment(), distill::Config{});
+  std::fprintf(stderr, "teacher up: %s\n", ctx.topology().describe().c_str());
+  return waitForSigterm(seconds(120)) ? 0 : 7;
+}
+
+class StudentGroupTest : public ::testing::Test {
+ protected:
+  std::string log(int r) { return ::testing::TempDir() + dt::uniqueName("sg") + "-r" + std::to_string(r) + ".log"; }
+};
+
+TEST_F(StudentGroupTest, StudentsCollectWhileTeacherNeverJoins) {
+  const int port = dt::freePort();
+  const int perNode = 4;  // 3 students + 1 teacher
+  std::vector<std::string> logs;
+  std::vector<dt::Child> students;
+  for (int r = 0; r < perNode; ++r) logs.push_back(log(r));
+  dt::Child teacher = dt::spawnRole("teacher", {}, envFor(3, perNode, port), logs[3]);
+  auto start = steady_clock::now();
+  for (int r = 0; r < 3; ++r) {
+    students.push_back(
+        dt::spawnRole("student", {"100", "30", "30", "run"}, envFor(r, perNode, port), logs[r]));
+  }
+  for (int r = 0; r < 3; ++r) {
+    auto st = students[r].join(seconds(90));
+    EXPECT_TRUE(st.exited && st.code == 0) << "student " << r << ": " << st.describe() << "\n"
+                                            << dt::readFile(logs[r]);
+    EXPECT_NE(dt::readFile(logs[r]).find("RESULT ok 200 collectives"), std::string::npos);
+  }
+  auto took = duration_cast<milliseconds>(steady_clock::now() - start).count();
+  // The teacher was alive throughout (it never joined anything, so nothing waited on it).
+  EXPECT_FALSE(teacher.waitFor(milliseconds(0))) << dt::readFile(logs[3]);
+  teacher.kill(SIGTERM);
+  auto ts = teacher.join(seconds(10));
+  EXPECT_TRUE(ts.exited && ts.code == 0) << ts.describe() << dt::readFile(logs[3]);
+  RecordProperty("elapsed_ms", std::to_string(took));
+  EXPECT_LT(took, 30000) << "100 barrier+all_reduce rounds should take seconds";
+}
+
+TEST_F(StudentGroupTest, StudentThatNeverEntersTheBarrierIsNamed) {
+  const int port = dt::freePort();
+  const double timeoutS = 2.0;
+  std::vector<std::string> logs{log(0), log(1), log(2)};
+  std::vector<dt::Child> kids;
+  for (int r = 0; r < 3; ++r) {
+    kids.push_back(dt::spawnRole("student", {"5", "2", "30", r == 2 ? "stall" : "run"},
+                                 envFor(r, 4, port), logs[r]));
+  }
+  for (int r = 0; r < 2; ++r) {
+    auto st = kids[r].join(seconds(30));
+    std::string out = dt::readFile(logs[r]);
+    EXPECT_TRUE(st.exited && st.code == 3) << "rank " << r << ": " << st.describe() << "\n" << out;
+    EXPECT_NE(out.find("student rank(s) 2 never entered it"), std::string::npos) << out;
+    EXPECT_NE(out.find("checkpoint barrier"), std::string::npos) << out;
+    EXPECT_NE(out.find(" r" + std::to_string(r) + " student]"), std::string::npos) << out;
+    // Detected within the deadline (plus slack), measured by the waiter itself.
+    auto pos = out.find("ERROR after ");
+    ASSERT_NE(pos, std::string::npos) << out;
+    long ms = std::stol(out.substr(pos + 12));
+    EXPECT_GE(ms, timeoutS * 1000 * 0.9) << out;
+    EXPECT_LT(ms, timeoutS * 1000 * 2) << out;
+  }
+  kids[2].kill(SIGTERM);
+  kids[2].join(seconds(10));
+}
+
+TEST_F(StudentGroupTest, StudentThatNeverStartsIsNamedAtRendezvous) {
+  const int port = dt::freePort();
+  std::vector<std::string> logs{log(0), log(1)};
+  std::vector<dt::Child> kids;
+  // World of 3 students; rank 2 is never started.
+  for (int r = 0; r < 2; ++r) {
+    kids.push_back(dt::spawnRole("student", {"1", "5", "2", "run"}, envFor(r, 4, port), logs[r]));
+  }
+  for (int r = 0; r < 2; ++r) {
+    auto st = kids[r].join(seconds(30));
+    std::string out = dt::readFile(logs[r]);
+    EXPECT_TRUE(st.exited && st.code == 3) << st.describe() << "\n" << out;
+    EXPECT_NE(out.find("missing student rank(s) 2"), std::string::npos) << out;
+  }
+}
