@@ -1,0 +1,375 @@
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "distill/core/config.h"
+#include "distill/core/errors.h"
+#include "support/process.h"
+
+using distill::Config;
+using distill::ConfigError;
+using distill::configHash;
+using distill::configKeys;
+using distill::dumpConfig;
+using distill::parseConfig;
+
+namespace {
+
+// Smallest valid file: the one required key.
+const std::string kSelf = "teacher:\n  kind: self\n";
+
+std::vector<std::string> splitLines(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+// The problem lines of the ConfigError parsing `yaml` throws (the header checked).
+std::vector<std::string> problemsOf(const std::string& yaml,
+                                    const std::vector<std::string>& overrides = {}) {
+  try {
+    parseConfig(yaml, overrides);
+  } catch (const ConfigError& e) {
+    std::vector<std::string> lines = splitLines(e.message());
+    if (lines.empty()) {
+      ADD_FAILURE() << "empty message";
+      return {};
+    }
+    EXPECT_EQ(lines[0], "config <string>: " + std::to_string(lines.size() - 1) + " problem(s):");
+    return {lines.begin() + 1, lines.end()};
+  }
+  ADD_FAILURE() << "no ConfigError for:\n" << yaml;
+  return {};
+}
+
+Config selfDefaults() {
+  Config c;
+  c.teacher.kind = "self";
+  return c;
+}
+
+struct BadCase {
+  std::string yaml;
+  std::string problem;
+};
+
+const std::vector<BadCase>& badCases() {
+  static const std::vector<BadCase> cases = {
+      // unknown names
+      {kSelf + "loss:\n  temprature: 2\n", "loss.temprature: unknown key; did you mean loss.temperature?"},
+      {kSelf + "transport:\n  slot: 2\n", "transport.slot: unknown key; did you mean transport.slots?"},
+      {kSelf + "loss:\n  xyz: 1\n",
+       "loss.xyz: unknown key; valid keys in loss: kind, temperature, alpha, jsd_beta, "
+       "ignore_index, chunk_tokens"},
+      {kSelf + "student:\n  temperature: 2\n",
+       "student.temperature: unknown key; valid keys in student: grad_acc_steps, in_flight, "
+       "device, backend, bucket_mb"},
+      {kSelf + "lose:\n  alpha: 0.5\n", "lose: unknown section; did you mean loss?"},
+      {kSelf + "xyz: 1\n",
+       "xyz: unknown section; valid sections: run, teacher, student, transport, loss, checkpoint"},
+      // wrong types
+      {kSelf + "loss:\n  temperature: hot\n", "loss.temperature: expected a number, found string \"hot\""},
+      {kSelf + "loss:\n  alpha: \"0.5\"\n", "loss.alpha: expected a number, found string \"0.5\""},
+      {kSelf + "loss:\n  alpha: {a: 1}\n", "loss.alpha: expected a number, found a map"},
+      {kSelf + "loss:\n  alpha:\n", "loss.alpha: expected a number, found null"},
+      {kSelf + "transport:\n  heartbeat_ms: 2.5\n",
+       "transport.heartbeat_ms: expected an integer, found number 2.5"},
+      {kSelf + "run:\n  steps: .inf\n", "run.steps: expected an integer, found string \".inf\""},
+      {kSelf + "checkpoint:\n  async: yes\n", "checkpoint.async: expected a boolean, found string \"yes\""},
+      {kSelf + "checkpoint:\n  resume: 1\n", "checkpoint.resume: expected a boolean, found number 1"},
+      {kSelf + "run:\n  name: [a]\n", "run.name: expected a string, found a list"},
+      {"teacher:\n  kind: self\n  inputs: input_ids\n",
+       "teacher.inputs: expected a list of strings, found string \"input_ids\""},
+      {"teacher:\n  kind: self\n  hidden_states: [a, [b]]\n",
+       "teacher.hidden_states: expected a list of strings, found a list with a list at index 1"},
+      {kSelf + "transport:\n  max_request_bytes: 64MB\n",
+       "transport.max_request_bytes: expected a byte size, found string \"64MB\""},
+      {kSelf + "transport:\n  max_response_bytes: true\n",
+       "transport.max_response_bytes: expected a byte size, found boolean true"},
+      // ranges
+      {kSelf + "loss:\n  alpha: 1.5\n", "loss.alpha: must be in [0, 1], found 1.5"},
+      {kSelf + "transport:\n  slots: 0\n", "transport.slots: must be >= 1, found 0"},
+      {kSelf + "loss:\n  temperature: 0\n", "loss.temperature: must be > 0, found 0"},
+      {kSelf + "loss:\n  temperature: 1e999\n", "loss.temperature: must be a finite number, found 1e999"},
+      {kSelf + "loss:\n  jsd_beta: 1\n", "loss.jsd_beta: must be in (0, 1), found 1"},
+      {kSelf + "loss:\n  chunk_tokens: 0\n", "loss.chunk_tokens: must be >= 1, found 0"},
+      {kSelf + "run:\n  nproc_per_node: 1\n", "run.nproc_per_node: must be >= 2, found 1"},
+      {kSelf + "run:\n  master_port: 70000\n", "run.master_port: must be in [1, 65535], found 70000"},
+      {kSelf + "run:\n  startup_timeout_s: -1\n", "run.startup_timeout_s: must be > 0, found -1"},
+      {kSelf + "run:\n  nnodes: 3000000000\n", "run.nnodes: must be in [1, 2147483647], found 3000000000"},
+      {kSelf + "run:\n  seed: 99999999999999999999\n",
+       "run.seed: must be in [-9223372036854775808, 9223372036854775807], found 99999999999999999999"},
+      {kSelf + "transport:\n  heartbeat_ms: 0\n", "transport.heartbeat_ms: must be >= 1, found 0"},
+      {kSelf + "transport:\n  max_response_bytes: 0\n", "transport.max_response_bytes: must be >= 1, found 0"},
+      {kSelf + "checkpoint:\n  keep_last: 0\n", "checkpoint.keep_last: must be >= 1, found 0"},
+      {kSelf + "student:\n  bucket_mb: 0\n", "student.bucket_mb: must be > 0, found 0"},
+      {kSelf + "run:\n  name: \"\"\n", "run.name: must not be empty"},
+      {"teacher:\n  kind: self\n  inputs: []\n", "teacher.inputs: must not be empty"},
+      // enumerations
+      {kSelf + "loss:\n  kind: kl\n", "loss.kind: must be one of forward_kl, reverse_kl, jsd; found \"kl\""},
+      {kSelf + "run:\n  on_hang: kill\n", "run.on_hang: must be one of teardown, wait; found \"kill\""},
+      {"teacher:\n  kind: onnx\n", "teacher.kind: must be one of torchscript, registered, self; found \"onnx\""},
+      {"teacher:\n  kind: self\n  autocast: fp16\n",
+       "teacher.autocast: must be one of none, float16, bfloat16; found \"fp16\""},
+      {"teacher:\n  kind: self\n  device: gpu\n",
+       "teacher.device: must be one of cpu, cuda, cuda:N; found \"gpu\""},
+      {kSelf + "student:\n  device: cuda:x\n",
+       "student.device: must be one of cpu, cuda, cuda:N; found \"cuda:x\""},
+      {kSelf + "student:\n  backend: mpi\n", "student.backend: must be one of auto, gloo, nccl; found \"mpi\""},
+      {kSelf + "transport:\n  cuda_ipc: maybe\n",
+       "transport.cuda_ipc: must be one of auto, on, off; found \"maybe\""},
+      {kSelf + "checkpoint:\n  on_error: retry\n",
+       "checkpoint.on_error: must be one of stop, continue; found \"retry\""},
+      // required
+      {"run:\n  name: x\n", "teacher.kind: required key is missing"},
+      {"", "teacher.kind: required key is missing"},
+      {"teacher:\n  kind: torchscript\n", "teacher.path: required when teacher.kind is torchscript"},
+      {"teacher:\n  kind: registered\n  library: libx.so\n",
+       "teacher.module: required when teacher.kind is registered"},
+      // across fields
+      {kSelf + "student:\n  in_flight: 5\n", "student.in_flight: must be <= transport.slots (4), found 5"},
+      {kSelf + "run:\n  node_rank: 1\n", "run.node_rank: must be < run.nnodes (1), found 1"},
+      // shape of the document
+      {kSelf + "run: 3\n", "run: expected a map, found number 3"},
+      {"- a\n- b\n", "(document): expected a map of sections, found a list"},
+      {kSelf + "loss:\n  alpha: 0.1\n  alpha: 0.2\n", "loss.alpha: duplicate key"},
+      {kSelf + "loss:\n  alpha: 0.1\nloss:\n  kind: jsd\n", "loss: duplicate section"},
+  };
+  return cases;
+}
+
+TEST(Config, EachBadConfigGivesItsExactProblem) {
+  ASSERT_GE(badCases().size(), 25u);
+  for (const BadCase& c : badCases()) {
+    SCOPED_TRACE(c.yaml);
+    EXPECT_EQ(problemsOf(c.yaml), std::vector<std::string>{c.problem});
+  }
+}
+
+TEST(Config, CollectsEveryProblem) {
+  const auto problems = problemsOf(
+      "loss:\n  temprature: 2\n  alpha: 1.5\n"
+      "transport:\n  slots: 0\n");
+  EXPECT_EQ(problems, (std::vector<std::string>{
+                          "loss.temprature: unknown key; did you mean loss.temperature?",
+                          "teacher.kind: required key is missing",
+                          "transport.slots: must be >= 1, found 0",
+                          "loss.alpha: must be in [0, 1], found 1.5",
+                      }));
+  EXPECT_EQ(problemsOf(kSelf + "run:\n  nnodes: 0\n  name: [x]\nloss:\n  kind: kl\n").size(), 3u);
+}
+
+TEST(Config, DefaultsAreThoseOfOptions) {
+  const Config c = parseConfig(kSelf);
+  EXPECT_EQ(dumpConfig(c), dumpConfig(selfDefaults()));
+  EXPECT_EQ(c.source, "");
+  EXPECT_EQ(c.run.name, "distill");
+  EXPECT_EQ(c.loss.temperature, 1.0);
+  EXPECT_EQ(c.transport.max_response_bytes, int64_t{64} << 20);
+  EXPECT_EQ(c.teacher.inputs, std::vector<std::string>{"input_ids"});
+  EXPECT_TRUE(c.checkpoint.resume);
+  // A section left empty (every key commented out) is allowed.
+  EXPECT_EQ(dumpConfig(parseConfig(kSelf + "loss:\n  # kind: jsd\n")), dumpConfig(c));
+}
+
+TEST(Config, GoodConfigRoundTrips) {
+  const std::string yaml =
+      "run: {name: 'we \"said\" \\ hi', nproc_per_node: 5, nnodes: 2, node_rank: 1, seed: -7}\n"
+      "teacher:\n"
+      "  kind: registered\n"
+      "  library: /opt/lib/libm.so\n"
+      "  module: tiny_lm\n"
+      "  inputs: [input_ids, attention_mask]\n"
+      "  hidden_states: [h3]\n"
+      "  device: cuda:1\n"
+      "  autocast: bfloat16\n"
+      "  topk: 64\n"
+      "student: {in_flight: 8, device: cuda, backend: nccl, bucket_mb: 12.5}\n"
+      "transport: {slots: 8, max_request_bytes: 1GiB, max_response_bytes: 12345, cuda_ipc: off}\n"
+      "loss: {kind: jsd, temperature: 2.5e-1, alpha: 1, jsd_beta: 0.1, ignore_index: 0}\n"
+      "checkpoint: {dir: /ckpt, every_steps: 100, keep_last: 1, async: true, resume: false}\n";
+  const Config c = parseConfig(yaml);
+  EXPECT_EQ(c.run.name, "we \"said\" \\ hi");
+  EXPECT_EQ(c.run.seed, -7);
+  EXPECT_EQ(c.teacher.inputs, (std::vector<std::string>{"input_ids", "attention_mask"}));
+  EXPECT_EQ(c.teacher.device, "cuda:1");
+  EXPECT_EQ(c.student.bucket_mb, 12.5);
+  EXPECT_EQ(c.transport.max_request_bytes, int64_t{1} << 30);
+  EXPECT_EQ(c.transport.cuda_ipc, "off");
+  EXPECT_EQ(c.loss.temperature, 0.25);
+  EXPECT_TRUE(c.checkpoint.async);
+  EXPECT_FALSE(c.checkpoint.resume);
+
+  const std::string dumped = dumpConfig(c);
+  const Config again = parseConfig(dumped);
+  EXPECT_EQ(dumpConfig(again), dumped);
+  EXPECT_EQ(configHash(again), configHash(c));
+}
+
+TEST(Config, OverridesAreValidatedLikeTheFile) {
+  const Config c = parseConfig(kSelf + "loss:\n  alpha: 7\n",
+                               {"loss.alpha=0.25", "teacher.inputs=[a, b]", "run.name=a=b",
+                                "transport.slots=1", "student.in_flight=1", "run.seed=1",
+                                "run.seed=2"});
+  EXPECT_EQ(c.loss.alpha, 0.25);  // the override replaces the bad file value
+  EXPECT_EQ(c.teacher.inputs, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(c.run.name, "a=b");
+  EXPECT_EQ(c.run.seed, 2);  // the later one wins
+  EXPECT_EQ(parseConfig("", {"teacher.kind=self"}).teacher.kind, "self");
+
+  EXPECT_EQ(problemsOf(kSelf, {"loss.temprature=2"}),
+            std::vector<std::string>{
+                "loss.temprature: unknown key; did you mean loss.temperature? (from --set)"});
+  EXPECT_EQ(problemsOf(kSelf, {"loss.alpha=2"}),
+            std::vector<std::string>{"loss.alpha: must be in [0, 1], found 2 (from --set)"});
+  EXPECT_EQ(problemsOf(kSelf, {"loss.alpha=hot"}),
+            std::vector<std::string>{
+                "loss.alpha: expected a number, found string \"hot\" (from --set)"});
+  EXPECT_EQ(problemsOf(kSelf, {"loss.alpha"}),
+            std::vector<std::string>{"loss.alpha: expected key=value (from --set)"});
+  EXPECT_EQ(problemsOf(kSelf, {"=3"}),
+            std::vector<std::string>{"=3: expected key=value (from --set)"});
+  EXPECT_EQ(problemsOf(kSelf, {"student.in_flight=9"}),
+            std::vector<std::string>{
+                "student.in_flight: must be <= transport.slots (4), found 9 (from --set)"});
+  EXPECT_EQ(problemsOf(kSelf, {"teacher.inputs=[a"}).size(), 1u);
+}
+
+TEST(Config, ByteSizes) {
+  auto bytes = [](const std::string& v) {
+    return parseConfig(kSelf + "transport:\n  max_request_bytes: " + v + "\n")
+        .transport.max_request_bytes;
+  };
+  EXPECT_EQ(bytes("4096"), 4096);
+  EXPECT_EQ(bytes("2KiB"), 2048);
+  EXPECT_EQ(bytes("64MiB"), int64_t{64} << 20);
+  EXPECT_EQ(bytes("1 GiB"), int64_t{1} << 30);
+  EXPECT_EQ(bytes("\"8MiB\""), int64_t{8} << 20);
+  EXPECT_EQ(bytes("3GiB"), int64_t{3} << 30);  // past int32
+
+  auto problem = [](const std::string& v) {
+    const auto p = problemsOf(kSelf + "transport:\n  max_request_bytes: " + v + "\n");
+    return p.empty() ? std::string() : p[0];
+  };
+  const std::string key = "transport.max_request_bytes: ";
+  EXPECT_EQ(problem("1.5GiB"), key + "expected a byte size, found string \"1.5GiB\"");
+  EXPECT_EQ(problem("MiB"), key + "expected a byte size, found string \"MiB\"");
+  EXPECT_EQ(problem("\"4096\""), key + "expected a byte size, found string \"4096\"");
+  EXPECT_EQ(problem("[1]"), key + "expected a byte size, found a list");
+  EXPECT_EQ(problem("-1"), key + "must be >= 1, found -1");
+  EXPECT_EQ(problem("0KiB"), key + "must be >= 1, found 0KiB");
+  EXPECT_EQ(problem("99999999999GiB"),
+            key + "must be in [-9223372036854775808, 9223372036854775807], found 99999999999GiB");
+}
+
+TEST(Config, ExtractSetOverrides) {
+  std::vector<std::string> args = {"prog", "--set",  "a.b=1", "--config", "x.yaml",
+                                   "--set=c.d=2", "--",   "--set",  "e.f=3"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  int argc = static_cast<int>(args.size());
+  EXPECT_EQ(distill::extractSetOverrides(argc, argv.data()),
+            (std::vector<std::string>{"a.b=1", "c.d=2"}));
+  ASSERT_EQ(argc, 6);
+  EXPECT_EQ(std::vector<std::string>(argv.begin(), argv.begin() + argc),
+            (std::vector<std::string>{"prog", "--config", "x.yaml", "--", "--set", "e.f=3"}));
+  EXPECT_EQ(argv[argc], nullptr);
+
+  std::vector<std::string> bad = {"prog", "--set"};
+  std::vector<char*> badArgv = {bad[0].data(), bad[1].data(), nullptr};
+  int badArgc = 2;
+  EXPECT_THROW(distill::extractSetOverrides(badArgc, badArgv.data()), ConfigError);
+}
+
+TEST(Config, DumpAndHashAreStableAndSensitive) {
+  const Config a = selfDefaults();
+  EXPECT_EQ(dumpConfig(a), dumpConfig(selfDefaults()));
+  EXPECT_EQ(dumpConfig(a).rfind("run:\n  name: \"distill\"\n  nproc_per_node: 3\n", 0), 0u);
+  EXPECT_EQ(configHash(a), configHash(selfDefaults()));
+  Config b = a;
+  b.source = "elsewhere.yaml";  // not part of the experiment
+  EXPECT_EQ(configHash(b), configHash(a));
+  b.loss.alpha = 0.5000001;
+  EXPECT_NE(configHash(b), configHash(a));
+  EXPECT_NE(dumpConfig(b), dumpConfig(a));
+  EXPECT_EQ(parseConfig(dumpConfig(b)).loss.alpha, 0.5000001);  // doubles dump exactly
+}
+
+TEST(Config, KeysInSchemaOrder) {
+  const auto keys = configKeys();
+  EXPECT_EQ(keys.size(), 51u);
+  EXPECT_EQ(keys.front(), "run.name");
+  EXPECT_EQ(keys.back(), "checkpoint.on_error");
+  EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()).size(), keys.size());
+}
+
+TEST(Config, SyntaxErrorNamesLineAndColumn) {
+  try {
+    parseConfig("loss:\n  alpha: [1, 2\n", {}, "exp.yaml");
+    FAIL() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.message().rfind("config exp.yaml: YAML syntax error at line ", 0), 0u) << e.message();
+    EXPECT_NE(e.message().find(", column "), std::string::npos) << e.message();
+  }
+}
+
+TEST(Config, LoadConfig) {
+  const std::string missing = "/nonexistent/distill/exp.yaml";
+  try {
+    distill::loadConfig(missing);
+    FAIL() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(e.message().find(missing), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("No such file or directory"), std::string::npos) << e.message();
+  }
+
+  const std::string path = "/tmp/" + distill::testing::uniqueName() + ".yaml";
+  std::ofstream(path) << kSelf << "loss:\n  alpha: 2\n";
+  try {
+    distill::loadConfig(path);
+    ADD_FAILURE() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.message(), "config " + path + ": 1 problem(s):\nloss.alpha: must be in [0, 1], found 2");
+  }
+  const Config c = distill::loadConfig(path, {"loss.alpha=0.75"});
+  EXPECT_EQ(c.source, path);
+  EXPECT_EQ(c.loss.alpha, 0.75);
+  ::unlink(path.c_str());
+}
+
+TEST(Config, ReferenceFileSetsEveryKeyToItsDefault) {
+  const std::string path = distill::testing::sourcePath("configs/reference.yaml");
+  const std::string text = distill::testing::readFile(path);
+  ASSERT_FALSE(text.empty()) << path;
+
+  // The keys the file spells out: "section:" lines, then indented "key:" lines.
+  std::vector<std::string> present;
+  std::string section;
+  for (const std::string& line : splitLines(text)) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    if (line[0] != ' ') {
+      section = line.substr(0, colon);
+    } else {
+      const size_t start = line.find_first_not_of(' ');
+      present.push_back(section + "." + line.substr(start, colon - start));
+    }
+  }
+  EXPECT_EQ(present, configKeys());
+
+  const Config c = distill::loadConfig(path);
+  Config expected;
+  expected.teacher.kind = "torchscript";
+  expected.teacher.path = "teacher.pt";
+  EXPECT_EQ(dumpConfig(c), dumpConfig(expected));
+}
+
+}  // namespace
