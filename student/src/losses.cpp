@@ -1,0 +1,379 @@
+#include "distill/student/losses.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+#include <string>
+
+#include "distill/core/errors.h"
+
+namespace distill {
+namespace {
+
+enum class Kind { kForward, kReverse, kJsd };
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+std::string shapeOf(const at::Tensor& t) {
+  std::ostringstream os;
+  os << t.sizes();
+  return os.str();
+}
+
+Kind parseKind(const std::string& k) {
+  if (k == "forward_kl") return Kind::kForward;
+  if (k == "reverse_kl") return Kind::kReverse;
+  if (k == "jsd") return Kind::kJsd;
+  DISTILL_THROW(ConfigError, "loss.kind: expected forward_kl | reverse_kl | jsd, found '", k, "'");
+}
+
+// Everything one call needs, flattened to tokens.
+struct Problem {
+  Kind kind = Kind::kForward;
+  double temperature = 1, alpha = 0.5, beta = 0.5, normalizer = 1;
+  int64_t chunk = 1, n = 0, v = 0;
+  at::ScalarType compute = at::kFloat;  // arithmetic dtype of the chunks
+  at::Tensor labels;                    // [N] int64
+  at::Tensor valid;                     // [Nv] int64: rows whose label is not ignored
+  at::Tensor tLogits;                   // [N, V] or undefined
+  at::Tensor tValues, tIndices, tLse;   // [N, k], [N, k] int64, [N] or undefined
+};
+
+// w * d with 0 where w == 0 (the 0 log 0 = 0 convention: d may be +-inf there).
+at::Tensor& weighted(at::Tensor& d, const at::Tensor& w) {
+  return d.mul_(w).masked_fill_(w == 0, 0);
+}
+
+// log(1 - exp(a)) for a <= 0, accurate at both ends (Maechler's log1mexp).
+at::Tensor log1mexp(const at::Tensor& a) {
+  return at::where(a > -std::log(2.0), at::log(-at::expm1(a)), at::log1p(-at::exp(a)));
+}
+
+// Per-row divergence between teacher (log q) and student (log p) distributions
+// over the columns (tokens, or buckets), unscaled by T^2. `grad` is its gradient
+// w.r.t. a logit shift of each column's student mass: for tokens that is the
+// gradient w.r.t. the scaled logits s = z / T; for a bucket b holding tokens j
+// it is sum_j d/ds_j, and token j's share is p_j / P_b of it. Consumes logq and
+// logp (they are overwritten).
+struct Divergence {
+  at::Tensor kd;    // [C]
+  at::Tensor grad;  // d kd / d s for every column of logp, or undefined
+};
+
+Divergence divergence(Kind kind, double beta, at::Tensor& logq, at::Tensor& logp, bool needGrad) {
+  Divergence out;
+  if (kind == Kind::kForward) {
+    at::Tensor q = logq.exp();
+    at::Tensor d = logq - logp;
+    out.kd = weighted(d, q).sum(1);
+    d.reset();
+    if (needGrad) out.grad = logp.exp_().sub_(q);  // p - q
+  } else if (kind == Kind::kReverse) {
+    at::Tensor p = logp.exp();
+    at::Tensor d = logp.sub_(logq);  // log p - log q, in place
+    {
+      at::Tensor e = d * p;
+      out.kd = e.masked_fill_(p == 0, 0).sum(1);  // 0 log 0 = 0 where p == 0
+    }
+    if (needGrad) out.grad = weighted(d.sub_(out.kd.unsqueeze(1)), p);  // p (log p/q - KL)
+  } else {
+    at::Tensor q = logq.exp(), p = logp.exp();
+    // log M; M == 0 only where p == q == 0, and those terms are masked to 0.
+    at::Tensor logm = (q * beta).add_(p, 1 - beta).log_();
+    at::Tensor kq;
+    {
+      at::Tensor d = logq.sub_(logm);
+      kq = weighted(d, q).sum(1);
+    }
+    at::Tensor d = logp.sub_(logm);  // log p - log M
+    logm.reset();
+    at::Tensor kp;
+    {
+      at::Tensor e = d * p;
+      kp = e.masked_fill_(p == 0, 0).sum(1);
+    }
+    out.kd = kq.mul_(beta).add_(kp, 1 - beta);
+    // d/ds of beta KL(q||M) + (1-beta) KL(p||M) is (1-beta) p (log p/M - KL(p||M)).
+    if (needGrad) out.grad = weighted(d.sub_(kp.unsqueeze(1)), p).mul_(1 - beta);
+  }
+  return out;
+}
+
+// One chunk of valid rows: adds the kd and ce sums to the accumulators and, when
+// `grad` is defined, writes the gradient of loss w.r.t. those rows into it.
+void lossChunk(const Problem& pb, const at::Tensor& z, const at::Tensor& rows, at::Tensor& grad,
+               at::Tensor& kdSum, at::Tensor& ceSum) {
+  const bool needGrad = grad.defined();
+  const double t = pb.temperature;
+  at::Tensor lab = pb.labels.index_select(0, rows).unsqueeze(1);  // [C, 1]
+
+  // Hard-label CE at temperature 1; its gradient first, while x still holds z.
+  at::Tensor x = z.index_select(0, rows).to(pb.compute);  // our own [C, V] copy
+  at::Tensor lse1 = at::logsumexp(x, 1);
+  ceSum.add_((lse1 - x.gather(1, lab).squeeze(1)).sum().to(at::kDouble));
+  at::Tensor gce;
+  if (needGrad && pb.alpha < 1) {
+    gce = (x - lse1.unsqueeze(1)).exp_();
+    gce.scatter_add_(1, lab, at::full({lab.size(0), 1}, -1.0, gce.options()));
+    gce.mul_((1 - pb.alpha) / pb.normalizer);
+  }
+  const bool kdGrad = needGrad && pb.alpha > 0;
+
+  if (t != 1) x.div_(t);  // x = s = z / T from here on
+  at::Tensor lseS = t != 1 ? at::logsumexp(x, 1) : lse1;
+  lse1.reset();
+  at::Tensor gs;  // d kd / d s, unscaled
+
+  if (pb.tLogits.defined()) {
+    at::Tensor logq = pb.tLogits.index_select(0, rows).to(pb.compute);
+    if (t != 1) logq.div_(t);
+    logq.sub_(at::logsumexp(logq, 1, true));
+    x.sub_(lseS.unsqueeze(1));  // log p
+    Divergence dv = divergence(pb.kind, pb.beta, logq, x, kdGrad);
+    kdSum.add_(dv.kd.sum().to(at::kDouble));
+    gs = std::move(dv.grad);
+  } else {
+    // k + 1 buckets: the teacher's top-k tokens and the tail (see losses.h).
+    at::Tensor idx = pb.tIndices.index_select(0, rows);
+    at::Tensor vals = pb.tValues.index_select(0, rows).to(pb.compute).div_(t);
+    at::Tensor logqK, logqTail;
+    if (pb.tLse.defined()) {
+      logqK = vals.sub_(pb.tLse.index_select(0, rows).to(pb.compute).unsqueeze(1));
+      // Rounding may leave sum q_i a hair above 1: renormalise then, tail 0.
+      at::Tensor lseK = at::logsumexp(logqK, 1);
+      logqK.sub_(lseK.clamp_min(0).unsqueeze(1));
+      logqTail = log1mexp(lseK.clamp_max(0));
+    } else {
+      logqK = at::log_softmax(vals, 1);
+      logqTail = at::full({idx.size(0)}, -kInf, logqK.options());
+    }
+    at::Tensor logPK = x.gather(1, idx).sub_(lseS.unsqueeze(1));
+    // Tail mass from the logits outside the top-k, never as 1 - sum P_i.
+    x.scatter_(1, idx, -kInf);
+    at::Tensor lseTail = at::logsumexp(x, 1);
+    at::Tensor logP = at::cat({logPK, (lseTail - lseS).unsqueeze(1)}, 1);
+    at::Tensor logq = at::cat({logqK, logqTail.unsqueeze(1)}, 1);
+    Divergence dv = divergence(pb.kind, pb.beta, logq, logP, kdGrad);
+    kdSum.add_(dv.kd.sum().to(at::kDouble));
+    if (kdGrad) {
+      // dv.grad[b] is the gradient w.r.t. bucket b's summed logit mass: token j
+      // of bucket b gets (p_j / P_b) * dv.grad[b]. For the top-k that ratio is 1;
+      // in the tail it is the softmax of the tail logits (stable when P_tail ~ 0).
+      const int64_t k = idx.size(1);
+      at::Tensor safe = at::where(at::isinf(lseTail), at::zeros_like(lseTail), lseTail);
+      x.sub_(safe.unsqueeze(1)).exp_().mul_(dv.grad.select(1, k).unsqueeze(1));
+      x.scatter_(1, idx, dv.grad.narrow(1, 0, k));
+      gs = std::move(x);
+    }
+  }
+
+  if (!needGrad) return;
+  at::Tensor g;
+  if (kdGrad) {
+    // d(T^2 kd)/dz = T * d kd / ds.
+    g = gs.mul_(pb.alpha * t / pb.normalizer);
+    if (gce.defined()) g.add_(gce);
+  } else {
+    g = gce;
+  }
+  if (g.defined()) grad.index_copy_(0, rows, g.to(grad.scalar_type()));
+}
+
+struct Sums {
+  at::Tensor kd, ce;  // 0-dim double
+};
+
+Sums runChunks(const Problem& pb, const at::Tensor& z2, at::Tensor grad2) {
+  auto dopt = at::TensorOptions().dtype(at::kDouble).device(z2.device());
+  Sums s{at::zeros({}, dopt), at::zeros({}, dopt)};
+  const int64_t nv = pb.valid.size(0);
+  for (int64_t c0 = 0; c0 < nv; c0 += pb.chunk) {
+    at::Tensor rows = pb.valid.narrow(0, c0, std::min(pb.chunk, nv - c0));
+    lossChunk(pb, z2, rows, grad2, s.kd, s.ce);
+  }
+  return s;
+}
+
+LossResult finish(const Problem& pb, const Sums& s) {
+  const double t2 = pb.temperature * pb.temperature;
+  LossResult r;
+  r.kd = (s.kd * (t2 / pb.normalizer)).to(pb.compute);
+  r.ce = (s.ce * (1 / pb.normalizer)).to(pb.compute);
+  r.loss = (s.kd * (pb.alpha * t2 / pb.normalizer) + s.ce * ((1 - pb.alpha) / pb.normalizer))
+               .to(pb.compute);
+  r.tokens = pb.valid.size(0);
+  return r;
+}
+
+// The gradient is computed chunk by chunk in forward and kept (one [N, V]
+// tensor, the size of the gradient autograd would produce anyway); backward
+// only scales it, so no chunk's softmax outlives its chunk.
+class DistillFunction : public torch::autograd::Function<DistillFunction> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const at::Tensor& z, const Problem* pb) {
+    at::Tensor grad = at::zeros_like(z, at::MemoryFormat::Contiguous);
+    Sums s = runChunks(*pb, z.reshape({-1, pb->v}), grad.view({-1, pb->v}));
+    LossResult r = finish(*pb, s);
+    ctx->saved_data["grad"] = grad;
+    ctx->mark_non_differentiable({r.kd, r.ce});
+    return {r.loss, r.kd, r.ce};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list gradOut) {
+    auto it = ctx->saved_data.find("grad");
+    DISTILL_CHECK(it != ctx->saved_data.end(),
+                    "distillLoss: backward ran twice through the same loss; its gradient is "
+                    "handed on by the first backward (retain_graph is not supported)");
+    at::Tensor g = it->second.toTensor();
+    ctx->saved_data.erase(it);  // drop our reference so autograd may reuse the buffer
+    if (!gradOut[0].defined()) return {at::Tensor(), at::Tensor()};
+    g.mul_(gradOut[0]);
+    return {g, at::Tensor()};
+  }
+};
+
+void checkDevice(const char* what, const at::Tensor& t, const at::Tensor& z) {
+  DISTILL_CHECK_T(ProtocolError, t.device() == z.device(), "distillLoss: ", what,
+                  " on device ", t.device().str(), ", expected the student logits' device ",
+                  z.device().str());
+}
+
+Problem prepare(const at::Tensor& z, const at::Tensor& labels, const TeacherOutput& teacher,
+                const LossOptions& o, double normalizer) {
+  validateLossOptions(o);
+  DISTILL_CHECK_T(ConfigError, std::isfinite(normalizer) && normalizer > 0,
+                  "distillLoss: normalizer must be a positive token count, found ", normalizer);
+  Problem pb;
+  pb.kind = parseKind(o.kind);
+  pb.temperature = o.temperature;
+  pb.alpha = o.alpha;
+  pb.beta = o.jsd_beta;
+  pb.normalizer = normalizer;
+  pb.chunk = o.chunk_tokens;
+
+  DISTILL_CHECK_T(ProtocolError, z.defined() && z.dim() >= 1 && at::isFloatingType(z.scalar_type()),
+                  "distillLoss: student logits: expected a floating tensor [..., V], found ",
+                  z.defined() ? shapeOf(z) + " " + std::string(c10::toString(z.scalar_type()))
+                              : std::string("undefined"));
+  pb.v = z.size(-1);
+  DISTILL_CHECK_T(ProtocolError, pb.v >= 1, "distillLoss: student logits: vocabulary is empty, "
+                  "shape ", shapeOf(z));
+  pb.n = z.numel() / pb.v;
+  pb.compute = z.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+
+  DISTILL_CHECK_T(ProtocolError, labels.defined() && labels.scalar_type() == at::kLong &&
+                  labels.numel() == pb.n,
+                  "distillLoss: labels: expected int64 with ", pb.n, " elements (student logits ",
+                  shapeOf(z), "), found ", labels.defined() ? shapeOf(labels) + " " +
+                  std::string(c10::toString(labels.scalar_type())) : std::string("undefined"));
+  checkDevice("labels", labels, z);
+  pb.labels = labels.reshape({pb.n});
+
+  auto nkShape = [&](const at::Tensor& t, int64_t k) {
+    return t.dim() >= 1 && t.size(-1) == k && t.numel() == pb.n * k;
+  };
+  std::vector<at::Tensor> dataChecks;  // all evaluated with one device sync
+  if (teacher.logits.defined()) {
+    const at::Tensor& tl = teacher.logits;
+    DISTILL_CHECK_T(ProtocolError, nkShape(tl, pb.v) && at::isFloatingType(tl.scalar_type()),
+                    "distillLoss: teacher logits: expected floating [", pb.n, ", ", pb.v,
+                    "] (or the student's ", shapeOf(z), "), found ", shapeOf(tl), " ",
+                    c10::toString(tl.scalar_type()));
+    checkDevice("teacher logits", tl, z);
+    pb.tLogits = tl.reshape({pb.n, pb.v});
+  } else {
+    const at::Tensor &tv = teacher.topkValues, &ti = teacher.topkIndices;
+    DISTILL_CHECK_T(ProtocolError, tv.defined() && ti.defined(),
+                    "distillLoss: teacher output has neither logits nor top-k values and indices");
+    const int64_t k = tv.dim() >= 1 ? tv.size(-1) : 0;
+    DISTILL_CHECK_T(ProtocolError, k >= 1 && k <= pb.v && nkShape(tv, k) &&
+                    at::isFloatingType(tv.scalar_type()),
+                    "distillLoss: teacher top-k values: expected floating [", pb.n,
+                    ", k] with 1 <= k <= V = ", pb.v, ", found ", shapeOf(tv), " ",
+                    c10::toString(tv.scalar_type()));
+    DISTILL_CHECK_T(ProtocolError, nkShape(ti, k) && (ti.scalar_type() == at::kInt ||
+                    ti.scalar_type() == at::kLong),
+                    "distillLoss: teacher top-k indices: expected int32|int64 [", pb.n, ", ", k,
+                    "] like the values, found ", shapeOf(ti), " ", c10::toString(ti.scalar_type()));
+    checkDevice("teacher top-k values", tv, z);
+    checkDevice("teacher top-k indices", ti, z);
+    pb.tValues = tv.reshape({pb.n, k});
+    pb.tIndices = ti.reshape({pb.n, k}).to(at::kLong);
+    if (teacher.logsumexp.defined()) {
+      const at::Tensor& tl = teacher.logsumexp;
+      DISTILL_CHECK_T(ProtocolError, tl.numel() == pb.n && at::isFloatingType(tl.scalar_type()),
+                      "distillLoss: teacher logsumexp: expected floating [", pb.n, "], found ",
+                      shapeOf(tl), " ", c10::toString(tl.scalar_type()));
+      checkDevice("teacher logsumexp", tl, z);
+      pb.tLse = tl.reshape({pb.n});
+    }
+    DISTILL_CHECK_T(ConfigError, pb.kind != Kind::kReverse || pb.tLse.defined(),
+                    "loss.kind reverse_kl with a top-k teacher needs the teacher's logsumexp: "
+                    "without it the teacher has no mass outside its top-k and KL(p_S || p_T) is "
+                    "infinite; send teacher.logsumexp or use forward_kl | jsd");
+    dataChecks.push_back(((pb.tIndices >= 0) & (pb.tIndices < pb.v)).all());
+    if (k > 1) {
+      at::Tensor sorted = std::get<0>(pb.tIndices.sort(1));
+      dataChecks.push_back((sorted.narrow(1, 1, k - 1) != sorted.narrow(1, 0, k - 1)).all());
+    } else {
+      dataChecks.push_back(at::ones({}, pb.tIndices.options().dtype(at::kBool)));
+    }
+  }
+
+  at::Tensor keep = pb.labels != o.ignore_index;
+  dataChecks.insert(dataChecks.begin(),
+                    (~keep | ((pb.labels >= 0) & (pb.labels < pb.v))).all());
+  at::Tensor ok = at::stack(dataChecks).cpu();
+  const bool* okp = ok.data_ptr<bool>();
+  DISTILL_CHECK_T(ProtocolError, okp[0], "distillLoss: labels: every label must be in [0, ",
+                  pb.v, ") or ignore_index = ", o.ignore_index);
+  if (ok.numel() > 1) {
+    DISTILL_CHECK_T(ProtocolError, okp[1], "distillLoss: teacher top-k indices: every index must "
+                    "be in [0, ", pb.v, ")");
+    DISTILL_CHECK_T(ProtocolError, okp[2], "distillLoss: teacher top-k indices: repeated index "
+                    "within a token's top-k");
+  }
+  pb.valid = keep.nonzero().squeeze(1);
+  return pb;
+}
+
+}  // namespace
+
+int64_t countTokens(const at::Tensor& labels, int64_t ignoreIndex) {
+  DISTILL_CHECK_T(ProtocolError, labels.defined() && !at::isFloatingType(labels.scalar_type()),
+                  "countTokens: labels: expected an integer tensor");
+  return (labels != ignoreIndex).sum().item<int64_t>();
+}
+
+void validateLossOptions(const LossOptions& o) {
+  parseKind(o.kind);
+  DISTILL_CHECK_T(ConfigError, std::isfinite(o.temperature) && o.temperature > 0,
+                  "loss.temperature must be > 0, found ", o.temperature);
+  DISTILL_CHECK_T(ConfigError, o.alpha >= 0 && o.alpha <= 1,
+                  "loss.alpha must be in [0, 1], found ", o.alpha);
+  DISTILL_CHECK_T(ConfigError, o.jsd_beta > 0 && o.jsd_beta < 1,
+                  "loss.jsd_beta must be in (0, 1), found ", o.jsd_beta);
+  DISTILL_CHECK_T(ConfigError, o.chunk_tokens >= 1,
+                  "loss.chunk_tokens must be >= 1, found ", o.chunk_tokens);
+}
+
+LossResult distillLoss(const at::Tensor& studentLogits, const at::Tensor& labels,
+                       const TeacherOutput& teacher, const LossOptions& options,
+                       double normalizer) {
+  Problem pb = prepare(studentLogits, labels, teacher, options, normalizer);
+  if (!(at::GradMode::is_enabled() && studentLogits.requires_grad())) {
+    at::NoGradGuard noGrad;
+    LossResult r = finish(pb, runChunks(pb, studentLogits.reshape({-1, pb.v}), at::Tensor()));
+    return r;
+  }
+  torch::autograd::variable_list out = DistillFunction::apply(studentLogits, &pb);
+  return LossResult{out[0], out[1], out[2], pb.valid.size(0)};
+}
+
+}  // namespace distill
