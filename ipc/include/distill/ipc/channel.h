@@ -1,0 +1,188 @@
+#pragma once
+
+// Messages between the local students and the teacher of a node, over the
+// shared-memory rings of a Segment (DESIGN.md, "Shared memory").
+//
+//   student i ── request ring i ──▶ teacher
+//   student i ◀── response ring i ── teacher
+//
+// Each ring is single-producer single-consumer with `slots` slots; a producer
+// that finds every slot taken waits (with its deadline) — nothing is dropped.
+// Every header read from a ring is validated (wire::validateHeader) before any
+// tensor is made on it; a bad one is a ProtocolError naming the field.
+// Tags are carried, not interpreted: the layers above check them.
+//
+// Thread safety: an endpoint is used by one thread at a time. ReceivedMessage
+// may be released from any thread. Errors: TimeoutError (deadline), PeerLostError
+// (peer died / stalled / detached), ProtocolError (bad header), IpcError (the
+// rest: oversize tensor, abort, unsupported dtype). A PeerLostError or
+// ProtocolError poisons the endpoint: every later call rethrows it.
+
+#include <ATen/Tensor.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "distill/core/clock.h"
+#include "distill/core/options.h"
+#include "distill/ipc/segment.h"
+
+namespace distill::ipc {
+
+namespace detail {
+class ChannelCore;
+}
+
+enum class MsgKind : uint32_t { kRequest = 1, kResponse = 2, kError = 3, kFinish = 4 };  // == wire::Kind
+const char* msgKindName(MsgKind k);
+
+// Identity of a message; set by the student, echoed by the teacher.
+struct Tag {
+  uint64_t seq = 0;     // per-student message number
+  int64_t step = 0;     // training step
+  int64_t accStep = 0;  // gradient-accumulation index within the step
+};
+
+struct OutMessage {
+  Tag tag;
+  MsgKind kind = MsgKind::kRequest;
+  // Up to 4 named tensors of int32/int64/float32/float16/bfloat16/bool, at
+  // most 8 dims, names < 32 bytes. Non-contiguous tensors are made contiguous;
+  // CUDA tensors go through CUDA IPC buffers when set up, else via the host.
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  std::string errorText;  // kind == kError: the message (truncated to 463 bytes)
+};
+
+// A tensor to build directly in a (host) slot (in-slot allocation).
+struct TensorSpec {
+  std::string name;
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> shape;
+};
+
+struct EndpointOptions {
+  int rank = -1;                  // this process's global rank (messages, process table)
+  int spinUs = 20;                // transport.spin_us: spin before sleeping on the futex
+  std::string cudaIpc = "auto";   // transport.cuda_ipc: auto | on | off
+  int cudaDevice = -1;            // this process's GPU for CUDA IPC buffers; -1: none (CUDA tensors are
+                                  // staged through the host slots). "on" with no usable device: IpcError
+  static EndpointOptions fromOptions(const TransportOptions& t, int rank);
+};
+
+// A received message; holds its slot until release() or destruction.
+class ReceivedMessage {
+ public:
+  ReceivedMessage();
+  ~ReceivedMessage();
+  ReceivedMessage(ReceivedMessage&&) noexcept;
+  ReceivedMessage& operator=(ReceivedMessage&&) noexcept;
+  ReceivedMessage(const ReceivedMessage&) = delete;
+  ReceivedMessage& operator=(const ReceivedMessage&) = delete;
+
+  bool held() const { return core_ != nullptr; }
+  const Tag& tag() const { return tag_; }
+  MsgKind kind() const { return kind_; }
+  int senderRank() const { return senderRank_; }
+  int student() const { return student_; }  // local student index of the ring it came from
+  const std::string& errorText() const { return errorText_; }
+  std::vector<std::string> names() const;
+  bool has(const std::string& name) const;
+
+  // The tensor in place (no copy); valid only while the message is held.
+  at::Tensor view(const std::string& name) const;
+  // An owned copy, valid after release().
+  at::Tensor copy(const std::string& name) const;
+  // Frees the slot for the producer. Idempotent.
+  void release();
+
+ private:
+  friend class detail::ChannelCore;
+  struct Desc {
+    std::string name;
+    at::ScalarType dtype;
+    std::vector<int64_t> shape;
+    void* data;  // in the slot (host) or the slot's CUDA buffer
+    int device;  // -1: host, else CUDA device ordinal
+  };
+  const Desc& find(const std::string& name) const;
+
+  std::shared_ptr<detail::ChannelCore> core_;
+  int ring_ = -1;  // index of the consumer ring inside core_
+  uint64_t seq_ = 0;
+  Tag tag_;
+  MsgKind kind_ = MsgKind::kRequest;
+  int senderRank_ = -1;
+  int student_ = -1;
+  std::string errorText_;
+  std::vector<Desc> tensors_;
+};
+
+// Local student `localIndex` (0 .. numStudents-1) of the segment.
+class StudentEndpoint {
+ public:
+  StudentEndpoint(const Segment& segment, int localIndex, EndpointOptions options = {});
+  // Detaches: state finished, or dead when destroyed during stack unwinding.
+  ~StudentEndpoint();
+  StudentEndpoint(StudentEndpoint&&) noexcept;
+  StudentEndpoint& operator=(StudentEndpoint&&) = delete;
+
+  // Waits until the teacher has admitted every local student; TimeoutError
+  // naming the teacher's state otherwise. Call before any collective.
+  void waitAdmission(Deadline deadline);
+  // Copies msg's tensors into the next request slot (waits for a free slot).
+  void send(const OutMessage& msg, Deadline deadline);
+  // In-slot allocation: reserves the next request slot and returns tensors
+  // living in it; fill them, then publish(). At most one allocation pending.
+  std::vector<at::Tensor> allocate(const Tag& tag, const std::vector<TensorSpec>& specs, Deadline deadline,
+                                   MsgKind kind = MsgKind::kRequest);
+  void publish();
+  // Waits for the next response (or error) from the teacher. `expect`, if
+  // given, only labels the wait (process table, TimeoutError); not checked.
+  ReceivedMessage receive(Deadline deadline, const std::optional<Tag>& expect = std::nullopt);
+  std::optional<ReceivedMessage> tryReceive();
+
+  int localIndex() const;
+  int rank() const;
+  Segment segment() const;
+
+ private:
+  std::shared_ptr<detail::ChannelCore> core_;
+  int uncaught_;
+};
+
+// The teacher (local index numStudents) of the segment.
+class TeacherEndpoint {
+ public:
+  explicit TeacherEndpoint(const Segment& segment, EndpointOptions options = {});
+  ~TeacherEndpoint();
+  TeacherEndpoint(TeacherEndpoint&&) noexcept;
+  TeacherEndpoint& operator=(TeacherEndpoint&&) = delete;
+
+  // Waits until every local student attached, then admits them (students'
+  // waitAdmission returns). TimeoutError names the students that never came.
+  void waitAdmission(Deadline deadline);
+  int numStudents() const;
+  // The next request of student i if one is there.
+  std::optional<ReceivedMessage> poll(int student);
+  // The next request of any student (round robin); PeerLostError if a student
+  // that has not finished dies meanwhile.
+  ReceivedMessage waitAny(Deadline deadline);
+  void reply(int student, const OutMessage& msg, Deadline deadline);
+  std::vector<at::Tensor> allocateReply(int student, const Tag& tag, const std::vector<TensorSpec>& specs,
+                                        Deadline deadline, MsgKind kind = MsgKind::kResponse);
+  void publishReply(int student);
+
+  int rank() const;
+  Segment segment() const;
+
+ private:
+  std::shared_ptr<detail::ChannelCore> core_;
+  int uncaught_;
+};
+
+}  // namespace distill::ipc

@@ -1,0 +1,216 @@
+#pragma once
+
+// The wire format of the shared-memory segment: every layout constant, the
+// magics, the layout version and the checksums live here and nowhere else.
+// Plain structs (no Boost, no torch, no CUDA), so this header and wire.cpp can
+// be compiled alone (sanitizers, libFuzzer). Everything in the segment is
+// addressed by byte offsets from the segment start, never by pointers.
+//
+// Segment map (all offsets 64-byte aligned, recorded in the ControlBlock):
+//
+//   0                      ControlBlock            (kControlBytes)
+//   processTableOffset     ProcessEntry[numStudents + 1]   students 0..L-2, then the teacher
+//   recorderOffset         (numStudents + 1) x kRecorderBytesPerProcess, zero-filled,
+//                          reserved for the flight recorder (one event ring per process,
+//                          written only by the owning process; format owned by the recorder)
+//   ringsOffset            per student i: request ring (i -> teacher), then response ring
+//                          (teacher -> i); each ring = RingHeader + slots x slot stride
+//   slot                   SlotHeader (kSlotHeaderBytes) + payload (capacity rounded up to 64)
+//
+// Any change to a struct below or to the meaning of a field bumps kLayoutVersion.
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace distill::ipc::wire {
+
+constexpr uint64_t kSegmentMagic = 0x314D48534C495444ull;  // "DTILSHM1", little endian
+constexpr uint32_t kLayoutVersion = 1;
+constexpr uint32_t kSlotMagic = 0x544F4C53u;  // "SLOT"
+
+constexpr int kMaxTensors = 4;        // tensors per message
+constexpr int kMaxDims = 8;           // dimensions per tensor
+constexpr int kNameBytes = 32;        // tensor name incl. NUL
+constexpr int kJobIdBytes = 64;       // job id incl. NUL
+constexpr int kErrorTextBytes = 464;  // error message text incl. NUL
+constexpr int kMaxStudents = 255;     // local students per node
+constexpr int kMaxSlots = 1024;       // slots per ring
+constexpr int64_t kMaxPayloadBytes = int64_t(1) << 40;
+constexpr size_t kCacheLine = 64;
+constexpr size_t kPayloadAlign = 64;  // every tensor offset in a payload is a multiple of this
+constexpr size_t kControlBytes = 4096;
+constexpr size_t kRecorderBytesPerProcess = 16384;
+
+constexpr size_t alignUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+// ---- Enumerations (stored as uint32_t) ---------------------------------------------------------
+
+enum class Kind : uint32_t { kRequest = 1, kResponse = 2, kError = 3, kFinish = 4 };
+enum class DType : uint32_t { kInt32 = 1, kInt64 = 2, kFloat32 = 3, kFloat16 = 4, kBFloat16 = 5, kBool = 6 };
+enum class Location : uint32_t { kHost = 0, kCuda = 1 };
+enum class ProcState : uint32_t {
+  kEmpty = 0,     // never attached
+  kAttached = 1,  // attached, not yet admitted / idle
+  kServing = 2,   // teacher: admitted all students and serving
+  kWaiting = 3,   // sleeping in a wait; ProcessEntry::wait* say on what
+  kBusy = 4,      // working (computing a batch / a step)
+  kFinished = 5,  // detached cleanly
+  kDead = 6,      // detached abnormally (exception) or declared dead by the launcher
+};
+// What a process waits on (ProcessEntry::waitWhat).
+enum class WaitWhat : uint32_t {
+  kNone = 0,
+  kAdmission = 1,     // student: teacher admission; teacher: all students attached
+  kRequest = 2,       // teacher: a request from any student
+  kResponse = 3,      // student: a response from the teacher
+  kRequestSlot = 4,   // student: a free slot in its request ring
+  kResponseSlot = 5,  // teacher: a free slot in a student's response ring
+};
+
+int64_t itemSize(DType d);  // bytes per element, 0 if unknown
+const char* dtypeName(uint32_t d);
+const char* kindName(uint32_t k);
+const char* waitName(uint32_t w);
+const char* stateName(uint32_t s);
+
+// ---- Slot header --------------------------------------------------------------------------------
+
+struct TensorDesc {
+  char name[kNameBytes];    // NUL-terminated, non-empty
+  uint32_t dtype;           // DType
+  uint32_t ndim;            // 0 .. kMaxDims
+  int64_t shape[kMaxDims];  // dims >= 0; entries >= ndim are 0
+  uint64_t nbytes;          // product(shape) * itemSize(dtype)
+  uint64_t offset;          // into the slot payload (host) or the slot's CUDA buffer; % kPayloadAlign == 0
+  uint32_t location;        // Location
+  uint32_t reserved;
+};
+static_assert(sizeof(TensorDesc) == 128, "TensorDesc layout");
+static_assert(offsetof(TensorDesc, shape) == 40 && offsetof(TensorDesc, offset) == 112, "TensorDesc layout");
+
+struct SlotHeader {
+  uint32_t magic;      // kSlotMagic
+  uint32_t checksum;   // headerChecksum() of this header with checksum == 0
+  uint64_t seq;        // message sequence number (Tag::seq)
+  int64_t step;        // training step (Tag::step)
+  int64_t accStep;     // gradient-accumulation index (Tag::accStep)
+  uint32_t kind;       // Kind
+  int32_t senderRank;  // global rank of the sender
+  uint32_t ntensors;   // 0 .. kMaxTensors
+  uint32_t reserved;
+  TensorDesc tensors[kMaxTensors];
+  char errorText[kErrorTextBytes];  // kind == kError: NUL-terminated message; else zeros
+};
+static_assert(sizeof(SlotHeader) == 1024, "SlotHeader layout");
+static_assert(offsetof(SlotHeader, tensors) == 48, "SlotHeader layout");
+constexpr size_t kSlotHeaderBytes = sizeof(SlotHeader);
+
+// Checksum over the whole header with the checksum field taken as 0 (64-bit
+// multiply-xorshift over words; cheap enough to run on every message).
+uint32_t headerChecksum(const SlotHeader& h);
+inline void sealHeader(SlotHeader& h) {
+  h.magic = kSlotMagic;
+  h.checksum = 0;
+  h.checksum = headerChecksum(h);
+}
+
+// Validates everything a consumer relies on before building a tensor on the
+// header: magic, checksum, kind, ntensors, names, dtypes, ndim, dims, nbytes ==
+// product(shape) * itemsize (overflow-checked), alignment, bounds against
+// `slotCapacity` (payload bytes), no overlap, error text terminated. On failure
+// returns false and, if `why` is given, names the field and its values.
+bool validateHeader(const SlotHeader& h, size_t slotCapacity, std::string* why);
+
+// ---- Control block and process table -------------------------------------------------------------
+// Atomics here are lock-free and address-free (static_asserts below), so they
+// work across processes mapping the segment at different addresses.
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free &&
+                  std::atomic<int64_t>::is_always_lock_free,
+              "shared-memory atomics must be lock free");
+
+struct ControlBlock {
+  // Immutable after creation (covered by controlChecksum). The creator writes
+  // everything, then stores `magic` with release; attachers load it with acquire.
+  std::atomic<uint64_t> magic;      // kSegmentMagic once initialised
+  uint32_t layoutVersion;           // kLayoutVersion of the creator
+  uint32_t controlChecksum;         // controlChecksum() of the immutable fields
+  char jobId[kJobIdBytes];
+  int32_t numStudents;
+  int32_t slots;
+  int64_t maxRequestBytes;          // payload capacity of a request slot
+  int64_t maxResponseBytes;         // payload capacity of a response slot
+  int32_t heartbeatMs;
+  int32_t creatorPid;
+  uint64_t incarnation;             // random per creation: a recreated segment differs
+  uint64_t totalBytes;
+  uint64_t processTableOffset;
+  uint64_t recorderOffset;
+  uint64_t recorderBytesPerProcess;
+  uint64_t ringsOffset;
+  uint64_t requestSlotStride;       // kSlotHeaderBytes + aligned request capacity
+  uint64_t responseSlotStride;
+  uint64_t ringPairStride;          // bytes per student (request ring + response ring)
+  uint64_t reserved[8];
+
+  // Mutable.
+  alignas(kCacheLine) std::atomic<uint64_t> admitted;  // teacher incarnation that admitted all students, 0 = not yet
+  std::atomic<uint32_t> abort;                         // nonzero: everyone stops waiting (launcher)
+  std::atomic<int32_t> teacherRestarts;
+};
+static_assert(sizeof(ControlBlock) <= kControlBytes, "ControlBlock too big");
+static_assert(offsetof(ControlBlock, jobId) == 16 && offsetof(ControlBlock, numStudents) == 80, "ControlBlock layout");
+uint32_t controlChecksum(const ControlBlock& c);
+
+// One per local process. Identity fields are written by the owner at attach.
+// `doorbell` is the futex word the owner sleeps on; anyone who changes a
+// condition the owner may wait for bumps it (release) and FUTEX_WAKEs when
+// `sleepers` != 0 (see ring.h for the ordering argument).
+struct alignas(kCacheLine) ProcessEntry {
+  std::atomic<int32_t> pid;          // 0 = never attached
+  std::atomic<uint32_t> state;       // ProcState
+  std::atomic<uint64_t> incarnation; // bumped at every attach of this local rank
+  std::atomic<int64_t> heartbeatNs;  // CLOCK_MONOTONIC ns, written every heartbeat_ms by the owner
+  std::atomic<int32_t> rank;         // global rank, for messages
+  std::atomic<uint32_t> role;        // 0 student, 1 teacher
+  // Current wait, written by the owner (relaxed; diagnostics may see a torn set).
+  std::atomic<uint32_t> waitWhat;    // WaitWhat
+  std::atomic<int32_t> waitPeer;     // global rank waited on, -1 = any
+  std::atomic<int64_t> waitStep;
+  std::atomic<int64_t> waitAccStep;
+  std::atomic<uint64_t> waitSeq;
+  std::atomic<int64_t> waitSinceNs;
+  std::atomic<uint32_t> doorbell;                      // futex word (shared, not PRIVATE)
+  std::atomic<uint32_t> sleepers;                      // owner threads inside FUTEX_WAIT on doorbell
+};
+static_assert(sizeof(ProcessEntry) == 128, "ProcessEntry layout");
+
+// One SPSC ring. head: next sequence the producer publishes (producer writes,
+// release; consumer reads, acquire). tail: next sequence the consumer frees
+// (consumer writes, release; producer reads, acquire). Slot of sequence s is
+// s % slots.
+//
+// CUDA exchange (ipc/src/cuda): the consumer cudaMallocs one buffer for all
+// slots on its GPU, writes cudaSlotBytes/cudaDevice/cudaMem and then stores
+// cudaMemReady = 1 (release); the producer creates one interprocess event per
+// slot, writes their handles after the header and stores cudaEventsReady = 1
+// (release). Each side opens the other's handles once, after an acquire load.
+constexpr int kCudaIpcHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t) == sizeof(cudaIpcEventHandle_t)
+struct RingHeader {
+  alignas(kCacheLine) std::atomic<uint64_t> head;
+  alignas(kCacheLine) std::atomic<uint64_t> tail;
+  alignas(kCacheLine) std::atomic<uint32_t> cudaMemReady;
+  std::atomic<uint32_t> cudaEventsReady;
+  int32_t cudaDevice;                           // consumer's device ordinal
+  uint32_t reserved;
+  uint64_t cudaSlotBytes;                       // per-slot CUDA buffer bytes
+  char cudaMem[kCudaIpcHandleBytes];            // one cudaMalloc; slot i at i * cudaSlotBytes
+};
+static_assert(sizeof(RingHeader) == 256, "RingHeader layout");
+static_assert(offsetof(RingHeader, tail) == 64 && offsetof(RingHeader, cudaMem) == 152, "RingHeader layout");
+// After each RingHeader: `slots` event handles (ringEventsBytes), then the slots.
+constexpr size_t ringEventsBytes(int slots) { return alignUp(size_t(slots) * kCudaIpcHandleBytes, kCacheLine); }
+
+}  // namespace distill::ipc::wire

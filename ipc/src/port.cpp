@@ -1,0 +1,193 @@
+#include "port.h"
+
+#include <unistd.h>
+
+#include "distill/core/errors.h"
+#include "distill/core/logging.h"
+#include "sys.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define DISTILL_CPU_RELAX() _mm_pause()
+#else
+#define DISTILL_CPU_RELAX() std::atomic_signal_fence(std::memory_order_seq_cst)
+#endif
+
+namespace distill::ipc {
+
+using wire::ProcState;
+
+Port::Port(std::shared_ptr<SegmentImpl> seg, int index, int rank, int spinUs)
+    : seg_(std::move(seg)), index_(index), rank_(rank), spinUs_(spinUs) {
+  DISTILL_CHECK_T(IpcError, index_ >= 0 && index_ < seg_->numProcesses(), "segment '", seg_->name, "': local index ",
+                  index_, " outside 0..", seg_->numProcesses() - 1);
+  auto& e = self();
+  const int old = e.pid.load(std::memory_order_acquire);
+  const auto oldState = ProcState(e.state.load(std::memory_order_acquire));
+  if (old > 0 && old != ::getpid() && oldState != ProcState::kFinished && oldState != ProcState::kDead &&
+      sys::pidState(old) != sys::PidState::kGone)
+    DISTILL_THROW(IpcError, "segment '", seg_->name, "': local ", roleName(), " ", index_,
+                  " is already attached by live pid ", old);
+  e.heartbeatNs.store(monotonicNs(), std::memory_order_relaxed);
+  e.rank.store(rank_, std::memory_order_relaxed);
+  e.waitWhat.store(0, std::memory_order_relaxed);
+  e.incarnation.fetch_add(1, std::memory_order_relaxed);
+  e.pid.store(::getpid(), std::memory_order_relaxed);
+  e.state.store(uint32_t(ProcState::kAttached), std::memory_order_release);
+  heartbeat_ = std::thread([this] { heartbeatLoop(); });
+  seg_->notify(seg_->teacherIndex());
+}
+
+Port::~Port() {
+  {
+    std::lock_guard<std::mutex> lock(hbMutex_);
+    hbStop_ = true;
+  }
+  hbCv_.notify_all();
+  if (heartbeat_.joinable()) heartbeat_.join();
+  setState(finished_ ? ProcState::kFinished : ProcState::kDead);
+  self().waitWhat.store(0, std::memory_order_relaxed);
+  seg_->notifyAll();  // peers waiting on us re-check and see finished/dead
+}
+
+void Port::heartbeatLoop() {
+  const auto period = std::chrono::milliseconds(seg_->layout.heartbeatMs);
+  std::unique_lock<std::mutex> lock(hbMutex_);
+  while (!hbStop_) {
+    self().heartbeatNs.store(monotonicNs(), std::memory_order_relaxed);
+    hbCv_.wait_for(lock, period, [this] { return hbStop_; });
+  }
+}
+
+std::string Port::describeProcess(int index) const {
+  const auto& e = seg_->process(index);
+  const bool teacher = index == seg_->teacherIndex();
+  return detail::str(teacher ? "teacher" : "student", " rank ", e.rank.load(std::memory_order_relaxed), " (local ",
+                     index, ", pid ", e.pid.load(std::memory_order_relaxed), ")");
+}
+
+std::string Port::describeSelf() const {
+  return detail::str(roleName(), " rank ", rank_, " (local ", index_, ")");
+}
+
+void Port::checkPeer(int index, const WaitDesc& desc, bool finishedIsLost) const {
+  const auto& e = seg_->process(index);
+  const int pid = e.pid.load(std::memory_order_acquire);
+  if (pid == 0) return;  // never attached: only a deadline can end this wait
+  const auto state = ProcState(e.state.load(std::memory_order_acquire));
+  ErrorWhere where;
+  if (desc.tagged) where = at(desc.step, desc.accStep);
+  where.awaited = wire::waitName(uint32_t(desc.what));
+  if (state == ProcState::kDead)
+    DISTILL_THROW(PeerLostError, where, describeSelf(), ": peer ", describeProcess(index),
+                  " detached abnormally (state dead) in segment '", seg_->name, "'");
+  if (state == ProcState::kFinished) {
+    if (finishedIsLost)
+      DISTILL_THROW(PeerLostError, where, describeSelf(), ": peer ", describeProcess(index),
+                    " has finished and detached from segment '", seg_->name, "'");
+    return;
+  }
+  const auto ps = sys::pidState(pid);
+  if (ps == sys::PidState::kGone)
+    DISTILL_THROW(PeerLostError, where, describeSelf(), ": peer ", describeProcess(index), " died (pid ", pid,
+                  " no longer runs) in segment '", seg_->name, "'");
+  const int64_t ageNs = monotonicNs() - e.heartbeatNs.load(std::memory_order_relaxed);
+  if (ageNs > 2 * int64_t(seg_->layout.heartbeatMs) * 1000000)
+    DISTILL_THROW(PeerLostError, where, describeSelf(), ": peer ", describeProcess(index),
+                  " stalled (no heartbeat for ", ageNs / 1000000, " ms, heartbeat_ms=", seg_->layout.heartbeatMs,
+                  ps == sys::PidState::kStopped ? "; process is stopped" : "", ") in segment '", seg_->name, "'");
+}
+
+bool Port::waitUntil(const std::function<bool()>& cond, const WaitDesc& desc, const std::vector<int>& peers,
+                     bool finishedIsLost, Deadline deadline) {
+  if (cond()) return true;
+  auto& ctl = seg_->control();
+  auto checkAll = [&] {
+    if (ctl.abort.load(std::memory_order_acquire))
+      DISTILL_THROW(IpcError, awaiting(wire::waitName(uint32_t(desc.what))), describeSelf(), ": segment '",
+                    seg_->name, "' was aborted");
+    for (int p : peers) checkPeer(p, desc, finishedIsLost);
+  };
+  // Spin briefly: a ping-pong partner on another core answers in ~1 us, far
+  // below the cost of a futex sleep + wake.
+  if (spinUs_ > 0) {
+    const auto spinEnd = Clock::now() + std::chrono::microseconds(spinUs_);
+    for (int i = 0;; ++i) {
+      if (cond()) return true;
+      if ((i & 63) == 63 && Clock::now() >= spinEnd) break;
+      DISTILL_CPU_RELAX();
+    }
+  }
+  auto& e = self();
+  const uint32_t prevState = e.state.load(std::memory_order_relaxed);
+  e.waitWhat.store(uint32_t(desc.what), std::memory_order_relaxed);
+  e.waitPeer.store(desc.peerIndex >= 0 ? seg_->process(desc.peerIndex).rank.load(std::memory_order_relaxed) : -1,
+                   std::memory_order_relaxed);
+  e.waitStep.store(desc.step, std::memory_order_relaxed);
+  e.waitAccStep.store(desc.accStep, std::memory_order_relaxed);
+  e.waitSeq.store(desc.seq, std::memory_order_relaxed);
+  e.waitSinceNs.store(monotonicNs(), std::memory_order_relaxed);
+  e.state.store(uint32_t(ProcState::kWaiting), std::memory_order_release);
+  struct Restore {
+    wire::ProcessEntry& e;
+    uint32_t prev;
+    ~Restore() {
+      e.waitWhat.store(0, std::memory_order_relaxed);
+      e.state.store(prev, std::memory_order_release);
+    }
+  } restore{e, prevState};
+
+  const auto livenessPeriod = std::chrono::milliseconds(std::max(1, seg_->layout.heartbeatMs / 4));
+  auto nextCheck = Clock::now();
+  for (;;) {
+    const uint32_t seq = e.doorbell.load(std::memory_order_acquire);
+    e.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    struct Leave {
+      std::atomic<uint32_t>& s;
+      ~Leave() { s.fetch_sub(1, std::memory_order_relaxed); }
+    } leave{e.sleepers};
+    if (cond()) return true;
+    auto now = Clock::now();
+    if (now >= nextCheck) {
+      checkAll();
+      nextCheck = now + livenessPeriod;
+    }
+    if (now >= deadline.when()) return cond();
+    const auto until = std::min(deadline.when(), nextCheck);
+    sys::futexWait(&e.doorbell, seq, until - now);
+  }
+}
+
+RingSide::RingSide(const SegmentImpl& seg, int student, bool response)
+    : seg_(&seg),
+      hdr_(&seg.ring(student, response)),
+      student_(student),
+      response_(response),
+      slots_(seg.layout.slots),
+      released_(size_t(seg.layout.slots), 0) {
+  // A consumer that (re)attaches starts at the oldest unreleased message.
+  readNext_ = hdr_->tail.load(std::memory_order_acquire);
+}
+
+void RingSide::publish(int consumerIndex) const {
+  hdr_->head.store(head() + 1, std::memory_order_release);
+  seg_->notify(consumerIndex);
+}
+
+void RingSide::release(uint64_t seq, int producerIndex) {
+  uint64_t tail = hdr_->tail.load(std::memory_order_relaxed);
+  if (seq < tail || seq >= readNext_) return;  // not held (double release)
+  released_[seq % uint64_t(slots_)] = 1;
+  const uint64_t oldTail = tail;
+  while (tail < readNext_ && released_[tail % uint64_t(slots_)]) {
+    released_[tail % uint64_t(slots_)] = 0;
+    ++tail;
+  }
+  if (tail != oldTail) {
+    hdr_->tail.store(tail, std::memory_order_release);
+    seg_->notify(producerIndex);
+  }
+}
+
+}  // namespace distill::ipc

@@ -1,0 +1,148 @@
+#pragma once
+
+// A process attached to the segment as one local rank: owns its process-table
+// entry, its heartbeat thread, and the waits and ring operations of that rank.
+// Internal to ipc/ (endpoints in message.cpp build on it; no torch here).
+//
+// Threads: the heartbeat thread only writes heartbeatNs. Every other method is
+// called by the endpoint's thread (endpoints are not thread safe).
+//
+// ---- Waiting without lost wake-ups ----
+// Each process sleeps only on its own ProcessEntry::doorbell (a 32-bit futex
+// word in shared memory, FUTEX_WAIT without FUTEX_PRIVATE_FLAG), so one sleep
+// covers every ring it consumes or produces into (the teacher's waitAny).
+//   waiter:  seq = doorbell.load(acquire); sleepers.fetch_add(1, seq_cst);
+//            fence(seq_cst); if (condition()) done; else FUTEX_WAIT(doorbell, seq, timeout)
+//   waker:   <release store that makes condition() true (head/tail/admitted)>;
+//            fence(seq_cst); if (sleepers.load(acquire)) { doorbell.fetch_add(1); FUTEX_WAKE }
+// The two seq_cst fences guarantee that the waiter's condition load sees the
+// store or the waker's sleepers load sees the increment. In the second case
+// the increment (release) synchronises with that load (acquire), so the
+// waiter's `seq` load happens-before the waker's doorbell bump and cannot have
+// read it: FUTEX_WAIT then either finds a changed word (EAGAIN) or is woken.
+// The waker skips the syscall when nobody sleeps (the common, spinning case).
+//
+// Every sleep is bounded by min(deadline, next liveness check) where liveness
+// checks run every heartbeat_ms / 4; on each wake-up the waiter checks the
+// abort flag, the peer(s) and the deadline.
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "distill/core/clock.h"
+#include "segment_impl.h"
+
+namespace distill::ipc {
+
+// What a wait is for; fills the process table and error messages.
+struct WaitDesc {
+  wire::WaitWhat what = wire::WaitWhat::kNone;
+  int peerIndex = -1;  // process index waited on, -1 = any student
+  bool tagged = false; // step/accStep/seq below are known
+  int64_t step = 0, accStep = 0;
+  uint64_t seq = 0;
+};
+
+class Port {
+ public:
+  // Claims process-table entry `index` (IpcError if a live process holds it),
+  // writes pid/rank/incarnation/heartbeat, state = attached, starts the
+  // heartbeat thread and rings the teacher's doorbell (admission).
+  Port(std::shared_ptr<SegmentImpl> seg, int index, int rank, int spinUs);
+  // Stops the heartbeat; state = finished if markFinished() was called, else dead.
+  ~Port();
+  Port(const Port&) = delete;
+  Port& operator=(const Port&) = delete;
+
+  SegmentImpl& seg() const { return *seg_; }
+  const std::shared_ptr<SegmentImpl>& segPtr() const { return seg_; }
+  int index() const { return index_; }
+  int rank() const { return rank_; }
+  bool isTeacher() const { return index_ == seg_->teacherIndex(); }
+  const char* roleName() const { return isTeacher() ? "teacher" : "student"; }
+  wire::ProcessEntry& self() const { return seg_->process(index_); }
+  void setState(wire::ProcState s) { self().state.store(uint32_t(s), std::memory_order_release); }
+  void markFinished() { finished_ = true; }
+
+  // Waits until cond() (which must load what it tests with acquire) is true.
+  // Returns false at the deadline. Throws PeerLostError when a peer in
+  // `peers` died, detached or stalled (for a peer that finished cleanly: only
+  // if `finishedIsLost`), IpcError when the segment was aborted.
+  bool waitUntil(const std::function<bool()>& cond, const WaitDesc& desc, const std::vector<int>& peers,
+                 bool finishedIsLost, Deadline deadline);
+
+  // Throws PeerLostError if process `index` is dead, detached abnormally or stalled.
+  void checkPeer(int index, const WaitDesc& desc, bool finishedIsLost) const;
+
+  // "teacher rank 3 (local 2, pid 123)"
+  std::string describeProcess(int index) const;
+  // "student rank 0 (local 0)": this process
+  std::string describeSelf() const;
+
+ private:
+  void heartbeatLoop();
+
+  std::shared_ptr<SegmentImpl> seg_;
+  int index_;
+  int rank_;
+  int spinUs_;
+  bool finished_ = false;
+  std::mutex hbMutex_;
+  std::condition_variable hbCv_;
+  bool hbStop_ = false;
+  std::thread heartbeat_;
+};
+
+// One side of one SPSC ring, with the side's process-local cursor.
+//   producer: acquire() -> write header + payload -> publish()
+//   consumer: peek() -> read -> release(seq) (out of order allowed; tail
+//             advances over the contiguous released prefix)
+// head/tail are only ever stored by their owner, so plain load+store suffice.
+class RingSide {
+ public:
+  RingSide(const SegmentImpl& seg, int student, bool response);
+
+  // Producer side ------------------------------------------------------------
+  // True if a slot is free (head - tail < slots); acquire load of tail pairs
+  // with the consumer's release of the slot, so its reads are complete.
+  bool canWrite() const { return head() - hdr_->tail.load(std::memory_order_acquire) < uint64_t(slots_); }
+  uint64_t writeSeq() const { return head(); }
+  // Makes slot writeSeq() visible to the consumer (release), then wakes it.
+  void publish(int consumerIndex) const;
+
+  // Consumer side ------------------------------------------------------------
+  // True if a message at readNext_ is published (acquire pairs with publish).
+  bool canRead() const { return readNext_ < hdr_->head.load(std::memory_order_acquire); }
+  uint64_t readSeq() const { return readNext_; }
+  void consumed() { ++readNext_; }
+  // Frees the slot of sequence `seq` (after the consumer's last read of it);
+  // tail moves with release; wakes the producer.
+  void release(uint64_t seq, int producerIndex);
+  uint64_t held() const { return readNext_ - hdr_->tail.load(std::memory_order_relaxed); }
+
+  wire::SlotHeader* slot(uint64_t seq) const { return seg_->slot(student_, response_, seq % uint64_t(slots_)); }
+  uint8_t* payload(uint64_t seq) const { return seg_->payload(student_, response_, seq % uint64_t(slots_)); }
+  int64_t capacity() const { return seg_->capacity(response_); }
+  int slots() const { return slots_; }
+  int student() const { return student_; }
+  bool response() const { return response_; }
+
+ private:
+  uint64_t head() const { return hdr_->head.load(std::memory_order_relaxed); }
+
+  const SegmentImpl* seg_;
+  wire::RingHeader* hdr_;
+  int student_;
+  bool response_;
+  int slots_;
+  uint64_t readNext_ = 0;
+  std::vector<char> released_;  // consumer: slot released out of order, tail not yet past it
+};
+
+}  // namespace distill::ipc

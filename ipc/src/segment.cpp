@@ -1,0 +1,282 @@
+#include "distill/ipc/segment.h"
+
+#include <unistd.h>
+
+#include <boost/interprocess/mapped_region.hpp>
+#include <boost/interprocess/shared_memory_object.hpp>
+#include <cstring>
+#include <new>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "distill/core/errors.h"
+#include "distill/core/logging.h"
+#include "segment_impl.h"
+#include "sys.h"
+
+namespace bip = boost::interprocess;
+
+namespace distill::ipc {
+
+SegmentLayout SegmentLayout::fromOptions(const TransportOptions& t, int numStudents) {
+  SegmentLayout l;
+  l.numStudents = numStudents;
+  l.slots = t.slots;
+  l.maxRequestBytes = t.max_request_bytes;
+  l.maxResponseBytes = t.max_response_bytes;
+  l.heartbeatMs = t.heartbeat_ms;
+  return l;
+}
+
+bool SegmentLayout::operator==(const SegmentLayout& o) const {
+  return numStudents == o.numStudents && slots == o.slots && maxRequestBytes == o.maxRequestBytes &&
+         maxResponseBytes == o.maxResponseBytes && heartbeatMs == o.heartbeatMs;
+}
+
+std::string SegmentLayout::describe() const {
+  return detail::str("students=", numStudents, " slots=", slots, " request_bytes=", maxRequestBytes,
+                     " response_bytes=", maxResponseBytes, " heartbeat_ms=", heartbeatMs);
+}
+
+LayoutOffsets computeOffsets(const SegmentLayout& l) {
+  using wire::alignUp;
+  LayoutOffsets o{};
+  const uint64_t procs = uint64_t(l.numStudents) + 1;
+  o.processTable = wire::kControlBytes;
+  o.recorder = alignUp(o.processTable + procs * sizeof(wire::ProcessEntry), 4096);
+  o.rings = alignUp(o.recorder + procs * wire::kRecorderBytesPerProcess, 4096);
+  o.requestSlotStride = wire::kSlotHeaderBytes + alignUp(uint64_t(l.maxRequestBytes), wire::kPayloadAlign);
+  o.responseSlotStride = wire::kSlotHeaderBytes + alignUp(uint64_t(l.maxResponseBytes), wire::kPayloadAlign);
+  const uint64_t ringFixed = sizeof(wire::RingHeader) + wire::ringEventsBytes(l.slots);
+  o.requestRingBytes = ringFixed + uint64_t(l.slots) * o.requestSlotStride;
+  o.responseRingBytes = ringFixed + uint64_t(l.slots) * o.responseSlotStride;
+  o.ringPairStride = o.requestRingBytes + o.responseRingBytes;
+  o.total = o.rings + uint64_t(l.numStudents) * o.ringPairStride;
+  return o;
+}
+
+void SegmentImpl::notify(int index) const {
+  wire::ProcessEntry& e = process(index);
+  // Pairs with the waiter's sleepers.fetch_add + fence (see port.h): after the
+  // caller's release store of the awaited change, this fence orders it before
+  // the sleepers load, so either the waiter sees the change or we see it sleeping.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (e.sleepers.load(std::memory_order_acquire) != 0) {
+    e.doorbell.fetch_add(1, std::memory_order_release);
+    sys::futexWakeAll(&e.doorbell);
+  }
+}
+
+void SegmentImpl::notifyAll() const {
+  for (int i = 0; i < numProcesses(); ++i) notify(i);
+}
+
+namespace {
+
+void checkLayout(const SegmentLayout& l, const std::string& name) {
+  DISTILL_CHECK_T(IpcError, l.numStudents >= 1 && l.numStudents <= wire::kMaxStudents, "segment '", name,
+                  "': numStudents ", l.numStudents, " outside 1..", wire::kMaxStudents);
+  DISTILL_CHECK_T(IpcError, l.slots >= 1 && l.slots <= wire::kMaxSlots, "segment '", name, "': slots ", l.slots,
+                  " outside 1..", wire::kMaxSlots, " (transport.slots)");
+  DISTILL_CHECK_T(IpcError, l.maxRequestBytes > 0 && l.maxRequestBytes <= wire::kMaxPayloadBytes, "segment '", name,
+                  "': transport.max_request_bytes ", l.maxRequestBytes, " outside 1..", wire::kMaxPayloadBytes);
+  DISTILL_CHECK_T(IpcError, l.maxResponseBytes > 0 && l.maxResponseBytes <= wire::kMaxPayloadBytes, "segment '", name,
+                  "': transport.max_response_bytes ", l.maxResponseBytes, " outside 1..", wire::kMaxPayloadBytes);
+  DISTILL_CHECK_T(IpcError, l.heartbeatMs > 0, "segment '", name, "': transport.heartbeat_ms ", l.heartbeatMs,
+                  " must be > 0");
+}
+
+struct Mapping {
+  bip::shared_memory_object shm;
+  bip::mapped_region region;
+};
+
+// Maps an existing segment read-write; nullptr if it does not exist (yet).
+std::shared_ptr<Mapping> openExisting(const std::string& name) {
+  try {
+    auto m = std::make_shared<Mapping>();
+    m->shm = bip::shared_memory_object(bip::open_only, name.c_str(), bip::read_write);
+    bip::offset_t size = 0;
+    if (!m->shm.get_size(size) || size < bip::offset_t(wire::kControlBytes)) return nullptr;  // being created
+    m->region = bip::mapped_region(m->shm, bip::read_write);
+    return m;
+  } catch (const bip::interprocess_exception& e) {
+    if (e.get_error_code() == bip::not_found_error) return nullptr;
+    DISTILL_THROW(IpcError, "segment '", name, "': cannot open: ", e.what());
+  }
+}
+
+std::shared_ptr<SegmentImpl> makeImpl(const std::string& name, std::shared_ptr<Mapping> m, const SegmentLayout& l) {
+  auto impl = std::make_shared<SegmentImpl>();
+  impl->name = name;
+  impl->base = static_cast<uint8_t*>(m->region.get_address());
+  impl->size = m->region.get_size();
+  impl->mapping = std::move(m);
+  impl->layout = l;
+  impl->off = computeOffsets(l);
+  return impl;
+}
+
+}  // namespace
+
+Segment Segment::create(const std::string& name, const SegmentLayout& layout, const std::string& jobId) {
+  checkLayout(layout, name);
+  DISTILL_CHECK_T(IpcError, !jobId.empty() && jobId.size() < size_t(wire::kJobIdBytes), "segment '", name,
+                  "': job id '", jobId, "' must have 1..", wire::kJobIdBytes - 1, " characters");
+  if (auto old = openExisting(name)) {
+    auto& c = *static_cast<const wire::ControlBlock*>(old->region.get_address());
+    const int pid = c.magic.load(std::memory_order_acquire) == wire::kSegmentMagic ? c.creatorPid : 0;
+    if (pid > 0 && pid != ::getpid() && sys::pidState(pid) != sys::PidState::kGone)
+      DISTILL_THROW(IpcError, "segment '", name, "' already exists and its creator pid ", pid,
+                    " is alive (another job on this node with the same name?)");
+    if (pid == ::getpid())
+      DISTILL_THROW(IpcError, "segment '", name, "' already exists, created by this process (pid ", pid, ")");
+    DISTILL_LOG(kWarning) << "segment '" << name << "' is stale (creator pid " << pid
+                          << (pid > 0 ? " is dead" : " unknown: never initialised") << "); removing and recreating it";
+    bip::shared_memory_object::remove(name.c_str());
+  }
+  const LayoutOffsets off = computeOffsets(layout);
+  auto m = std::make_shared<Mapping>();
+  try {
+    bip::permissions perm(0600);
+    m->shm = bip::shared_memory_object(bip::create_only, name.c_str(), bip::read_write, perm);
+    m->shm.truncate(bip::offset_t(off.total));  // zero-filled, pages allocated on first touch
+    m->region = bip::mapped_region(m->shm, bip::read_write);
+  } catch (const bip::interprocess_exception& e) {
+    bip::shared_memory_object::remove(name.c_str());
+    DISTILL_THROW(IpcError, "segment '", name, "': cannot create ", off.total, " bytes: ", e.what());
+  }
+  auto impl = makeImpl(name, std::move(m), layout);
+  auto* c = new (impl->base) wire::ControlBlock;  // atomics: trivially default-constructed, memory is zero
+  c->layoutVersion = wire::kLayoutVersion;
+  std::strncpy(c->jobId, jobId.c_str(), sizeof c->jobId - 1);
+  c->numStudents = layout.numStudents;
+  c->slots = layout.slots;
+  c->maxRequestBytes = layout.maxRequestBytes;
+  c->maxResponseBytes = layout.maxResponseBytes;
+  c->heartbeatMs = layout.heartbeatMs;
+  c->creatorPid = ::getpid();
+  c->incarnation = std::random_device{}() | (uint64_t(std::random_device{}()) << 32) | 1;
+  c->totalBytes = off.total;
+  c->processTableOffset = off.processTable;
+  c->recorderOffset = off.recorder;
+  c->recorderBytesPerProcess = wire::kRecorderBytesPerProcess;
+  c->ringsOffset = off.rings;
+  c->requestSlotStride = off.requestSlotStride;
+  c->responseSlotStride = off.responseSlotStride;
+  c->ringPairStride = off.ringPairStride;
+  c->controlChecksum = wire::controlChecksum(*c);
+  for (int i = 0; i < impl->numProcesses(); ++i) {
+    auto& e = impl->process(i);
+    new (&e) wire::ProcessEntry;
+    e.rank.store(-1, std::memory_order_relaxed);
+    e.role.store(i == impl->teacherIndex() ? 1 : 0, std::memory_order_relaxed);
+  }
+  // Publish: everything above happens-before an attacher's acquire load of magic.
+  c->magic.store(wire::kSegmentMagic, std::memory_order_release);
+  return Segment(std::move(impl));
+}
+
+Segment Segment::attach(const std::string& name, const std::string& jobId, const std::optional<SegmentLayout>& expected,
+                        Deadline deadline) {
+  const auto start = Clock::now();
+  std::shared_ptr<Mapping> m;
+  // The segment may not exist yet (the launcher creates it before spawning, but
+  // a rank may be started by hand): back off from 1 to 50 ms until the deadline.
+  for (auto pause = std::chrono::milliseconds(1);; pause = std::min(pause * 2, std::chrono::milliseconds(50))) {
+    m = openExisting(name);
+    if (m) {
+      auto& c = *static_cast<const wire::ControlBlock*>(m->region.get_address());
+      if (c.magic.load(std::memory_order_acquire) == wire::kSegmentMagic) break;
+      if (c.magic.load(std::memory_order_relaxed) != 0)
+        DISTILL_THROW(IpcError, "segment '", name, "': bad magic 0x", std::hex, c.magic.load(), " (expected 0x",
+                      wire::kSegmentMagic, "): not a distill segment");
+    }
+    if (deadline.expired())
+      DISTILL_THROW(TimeoutError, awaiting("segment '" + name + "'"), "segment '", name,
+                    m ? "' was not initialised" : "' did not appear", " after ", toMs(Clock::now() - start),
+                    " ms");
+    std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline.remaining()));
+  }
+  auto& c = *static_cast<const wire::ControlBlock*>(m->region.get_address());
+  DISTILL_CHECK_T(IpcError, c.layoutVersion == wire::kLayoutVersion, "segment '", name, "' has layout version ",
+                  c.layoutVersion, " but this build expects layout version ", wire::kLayoutVersion,
+                  " (mixed distill builds on one node?)");
+  DISTILL_CHECK_T(IpcError, c.controlChecksum == wire::controlChecksum(c), "segment '", name,
+                  "': control block checksum mismatch (corrupted segment)");
+  const std::string theirJob(c.jobId, strnlen(c.jobId, sizeof c.jobId));
+  DISTILL_CHECK_T(IpcError, theirJob == jobId, "segment '", name, "' belongs to job '", theirJob,
+                  "', not to this job '", jobId, "'");
+  SegmentLayout l{c.numStudents, c.slots, c.maxRequestBytes, c.maxResponseBytes, c.heartbeatMs};
+  checkLayout(l, name);
+  if (expected)
+    DISTILL_CHECK_T(IpcError, *expected == l, "segment '", name, "' has layout {", l.describe(),
+                    "} but this process expects {", expected->describe(), "}");
+  const LayoutOffsets off = computeOffsets(l);
+  DISTILL_CHECK_T(IpcError,
+                  c.totalBytes == off.total && c.processTableOffset == off.processTable &&
+                      c.recorderOffset == off.recorder && c.ringsOffset == off.rings &&
+                      c.requestSlotStride == off.requestSlotStride &&
+                      c.responseSlotStride == off.responseSlotStride && c.ringPairStride == off.ringPairStride,
+                  "segment '", name, "': offsets in the control block do not match its layout {", l.describe(), "}");
+  DISTILL_CHECK_T(IpcError, m->region.get_size() >= off.total, "segment '", name, "' is ", m->region.get_size(),
+                  " bytes, its layout needs ", off.total);
+  return Segment(makeImpl(name, std::move(m), l));
+}
+
+bool Segment::remove(const std::string& name) { return bip::shared_memory_object::remove(name.c_str()); }
+
+bool Segment::exists(const std::string& name) {
+  try {
+    bip::shared_memory_object shm(bip::open_only, name.c_str(), bip::read_only);
+    return true;
+  } catch (const bip::interprocess_exception&) {
+    return false;
+  }
+}
+
+const std::string& Segment::name() const { return impl_->name; }
+SegmentLayout Segment::layout() const { return impl_->layout; }
+std::string Segment::jobId() const {
+  const auto& c = impl_->control();
+  return std::string(c.jobId, strnlen(c.jobId, sizeof c.jobId));
+}
+uint64_t Segment::incarnation() const { return impl_->control().incarnation; }
+int Segment::creatorPid() const { return impl_->control().creatorPid; }
+size_t Segment::sizeBytes() const { return impl_->size; }
+bool Segment::admitted() const { return impl_->control().admitted.load(std::memory_order_acquire) != 0; }
+
+void Segment::abort() const {
+  impl_->control().abort.store(1, std::memory_order_release);
+  impl_->notifyAll();
+}
+bool Segment::aborted() const { return impl_->control().abort.load(std::memory_order_acquire) != 0; }
+
+std::vector<ProcessSnapshot> Segment::processes() const {
+  std::vector<ProcessSnapshot> out;
+  const int64_t now = monotonicNs();
+  for (int i = 0; i < impl_->numProcesses(); ++i) {
+    const auto& e = impl_->process(i);
+    ProcessSnapshot s;
+    s.localIndex = i;
+    s.pid = e.pid.load(std::memory_order_acquire);
+    s.rank = e.rank.load(std::memory_order_relaxed);
+    s.role = e.role.load(std::memory_order_relaxed) ? "teacher" : "student";
+    const uint32_t st = e.state.load(std::memory_order_acquire);
+    s.state = wire::stateName(st);
+    s.incarnation = e.incarnation.load(std::memory_order_relaxed);
+    if (s.pid) s.heartbeatAgeMs = (now - e.heartbeatNs.load(std::memory_order_relaxed)) / 1000000;
+    const uint32_t what = e.waitWhat.load(std::memory_order_relaxed);
+    s.waitWhat = wire::waitName(what);
+    s.waitPeer = e.waitPeer.load(std::memory_order_relaxed);
+    s.waitStep = e.waitStep.load(std::memory_order_relaxed);
+    s.waitAccStep = e.waitAccStep.load(std::memory_order_relaxed);
+    s.waitSeq = e.waitSeq.load(std::memory_order_relaxed);
+    if (what != 0) s.waitForMs = (now - e.waitSinceNs.load(std::memory_order_relaxed)) / 1000000;
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+}  // namespace distill::ipc

@@ -1,0 +1,62 @@
+#pragma once
+
+// Internal view of a mapped segment: typed accessors over the offsets recorded
+// in the control block (wire.h). No Boost here; the mapping itself is owned
+// through the opaque `mapping` pointer (segment.cpp).
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "distill/ipc/segment.h"
+#include "distill/ipc/wire.h"
+
+namespace distill::ipc {
+
+// Offsets derived from a layout; create() writes them, attach() recomputes and compares.
+struct LayoutOffsets {
+  uint64_t processTable, recorder, rings, requestSlotStride, responseSlotStride, requestRingBytes,
+      responseRingBytes, ringPairStride, total;
+};
+LayoutOffsets computeOffsets(const SegmentLayout& l);
+
+struct SegmentImpl {
+  std::string name;
+  std::shared_ptr<void> mapping;  // keeps the Boost mapping alive
+  uint8_t* base = nullptr;
+  size_t size = 0;
+  SegmentLayout layout;
+  LayoutOffsets off{};
+
+  wire::ControlBlock& control() const { return *reinterpret_cast<wire::ControlBlock*>(base); }
+  int numProcesses() const { return layout.numStudents + 1; }
+  int teacherIndex() const { return layout.numStudents; }
+  wire::ProcessEntry& process(int index) const {
+    return reinterpret_cast<wire::ProcessEntry*>(base + off.processTable)[index];
+  }
+  uint64_t ringOffset(int student, bool response) const {
+    return off.rings + uint64_t(student) * off.ringPairStride + (response ? off.requestRingBytes : 0);
+  }
+  wire::RingHeader& ring(int student, bool response) const {
+    return *reinterpret_cast<wire::RingHeader*>(base + ringOffset(student, response));
+  }
+  // The `slots` CUDA event handles after a ring header.
+  char* ringEvents(int student, bool response) const {
+    return reinterpret_cast<char*>(base + ringOffset(student, response) + sizeof(wire::RingHeader));
+  }
+  wire::SlotHeader* slot(int student, bool response, uint64_t index) const {
+    uint64_t stride = response ? off.responseSlotStride : off.requestSlotStride;
+    return reinterpret_cast<wire::SlotHeader*>(base + ringOffset(student, response) + sizeof(wire::RingHeader) +
+                                               wire::ringEventsBytes(layout.slots) + index * stride);
+  }
+  uint8_t* payload(int student, bool response, uint64_t index) const {
+    return reinterpret_cast<uint8_t*>(slot(student, response, index)) + wire::kSlotHeaderBytes;
+  }
+  int64_t capacity(bool response) const { return response ? layout.maxResponseBytes : layout.maxRequestBytes; }
+  // Wakes the owner of process entry `index` if it sleeps on its doorbell.
+  // Call after making the awaited change visible (release store).
+  void notify(int index) const;
+  void notifyAll() const;
+};
+
+}  // namespace distill::ipc

@@ -1,0 +1,37 @@
+#pragma once
+
+// Raw system calls of ipc/: every one goes through retryEintr, except
+// futexWait, for which EINTR is a (harmless) spurious wake-up that callers,
+// which loop and re-check their condition, already handle.
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace distill::ipc::sys {
+
+// Calls f() again while it returns -1 with errno == EINTR.
+template <typename F>
+auto retryEintr(F f) -> decltype(f()) {
+  for (;;) {
+    auto r = f();
+    if (r == -1 && errno == EINTR) continue;
+    return r;
+  }
+}
+
+// FUTEX_WAIT (shared: the word is in shared memory) while *word == expected,
+// for at most `timeout`. Returns on wake-up, value change, signal or timeout.
+void futexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout);
+// FUTEX_WAKE every waiter of `word` (shared).
+void futexWakeAll(std::atomic<uint32_t>* word);
+
+enum class PidState { kRunning, kStopped, kGone };  // kGone: no such process, or a zombie
+PidState pidState(int pid);
+
+// Reads a small file (e.g. /proc/<pid>/stat); "" on error.
+std::string readSmallFile(const std::string& path);
+
+}  // namespace distill::ipc::sys

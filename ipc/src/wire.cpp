@@ -1,0 +1,132 @@
+// Pure C++ (no Boost, torch or CUDA): built into distill_ipc and, alone, into
+// the sanitizer test and the libFuzzer target.
+#include "distill/ipc/wire.h"
+
+#include <cstring>
+#include <sstream>
+
+namespace distill::ipc::wire {
+
+int64_t itemSize(DType d) {
+  switch (d) {
+    case DType::kInt32: return 4;
+    case DType::kInt64: return 8;
+    case DType::kFloat32: return 4;
+    case DType::kFloat16: return 2;
+    case DType::kBFloat16: return 2;
+    case DType::kBool: return 1;
+  }
+  return 0;
+}
+
+const char* dtypeName(uint32_t d) {
+  static const char* names[] = {"?", "int32", "int64", "float32", "float16", "bfloat16", "bool"};
+  return d < 7 ? names[d] : "?";
+}
+const char* kindName(uint32_t k) {
+  static const char* names[] = {"?", "request", "response", "error", "finish"};
+  return k < 5 ? names[k] : "?";
+}
+const char* waitName(uint32_t w) {
+  static const char* names[] = {"nothing", "admission", "request", "response", "free request slot",
+                                "free response slot"};
+  return w < 6 ? names[w] : "?";
+}
+const char* stateName(uint32_t s) {
+  static const char* names[] = {"empty", "attached", "serving", "waiting", "busy", "finished", "dead"};
+  return s < 7 ? names[s] : "?";
+}
+
+namespace {
+
+// Word-wise multiply-xorshift in 4 independent lanes (the multiply latency
+// chain of one lane would dominate a round trip); `skip` is the byte offset of
+// a 4-byte field hashed as 0. `n` must be a multiple of 8.
+uint32_t mixWords(const unsigned char* p, size_t n, size_t skip) {
+  uint64_t lane[4] = {0x6A09E667F3BCC909ull ^ n, 0xBB67AE8584CAA73Bull, 0x3C6EF372FE94F82Bull,
+                      0xA54FF53A5F1D36F1ull};
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    if (skip >= i && skip < i + 8) w &= ~(uint64_t(0xFFFFFFFFu) << ((skip - i) * 8));
+    uint64_t& h = lane[(i / 8) & 3];
+    h = (h ^ w) * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 29;
+  }
+  uint64_t h = lane[0];
+  for (int k = 1; k < 4; ++k) h = (h ^ lane[k]) * 0xBF58476D1CE4E5B9ull, h ^= h >> 32;
+  return static_cast<uint32_t>(h ^ (h >> 31));
+}
+
+}  // namespace
+
+uint32_t headerChecksum(const SlotHeader& h) {
+  static_assert(sizeof(SlotHeader) % 8 == 0 && offsetof(SlotHeader, checksum) == 4, "checksum field");
+  return mixWords(reinterpret_cast<const unsigned char*>(&h), sizeof h, offsetof(SlotHeader, checksum));
+}
+
+uint32_t controlChecksum(const ControlBlock& c) {
+  // Immutable part: from layoutVersion to the end of `reserved`.
+  constexpr size_t begin = offsetof(ControlBlock, layoutVersion);
+  constexpr size_t end = offsetof(ControlBlock, reserved) + sizeof(ControlBlock::reserved);
+  static_assert((end - begin) % 8 == 0, "immutable part is whole words");
+  return mixWords(reinterpret_cast<const unsigned char*>(&c) + begin, end - begin,
+                  offsetof(ControlBlock, controlChecksum) - begin);
+}
+
+bool validateHeader(const SlotHeader& h, size_t slotCapacity, std::string* why) {
+  std::ostringstream os;
+  auto fail = [&](auto&&... parts) {
+    if (why) {
+      (os << ... << parts);
+      *why = os.str();
+    }
+    return false;
+  };
+  if (h.magic != kSlotMagic) return fail("bad slot magic 0x", std::hex, h.magic, " (expected 0x", kSlotMagic, ")");
+  uint32_t sum = headerChecksum(h);
+  if (h.checksum != sum) return fail("header checksum 0x", std::hex, h.checksum, " != computed 0x", sum);
+  if (h.kind < uint32_t(Kind::kRequest) || h.kind > uint32_t(Kind::kFinish)) return fail("unknown kind ", h.kind);
+  if (h.ntensors > uint32_t(kMaxTensors)) return fail("ntensors ", h.ntensors, " > ", kMaxTensors);
+  if (std::memchr(h.errorText, 0, sizeof h.errorText) == nullptr) return fail("error text not NUL-terminated");
+  for (uint32_t i = 0; i < h.ntensors; ++i) {
+    const TensorDesc& t = h.tensors[i];
+    const void* nul = std::memchr(t.name, 0, sizeof t.name);
+    if (nul == nullptr) return fail("tensor[", i, "] name not NUL-terminated within ", kNameBytes, " bytes");
+    if (t.name[0] == 0) return fail("tensor[", i, "] has an empty name");
+    const std::string name(t.name);
+    int64_t item = itemSize(static_cast<DType>(t.dtype));
+    if (item == 0) return fail("tensor[", i, "] '", name, "': unknown dtype ", t.dtype);
+    if (t.ndim > uint32_t(kMaxDims)) return fail("tensor[", i, "] '", name, "': ndim ", t.ndim, " > ", kMaxDims);
+    if (t.location > uint32_t(Location::kCuda)) return fail("tensor[", i, "] '", name, "': unknown location ", t.location);
+    uint64_t numel = 1;
+    for (uint32_t d = 0; d < t.ndim; ++d) {
+      if (t.shape[d] < 0) return fail("tensor[", i, "] '", name, "': shape[", d, "] = ", t.shape[d], " < 0");
+      if (__builtin_mul_overflow(numel, uint64_t(t.shape[d]), &numel))
+        return fail("tensor[", i, "] '", name, "': element count overflows at shape[", d, "]");
+    }
+    uint64_t expect = 0;
+    if (__builtin_mul_overflow(numel, uint64_t(item), &expect))
+      return fail("tensor[", i, "] '", name, "': byte size overflows (", numel, " elements of ", item, " bytes)");
+    if (t.nbytes != expect)
+      return fail("tensor[", i, "] '", name, "': nbytes ", t.nbytes, " != ", numel, " elements x ", item,
+                  " bytes = ", expect);
+    if (t.offset % kPayloadAlign != 0)
+      return fail("tensor[", i, "] '", name, "': offset ", t.offset, " not a multiple of ", kPayloadAlign);
+    if (t.offset > slotCapacity || t.nbytes > slotCapacity - t.offset)
+      return fail("tensor[", i, "] '", name, "': offset ", t.offset, " + nbytes ", t.nbytes,
+                  " exceeds the slot capacity ", slotCapacity);
+    for (uint32_t j = 0; j < i; ++j) {
+      const TensorDesc& u = h.tensors[j];
+      if (std::strncmp(u.name, t.name, kNameBytes) == 0)
+        return fail("tensor[", i, "] and tensor[", j, "] are both named '", name, "'");
+      if (u.location != t.location || t.nbytes == 0 || u.nbytes == 0) continue;
+      if (t.offset < u.offset + u.nbytes && u.offset < t.offset + t.nbytes)
+        return fail("tensor[", i, "] '", name, "' [", t.offset, ", ", t.offset + t.nbytes, ") overlaps tensor[", j,
+                    "] '", u.name, "' [", u.offset, ", ", u.offset + u.nbytes, ")");
+    }
+  }
+  return true;
+}
+
+}  // namespace distill::ipc::wire

@@ -1,0 +1,341 @@
+// Segment, rings, waits and liveness with real processes (forkChild: nothing
+// here touches CUDA). Every test removes its segment and checks /dev/shm.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+
+#include <atomic>
+#include <thread>
+
+#include "distill/core/errors.h"
+#include "distill/ipc/channel.h"
+#include "distill/ipc/wire.h"
+#include "ipc_test_util.h"
+
+using namespace distill;
+using namespace distill::ipc;
+using namespace distill::ipc::test;
+using distill::testing::forkChild;
+using namespace std::chrono_literals;
+
+namespace {
+
+const std::string kJob = "job-ring-test";
+
+EndpointOptions opts(int rank) {
+  EndpointOptions o;
+  o.rank = rank;
+  return o;
+}
+
+OutMessage msgWith(uint64_t seq, MsgKind kind = MsgKind::kRequest) {
+  OutMessage m;
+  m.tag = Tag{seq, int64_t(seq / 3), int64_t(seq % 3)};
+  m.kind = kind;
+  m.tensors.push_back({"x", at::full({2}, int64_t(seq), at::kLong)});
+  return m;
+}
+
+// A teacher child: attach, admit, echo every request as a response until a finish.
+int echoTeacher(const std::string& name, int rank) {
+  auto seg = Segment::attach(name, kJob, std::nullopt, Deadline::after(10s));
+  TeacherEndpoint t(seg, opts(rank));
+  t.waitAdmission(Deadline::after(10s));
+  for (;;) {
+    auto m = t.waitAny(Deadline::after(30s));
+    if (m.kind() == MsgKind::kFinish) return 0;
+    OutMessage r;
+    r.tag = m.tag();
+    r.kind = MsgKind::kResponse;
+    r.tensors.push_back({"x", m.view("x")});
+    t.reply(m.student(), r, Deadline::after(30s));
+  }
+}
+
+}  // namespace
+
+TEST(IpcRing, OrderAndWrapAround100kMessages) {
+  ScopedName sn;
+  auto seg = Segment::create(sn.name, smallLayout(1, 4), kJob);
+  auto teacher = forkChild([&] { return echoTeacher(sn.name, 1); });
+  {
+    StudentEndpoint s(seg, 0, opts(0));
+    s.waitAdmission(Deadline::after(10s));
+    constexpr uint64_t kN = 100000, kWindow = 3;
+    uint64_t next = 0;
+    for (uint64_t i = 0; i < kN; ++i) {
+      s.send(msgWith(i), Deadline::after(10s));
+      if (i + 1 >= kWindow) {
+        auto r = s.receive(Deadline::after(10s));
+        ASSERT_EQ(r.tag().seq, next);
+        ASSERT_EQ(r.tag().step, int64_t(next / 3));
+        ASSERT_EQ(r.view("x")[1].item<int64_t>(), int64_t(next));
+        ++next;
+      }
+    }
+    while (next < kN) {
+      auto r = s.receive(Deadline::after(10s));
+      ASSERT_EQ(r.tag().seq, next++);
+    }
+    OutMessage fin;
+    fin.kind = MsgKind::kFinish;
+    s.send(fin, Deadline::after(10s));
+  }
+  EXPECT_EQ(teacher.join(30s).code, 0);
+}
+
+TEST(IpcRing, BackpressureBlocksProducerUntilASlotIsFreed) {
+  ScopedName sn;
+  constexpr int K = 4;
+  auto seg = Segment::create(sn.name, smallLayout(1, K), kJob);
+  auto student = forkChild([&] {
+    auto s2 = Segment::attach(sn.name, kJob, std::nullopt, Deadline::after(10s));
+    StudentEndpoint s(s2, 0, opts(0));
+    s.waitAdmission(Deadline::after(10s));
+    for (int i = 0; i <= K; ++i) s.send(msgWith(uint64_t(i)), Deadline::after(20s));  // the last one blocks
+    return 0;
+  });
+  TeacherEndpoint t(seg, opts(1));
+  t.waitAdmission(Deadline::after(10s));
+  std::vector<ReceivedMessage> held;
+  for (int i = 0; i < K; ++i) held.push_back(t.waitAny(Deadline::after(10s)));
+  // The student now waits for a free request slot: observe it in the process table.
+  ASSERT_TRUE(waitForProcess(seg, 0, [](const ProcessSnapshot& p) {
+    return p.state == "waiting" && p.waitWhat == "free request slot";
+  }));
+  EXPECT_FALSE(t.poll(0).has_value());
+  EXPECT_FALSE(student.waitFor(50ms).has_value()) << "producer did not block";
+  held[0].release();
+  auto last = t.waitAny(Deadline::after(10s));
+  EXPECT_EQ(last.tag().seq, uint64_t(K));
+  EXPECT_EQ(student.join(10s).code, 0);
+}
+
+TEST(IpcRing, DeadlineExpiryNamesWhatWasAwaited) {
+  ScopedName sn;
+  auto seg = Segment::create(sn.name, smallLayout(1), kJob);
+  // No teacher at all: admission times out and says the teacher never attached.
+  StudentEndpoint s(seg, 0, opts(5));
+  auto t0 = Clock::now();
+  try {
+    s.waitAdmission(Deadline::after(150ms));
+    FAIL() << "no TimeoutError";
+  } catch (const TimeoutError& e) {
+    EXPECT_GE(Clock::now() - t0, 150ms);
+    EXPECT_TRUE(contains(e.what(), "never attached")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "student rank 5")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "within 1")) << e.what();
+  }
+  // A teacher that admits but never answers: the receive names the tag and the teacher.
+  auto teacher = forkChild([&] {
+    auto s2 = Segment::attach(sn.name, kJob, std::nullopt, Deadline::after(10s));
+    TeacherEndpoint t(s2, opts(7));
+    t.waitAdmission(Deadline::after(10s));
+    auto m = t.waitAny(Deadline::after(20s));  // the finish below
+    return m.kind() == MsgKind::kFinish ? 0 : 1;
+  });
+  s.waitAdmission(Deadline::after(10s));
+  t0 = Clock::now();
+  try {
+    s.receive(Deadline::after(200ms), Tag{11, 4, 1});
+    FAIL() << "no TimeoutError";
+  } catch (const TimeoutError& e) {
+    EXPECT_GE(Clock::now() - t0, 200ms);
+    const std::string w = e.what();
+    EXPECT_TRUE(contains(w, "no response from teacher rank 7")) << w;
+    EXPECT_TRUE(contains(w, "after 2")) << w;
+    EXPECT_TRUE(contains(w, "step=4 acc_step=1")) << w;
+    EXPECT_TRUE(contains(w, "awaiting seq 11")) << w;
+  }
+  OutMessage fin;
+  fin.kind = MsgKind::kFinish;
+  s.send(fin, Deadline::after(5s));
+  EXPECT_EQ(teacher.join(10s).code, 0);
+}
+
+TEST(IpcRing, AttachTimesOutWhenNoSegment) {
+  ScopedName sn;
+  try {
+    Segment::attach(sn.name, kJob, std::nullopt, Deadline::after(100ms));
+    FAIL() << "no TimeoutError";
+  } catch (const TimeoutError& e) {
+    EXPECT_TRUE(contains(e.what(), sn.name + "' did not appear")) << e.what();
+  }
+}
+
+namespace {
+
+// Parent waits in `wait`; a helper thread applies `sig` to `victim` once the
+// parent's process-table entry shows it sleeping, and returns the time it did.
+template <typename Wait>
+std::pair<std::string, Clock::duration> lossDetected(const Segment& seg, int selfIndex, distill::testing::Child& victim,
+                                                     int sig, Wait wait) {
+  std::atomic<int64_t> sentNs{0};
+  std::thread killer([&] {
+    if (waitForProcess(seg, selfIndex, [](const ProcessSnapshot& p) { return p.state == "waiting"; })) {
+      sentNs = monotonicNs();
+      victim.kill(sig);
+    }
+  });
+  std::string what;
+  try {
+    wait();
+    ADD_FAILURE() << "no PeerLostError";
+  } catch (const PeerLostError& e) {
+    what = e.what();
+  }
+  const int64_t now = monotonicNs();
+  killer.join();
+  return {what, std::chrono::nanoseconds(now - sentNs.load())};
+}
+
+}  // namespace
+
+TEST(IpcRing, TeacherKilledWhileStudentWaits) {
+  ScopedName sn;
+  const int hb = 100;
+  auto seg = Segment::create(sn.name, smallLayout(1, 4, hb), kJob);
+  auto teacher = forkChild([&] { return echoTeacher(sn.name, 9); });
+  StudentEndpoint s(seg, 0, opts(0));
+  s.waitAdmission(Deadline::after(10s));
+  auto [what, elapsed] = lossDetected(seg, 0, teacher, SIGKILL, [&] { s.receive(Deadline::after(20s), Tag{1, 2, 0}); });
+  EXPECT_LT(elapsed, std::chrono::milliseconds(2 * hb + 150)) << what;
+  EXPECT_TRUE(contains(what, "teacher rank 9")) << what;
+  EXPECT_TRUE(contains(what, "died")) << what;
+  EXPECT_TRUE(contains(what, "step=2")) << what;
+  // The endpoint is poisoned: the next call rethrows at once.
+  EXPECT_THROW(s.receive(Deadline::after(5s)), PeerLostError);
+  EXPECT_EQ(teacher.join(10s).signal, SIGKILL);
+}
+
+TEST(IpcRing, StudentKilledWhileTeacherWaits) {
+  ScopedName sn;
+  const int hb = 100;
+  auto seg = Segment::create(sn.name, smallLayout(2, 4, hb), kJob);
+  auto student0 = forkChild([&] {
+    auto s2 = Segment::attach(sn.name, kJob, std::nullopt, Deadline::after(10s));
+    StudentEndpoint s(s2, 0, opts(0));
+    s.waitAdmission(Deadline::after(10s));
+    s.receive(Deadline::after(30s));  // never answered
+    return 0;
+  });
+  auto student1 = forkChild([&] {
+    auto s2 = Segment::attach(sn.name, kJob, std::nullopt, Deadline::after(10s));
+    StudentEndpoint s(s2, 1, opts(4));
+    s.waitAdmission(Deadline::after(10s));
+    s.receive(Deadline::after(30s));
+    return 0;
+  });
+  TeacherEndpoint t(seg, opts(2));
+  t.waitAdmission(Deadline::after(10s));
+  auto [what, elapsed] = lossDetected(seg, 2, student1, SIGKILL, [&] { t.waitAny(Deadline::after(20s)); });
+  EXPECT_LT(elapsed, std::chrono::milliseconds(2 * hb + 150)) << what;
+  EXPECT_TRUE(contains(what, "student rank 4")) << what;
+  student0.kill(SIGKILL);
+  student0.join(10s);
+  student1.join(10s);
+}
+
+TEST(IpcRing, StoppedPeerIsDetectedAsStalled) {
+  ScopedName sn;
+  const int hb = 100;
+  auto seg = Segment::create(sn.name, smallLayout(1, 4, hb), kJob);
+  auto teacher = forkChild([&] { return echoTeacher(sn.name, 9); });
+  StudentEndpoint s(seg, 0, opts(0));
+  s.waitAdmission(Deadline::after(10s));
+  auto [what, elapsed] = lossDetected(seg, 0, teacher, SIGSTOP, [&] { s.receive(Deadline::after(20s)); });
+  EXPECT_LT(elapsed, std::chrono::milliseconds(2 * hb + 150)) << what;
+  EXPECT_TRUE(contains(what, "teacher rank 9")) << what;
+  EXPECT_TRUE(contains(what, "stalled (no heartbeat for")) << what;
+  teacher.kill(SIGCONT);
+  teacher.kill(SIGKILL);
+  EXPECT_EQ(teacher.join(10s).signal, SIGKILL);
+}
+
+TEST(IpcSegment, StaleSegmentIsRecreatedLiveOwnerRefused) {
+  ScopedName sn;
+  // A creator that dies without removing its segment.
+  auto dead = forkChild([&] {
+    Segment::create(sn.name, smallLayout(), kJob);
+    return 0;
+  });
+  ASSERT_EQ(dead.join(10s).code, 0);
+  ASSERT_TRUE(shmExists(sn.name));
+  const int deadPid = dead.pid();
+  auto seg = Segment::create(sn.name, smallLayout(), kJob);  // stale: recreated
+  EXPECT_EQ(seg.creatorPid(), ::getpid());
+  EXPECT_NE(seg.creatorPid(), deadPid);
+  // Now a live owner (this process): another creator is refused, naming the pid.
+  auto other = forkChild([&] {
+    try {
+      Segment::create(sn.name, smallLayout(), kJob);
+    } catch (const IpcError& e) {
+      const std::string w = e.what();
+      return contains(w, sn.name) && contains(w, "creator pid " + std::to_string(::getppid()) + " is alive") ? 0 : 2;
+    }
+    return 1;
+  });
+  EXPECT_EQ(other.join(10s).code, 0);
+  EXPECT_TRUE(Segment::remove(sn.name));
+  EXPECT_FALSE(Segment::remove(sn.name));
+}
+
+TEST(IpcSegment, MismatchesNameBothValues) {
+  ScopedName sn;
+  auto seg = Segment::create(sn.name, smallLayout(), kJob);
+  // Layout version: patch the creator's version as an older/newer build would have written it.
+  {
+    int fd = ::open(("/dev/shm/" + sn.name).c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    void* p = ::mmap(nullptr, wire::kControlBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    ASSERT_NE(p, MAP_FAILED);
+    static_cast<wire::ControlBlock*>(p)->layoutVersion = 99;
+    ::munmap(p, wire::kControlBytes);
+  }
+  try {
+    Segment::attach(sn.name, kJob, std::nullopt, Deadline::after(1s));
+    FAIL() << "no IpcError";
+  } catch (const IpcError& e) {
+    EXPECT_TRUE(contains(e.what(), "layout version 99")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "layout version " + std::to_string(wire::kLayoutVersion))) << e.what();
+  }
+  Segment::remove(sn.name);
+  auto seg2 = Segment::create(sn.name, smallLayout(), kJob);
+  try {
+    Segment::attach(sn.name, "other-job", std::nullopt, Deadline::after(1s));
+    FAIL() << "no IpcError";
+  } catch (const IpcError& e) {
+    EXPECT_TRUE(contains(e.what(), "job '" + kJob + "'")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "'other-job'")) << e.what();
+  }
+  auto expected = smallLayout();
+  expected.slots = 8;
+  try {
+    Segment::attach(sn.name, kJob, expected, Deadline::after(1s));
+    FAIL() << "no IpcError";
+  } catch (const IpcError& e) {
+    EXPECT_TRUE(contains(e.what(), "slots=4")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "slots=8")) << e.what();
+  }
+  auto ok = Segment::attach(sn.name, kJob, smallLayout(), Deadline::after(1s));
+  EXPECT_EQ(ok.layout(), smallLayout());
+  EXPECT_EQ(ok.incarnation(), seg2.incarnation());
+}
+
+TEST(IpcSegment, TeacherAdmissionNamesMissingStudents) {
+  ScopedName sn;
+  auto seg = Segment::create(sn.name, smallLayout(3), kJob);
+  StudentEndpoint s1(seg, 1, opts(1));
+  TeacherEndpoint t(seg, opts(3));
+  try {
+    t.waitAdmission(Deadline::after(100ms));
+    FAIL() << "no TimeoutError";
+  } catch (const TimeoutError& e) {
+    EXPECT_TRUE(contains(e.what(), "students [local 0, local 2] did not attach")) << e.what();
+  }
+  EXPECT_FALSE(seg.admitted());
+}

@@ -1,0 +1,149 @@
+// validateHeader: targeted cases and 100000 random corruptions. Pure C++ +
+// gtest: built twice, normally and with -fsanitize=address,undefined (no torch).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "distill/ipc/wire.h"
+
+namespace w = distill::ipc::wire;
+
+namespace {
+
+constexpr size_t kCap = 1 << 16;
+
+// A valid header with 4 tensors of different dtypes.
+w::SlotHeader validHeader() {
+  w::SlotHeader h{};
+  h.seq = 42;
+  h.step = 7;
+  h.accStep = 1;
+  h.kind = uint32_t(w::Kind::kRequest);
+  h.senderRank = 3;
+  h.ntensors = 4;
+  const w::DType types[] = {w::DType::kInt64, w::DType::kFloat32, w::DType::kBFloat16, w::DType::kBool};
+  uint64_t off = 0;
+  for (int i = 0; i < 4; ++i) {
+    auto& t = h.tensors[i];
+    std::snprintf(t.name, sizeof t.name, "t%d", i);
+    t.dtype = uint32_t(types[i]);
+    t.ndim = 2;
+    t.shape[0] = 3 + i;
+    t.shape[1] = 5;
+    t.nbytes = uint64_t(t.shape[0] * t.shape[1] * w::itemSize(types[i]));
+    t.offset = off;
+    off = w::alignUp(off + t.nbytes, w::kPayloadAlign);
+  }
+  w::sealHeader(h);
+  return h;
+}
+
+bool rejected(const w::SlotHeader& h, std::string* why = nullptr) {
+  std::string tmp;
+  return !w::validateHeader(h, kCap, why ? why : &tmp);
+}
+
+}  // namespace
+
+TEST(IpcWire, ValidHeaderPasses) {
+  std::string why;
+  auto h = validHeader();
+  EXPECT_TRUE(w::validateHeader(h, kCap, &why)) << why;
+  h.ntensors = 0;
+  w::sealHeader(h);
+  EXPECT_TRUE(w::validateHeader(h, 0, &why)) << why;
+}
+
+TEST(IpcWire, MessagesNameFieldAndValues) {
+  std::string why;
+  auto h = validHeader();
+  h.tensors[1].nbytes += 4;
+  w::sealHeader(h);
+  ASSERT_TRUE(rejected(h, &why));
+  EXPECT_NE(why.find("tensor[1] 't1': nbytes 84 != 20 elements x 4 bytes = 80"), std::string::npos) << why;
+
+  h = validHeader();
+  h.tensors[2].dtype = 77;
+  w::sealHeader(h);
+  ASSERT_TRUE(rejected(h, &why));
+  EXPECT_NE(why.find("unknown dtype 77"), std::string::npos) << why;
+
+  h = validHeader();
+  h.tensors[0].ndim = 9;
+  w::sealHeader(h);
+  ASSERT_TRUE(rejected(h, &why));
+  EXPECT_NE(why.find("ndim 9 > 8"), std::string::npos) << why;
+
+  h = validHeader();
+  h.tensors[3].offset = kCap;
+  w::sealHeader(h);
+  ASSERT_TRUE(rejected(h, &why));
+  EXPECT_NE(why.find("exceeds the slot capacity 65536"), std::string::npos) << why;
+
+  h = validHeader();
+  h.tensors[1].offset = h.tensors[0].offset;
+  w::sealHeader(h);
+  ASSERT_TRUE(rejected(h, &why));
+  EXPECT_NE(why.find("overlaps"), std::string::npos) << why;
+
+  h = validHeader();
+  h.tensors[0].shape[0] = int64_t(1) << 40;
+  h.tensors[0].shape[1] = int64_t(1) << 40;
+  w::sealHeader(h);
+  ASSERT_TRUE(rejected(h, &why));
+  EXPECT_NE(why.find("overflows"), std::string::npos) << why;
+
+  h = validHeader();
+  h.step = 8;  // not resealed
+  ASSERT_TRUE(rejected(h, &why));
+  EXPECT_NE(why.find("checksum"), std::string::npos) << why;
+}
+
+// 100000 corrupted headers, each rejected; plus random garbage that must not crash.
+TEST(IpcWire, RandomCorruptionsAreRejected) {
+  std::mt19937_64 rng(12345);
+  const w::SlotHeader good = validHeader();
+  int accepted = 0;
+  for (int iter = 0; iter < 100000; ++iter) {
+    w::SlotHeader h = good;
+    auto* bytes = reinterpret_cast<unsigned char*>(&h);
+    const int mode = int(rng() % 3);
+    if (mode == 0) {
+      // Raw corruption (no reseal): 1..8 random bytes changed.
+      // Distinct positions, so two flips never cancel out.
+      const size_t n = 1 + rng() % 8;
+      size_t first = 8 + rng() % (sizeof h - 8 - n);  // leave magic/checksum alone here
+      const size_t gap = 1 + rng() % ((sizeof h - first) / n);
+      for (size_t k = 0; k < n; ++k) bytes[first + k * gap] ^= uint8_t(1 + rng() % 255);
+      ASSERT_TRUE(rejected(h)) << "iteration " << iter << " (raw)";
+    } else if (mode == 1) {
+      // A semantically invalid field, resealed so only the field checks can catch it.
+      auto& t = h.tensors[rng() % 4];
+      switch (rng() % 12) {
+        case 0: h.kind = uint32_t(5 + rng() % 1000); break;
+        case 1: h.ntensors = uint32_t(5 + rng() % 1000000); break;
+        case 2: std::memset(t.name, 'x', sizeof t.name); break;
+        case 3: t.dtype = uint32_t(7 + rng() % 1000); break;
+        case 4: t.ndim = uint32_t(9 + rng() % 1000); break;
+        case 5: t.shape[rng() % 2] = -int64_t(1 + rng() % 1000); break;
+        case 6: t.nbytes += 1 + rng() % 4096; break;
+        case 7: t.offset += 1 + rng() % 63; break;
+        case 8: t.offset = kCap + 64 * (rng() % 4); break;
+        case 9: t.offset = ~uint64_t(0) - 63; break;
+        case 10: h.tensors[1].offset = h.tensors[2].offset; break;
+        case 11: std::memset(h.errorText, 'e', sizeof h.errorText); break;
+      }
+      w::sealHeader(h);
+      ASSERT_TRUE(rejected(h)) << "iteration " << iter << " (field)";
+    } else {
+      // Random garbage with a good magic and checksum: either verdict, no crash.
+      for (size_t k = 8; k < sizeof h; ++k) bytes[k] = uint8_t(rng());
+      if (rng() % 2) h.ntensors = uint32_t(rng() % 5);
+      w::sealHeader(h);
+      accepted += w::validateHeader(h, size_t(rng() % (kCap * 2)), nullptr) ? 1 : 0;
+    }
+  }
+  RecordProperty("garbage_accepted", accepted);
+}
