@@ -5,37 +5,8 @@
 if(NOT DISTILL_PYTHON)
   set(DISTILL_PYTHON python3 CACHE STRING "Python whose torch wheel provides LibTorch")
 endif()
-if(NOT Torch_DIR)
-  execute_process(
-    COMMAND ${DISTILL_PYTHON} -c "import torch; print(torch.utils.cmake_prefix_path)"
-    OUTPUT_VARIABLE _torch_prefix OUTPUT_STRIP_TRAILING_WHITESPACE
-    RESULT_VARIABLE _torch_rc ERROR_QUIET)
-  if(NOT _torch_rc EQUAL 0)
-    message(FATAL_ERROR "distill: '${DISTILL_PYTHON} -c import torch' failed; install the wheel: "
-                        "pip install torch==2.11.0")
-  endif()
-  list(APPEND CMAKE_PREFIX_PATH ${_torch_prefix})
-endif()
-
-# Only the architecture we run on (H100/H200); torch ignores CMAKE_CUDA_ARCHITECTURES
-# and would otherwise add 11 architectures to any CUDA code built through it.
-if(NOT DEFINED ENV{TORCH_CUDA_ARCH_LIST})
-  set(ENV{TORCH_CUDA_ARCH_LIST} "9.0")
-endif()
-find_package(Torch REQUIRED)
+include(DistillTorch)
 find_package(Threads REQUIRED)
-
-# LibTorch as one imported target with the include directories our headers need.
-# TORCH_LIBRARIES mixes targets and paths; wrap it so our targets say "distill_torch".
-if(NOT TARGET distill_torch)
-  add_library(distill_torch INTERFACE IMPORTED GLOBAL)
-  target_link_libraries(distill_torch INTERFACE ${TORCH_LIBRARIES})
-  target_include_directories(distill_torch SYSTEM INTERFACE ${TORCH_INCLUDE_DIRS})
-  if(TORCH_CXX_FLAGS)
-    separate_arguments(_tflags UNIX_COMMAND "${TORCH_CXX_FLAGS}")
-    target_compile_options(distill_torch INTERFACE ${_tflags})
-  endif()
-endif()
 
 # The torch wheel links gloo statically into libtorch_cpu but ships no gloo
 # headers; c10d's ProcessGroupGloo.hpp needs them. Debian's libgloo-dev provides

@@ -7,6 +7,7 @@
 #include <charconv>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -661,6 +662,53 @@ std::vector<std::string> extractSetOverrides(int& argc, char** argv) {
   argc = kept;
   argv[argc] = nullptr;
   return out;
+}
+
+}  // namespace distill
+
+namespace distill {
+
+Config jobConfig(int& argc, char** argv) {
+  std::string path;
+  int out = 1;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--") {  // the rest belongs to someone else
+      for (; i < argc; ++i) argv[out++] = argv[i];
+      break;
+    }
+    if (a == "--config") {
+      DISTILL_CHECK_T(ConfigError, i + 1 < argc, "--config needs a file name");
+      path = argv[++i];
+    } else if (a.rfind("--config=", 0) == 0) {
+      path = a.substr(9);
+    } else {
+      argv[out++] = argv[i];
+    }
+  }
+  argc = out;
+  argv[argc] = nullptr;
+  if (path.empty()) {
+    const char* env = std::getenv("DISTILL_CONFIG");
+    if (env) path = env;
+  }
+  DISTILL_CHECK_T(ConfigError, !path.empty(),
+                  "no config: pass --config FILE or set DISTILL_CONFIG (distill-run sets it)");
+  std::vector<std::string> overrides;
+  if (const char* env = std::getenv("DISTILL_SET")) {
+    std::string all = env;
+    size_t start = 0;
+    while (start <= all.size()) {
+      size_t nl = all.find('\n', start);
+      std::string line = all.substr(start, nl == std::string::npos ? std::string::npos : nl - start);
+      if (!line.empty()) overrides.push_back(line);
+      if (nl == std::string::npos) break;
+      start = nl + 1;
+    }
+  }
+  auto own = extractSetOverrides(argc, argv);
+  overrides.insert(overrides.end(), own.begin(), own.end());
+  return loadConfig(path, overrides);
 }
 
 }  // namespace distill

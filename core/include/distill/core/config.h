@@ -51,4 +51,11 @@ uint64_t configHash(const Config& config);
 // A `--set` with nothing after it is a ConfigError.
 std::vector<std::string> extractSetOverrides(int& argc, char** argv);
 
+// The config of a job as each of its processes sees it: the file named by
+// `--config FILE` / `--config=FILE` (removed from argv) or else DISTILL_CONFIG;
+// then overrides from DISTILL_SET (one `key=value` per line; distill-run passes
+// its --set options this way so that the trainer's argv stays its own), then
+// the process's own --set options (removed from argv). ConfigError if no file.
+Config jobConfig(int& argc, char** argv);
+
 }  // namespace distill

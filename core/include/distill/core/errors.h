@@ -84,11 +84,11 @@ std::string str(const Args&... args) {
 // Overloads so a macro can take an optional leading ErrorWhere.
 template <typename... Args>
 std::pair<ErrorWhere, std::string> split(const ErrorWhere& w, const Args&... args) {
-  return {w, str(args...)};
+  return {w, ::distill::detail::str(args...)};
 }
 template <typename... Args>
 std::pair<ErrorWhere, std::string> split(const Args&... args) {
-  return {ErrorWhere{}, str(args...)};
+  return {ErrorWhere{}, ::distill::detail::str(args...)};
 }
 
 template <typename E, typename... Args>

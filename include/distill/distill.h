@@ -1,0 +1,25 @@
+#pragma once
+
+// The one include a trainer needs:
+//
+//   #include <distill/distill.h>
+//
+// distill::init() gives a student session (client to the teacher, student
+// group) or the teacher's; see README "Integrating distill into a trainer".
+
+#include "distill/build_config.h"
+#include "distill/core/clock.h"
+#include "distill/core/config.h"
+#include "distill/core/context.h"
+#include "distill/core/errors.h"
+#include "distill/core/logging.h"
+#include "distill/core/options.h"
+#include "distill/core/protocol.h"
+#include "distill/core/student_group.h"
+#include "distill/core/topology.h"
+#include "distill/student/client.h"
+#include "distill/student/grad.h"
+#include "distill/student/init.h"
+#include "distill/student/losses.h"
+#include "distill/teacher/model.h"
+#include "distill/teacher/server.h"

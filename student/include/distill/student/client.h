@@ -1,0 +1,103 @@
+#pragma once
+
+// The student's side of the rings: hand the teacher micro-batches, get its
+// outputs back.
+//
+//   auto h = client.submit({{"input_ids", ids}}, step, accStep);  // returns at once
+//   ... compute the student's forward meanwhile ...
+//   TeacherReply r = client.get(h);                              // waits, checks the tag
+//   auto loss = distillLoss(logits, labels, r.output(), opts, normalizer);
+//
+// Up to student.in_flight requests may be outstanding; submit() waits (with
+// the response deadline) only when that many are. Every answer is checked
+// against the request it answers: same seq, step and acc_step, or a
+// ProtocolError naming both. An error answer from the teacher (a skipped
+// acc_step, a wrong shape) is a ProtocolError carrying the teacher's words. A
+// dead or stalled teacher is a PeerLostError within about two heartbeats.
+//
+// Thread safety: one thread per client. Lifetime: the client must outlive the
+// TeacherReply objects it returned in view mode.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "distill/core/options.h"
+#include "distill/core/topology.h"
+#include "distill/student/losses.h"
+
+namespace distill {
+
+namespace ipc {
+class ReceivedMessage;
+}
+
+// A request in flight.
+struct Handle {
+  uint64_t seq = 0;
+  int64_t step = 0;
+  int64_t accStep = 0;
+};
+
+enum class ReplyMode {
+  kCopy,  // owned tensors; the slot is freed at once
+  kView,  // tensors in place in the slot (zero copy); valid while the reply lives
+};
+
+class TeacherReply {
+ public:
+  TeacherReply();
+  ~TeacherReply();
+  TeacherReply(TeacherReply&&) noexcept;
+  TeacherReply& operator=(TeacherReply&&) noexcept;
+
+  const Handle& handle() const { return handle_; }
+  // The teacher's output for the loss: full logits, or top-k + logsumexp.
+  TeacherOutput output() const;
+  // Any named tensor of the answer (hidden states).
+  at::Tensor tensor(const std::string& name) const;
+  bool has(const std::string& name) const;
+  // Frees the slot (view mode); the tensors must not be used after.
+  void release();
+
+ private:
+  friend class Client;
+  Handle handle_;
+  std::vector<std::pair<std::string, at::Tensor>> tensors_;
+  std::unique_ptr<ipc::ReceivedMessage> held_;  // view mode only
+};
+
+class Client {
+ public:
+  // Attaches to this node's segment as local student topo.studentLocalRank and
+  // waits (run.startup_timeout_s) until the teacher has admitted every local
+  // student. Call before any collective.
+  Client(const Topology& topo, const Config& config);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // Sends the inputs named by teacher.inputs; returns at once unless
+  // student.in_flight requests are already outstanding.
+  Handle submit(const std::vector<std::pair<std::string, at::Tensor>>& inputs, int64_t step,
+                int64_t accStep);
+  // The same with one input, named teacher.inputs[0].
+  Handle submit(const at::Tensor& input, int64_t step, int64_t accStep);
+  // Waits for the answer to `h` (answers come in request order).
+  TeacherReply get(const Handle& h, ReplyMode mode = ReplyMode::kCopy);
+  // Tells the teacher this student is done. Outstanding answers are dropped.
+  void finish();
+
+  int64_t outstanding() const;
+  const Config& config() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace distill

@@ -1,0 +1,37 @@
+#pragma once
+
+// Helpers on the student group.
+//
+// Normalisation under gradient accumulation and data parallelism: compute the
+// loss of every micro-batch as a SUM over its tokens divided by the number of
+// non-ignored tokens of the WHOLE step (all micro-batches, all students) —
+// stepTokenCount() — and all-reduce the gradients with SUM. The gradient is
+// then that of the same tokens as one batch on one process, whatever the
+// number of valid tokens per micro-batch (tests/student/grad_test.cpp).
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <vector>
+
+#include "distill/core/student_group.h"
+
+namespace distill {
+
+// Non-ignored tokens of a step across the student group (one all-reduce).
+double stepTokenCount(StudentGroup& group, const std::vector<at::Tensor>& microBatchLabels,
+                      int64_t ignoreIndex);
+
+// All-reduces the .grad() of `params` in place, in buckets of about
+// `bucketMb` MiB (one flat tensor per bucket; dtypes and devices kept apart).
+// Parameters without a gradient are skipped on every rank alike (zeros stand in
+// if some rank has one and another has not would be a user bug: shapes differ).
+void allReduceGradients(StudentGroup& group, const std::vector<at::Tensor>& params, double bucketMb,
+                        ReduceOp op = ReduceOp::kSum);
+
+// Runs `fn` on student rank 0 only and broadcasts its `count` values to every
+// student (evaluation that must not run on every rank).
+std::vector<double> evaluateOnRank0(StudentGroup& group, const std::function<std::vector<double>()>& fn,
+                                    size_t count);
+
+}  // namespace distill

@@ -1,0 +1,187 @@
+#include "distill/student/client.h"
+
+#include <ATen/ATen.h>
+
+#include <deque>
+#include <map>
+#include <optional>
+
+#include "distill/core/clock.h"
+#include "distill/core/errors.h"
+#include "distill/core/logging.h"
+#include "distill/core/protocol.h"
+#include "distill/ipc/channel.h"
+
+namespace distill {
+namespace {
+Millis ms(double seconds) { return Millis(static_cast<int64_t>(seconds * 1000.0)); }
+
+std::string tagStr(uint64_t seq, int64_t step, int64_t acc) {
+  return "(seq " + std::to_string(seq) + ", step " + std::to_string(step) + ", acc_step " +
+         std::to_string(acc) + ")";
+}
+}  // namespace
+
+// ---- TeacherReply ----
+
+TeacherReply::TeacherReply() = default;
+TeacherReply::~TeacherReply() = default;
+TeacherReply::TeacherReply(TeacherReply&&) noexcept = default;
+TeacherReply& TeacherReply::operator=(TeacherReply&&) noexcept = default;
+
+bool TeacherReply::has(const std::string& name) const {
+  for (auto& kv : tensors_) {
+    if (kv.first == name) return true;
+  }
+  return false;
+}
+
+at::Tensor TeacherReply::tensor(const std::string& name) const {
+  for (auto& kv : tensors_) {
+    if (kv.first == name) return kv.second;
+  }
+  DISTILL_THROW(ProtocolError, "the teacher's answer has no tensor '", name, "'");
+}
+
+TeacherOutput TeacherReply::output() const {
+  TeacherOutput o;
+  if (has(protocol::kLogits)) {
+    o.logits = tensor(protocol::kLogits);
+  } else {
+    o.topkValues = tensor(protocol::kTopkValues);
+    o.topkIndices = tensor(protocol::kTopkIndices);
+    if (has(protocol::kLogsumexp)) o.logsumexp = tensor(protocol::kLogsumexp);
+  }
+  return o;
+}
+
+void TeacherReply::release() {
+  tensors_.clear();
+  if (held_) held_->release();
+  held_.reset();
+}
+
+// ---- Client ----
+
+struct Client::Impl {
+  Topology topo;
+  Config cfg;
+  std::optional<ipc::Segment> segment;
+  std::optional<ipc::StudentEndpoint> endpoint;
+  uint64_t nextSeq = 1;
+  std::deque<Handle> inFlight;                        // sent, answer not yet received
+  std::map<uint64_t, ipc::ReceivedMessage> received;  // received, not yet taken by get()
+  bool finished = false;
+
+  Deadline responseDeadline() const { return Deadline::after(ms(cfg.run.hang_timeout_s)); }
+
+  // Receives the answer to the oldest request in flight and checks its tag.
+  void receiveOldest() {
+    DISTILL_INTERNAL_ASSERT(!inFlight.empty(), "no request in flight");
+    Handle want = inFlight.front();
+    ipc::Tag expect{want.seq, want.step, want.accStep};
+    ipc::ReceivedMessage m = endpoint->receive(responseDeadline(), expect);
+    inFlight.pop_front();
+    const auto& t = m.tag();
+    if (m.kind() == ipc::MsgKind::kError) {
+      DISTILL_THROW(ProtocolError, at(want.step, want.accStep, "teacher answer"),
+                    "the teacher refused request ", tagStr(want.seq, want.step, want.accStep), ": ",
+                    m.errorText());
+    }
+    DISTILL_CHECK_T(ProtocolError, m.kind() == ipc::MsgKind::kResponse,
+                    at(want.step, want.accStep, "teacher answer"), "expected a response, got ",
+                    ipc::msgKindName(m.kind()));
+    if (t.seq != want.seq || t.step != want.step || t.accStep != want.accStep) {
+      DISTILL_THROW(ProtocolError, at(want.step, want.accStep, "teacher answer"),
+                    "answer tag ", tagStr(t.seq, t.step, t.accStep), " does not match request ",
+                    tagStr(want.seq, want.step, want.accStep));
+    }
+    received.emplace(want.seq, std::move(m));
+  }
+};
+
+Client::Client(const Topology& topo, const Config& config) : impl_(std::make_unique<Impl>()) {
+  auto& s = *impl_;
+  s.topo = topo;
+  s.cfg = config;
+  DISTILL_CHECK_T(ConfigError, topo.isStudent(), "a Client needs a student's topology, got ",
+                  topo.describe());
+  DISTILL_CHECK_T(ConfigError, !topo.segment.empty(),
+                  "no segment for this node (DISTILL_SEGMENT is not set): start the job with distill-run");
+  auto startup = Deadline::after(ms(config.run.startup_timeout_s));
+  auto layout = ipc::SegmentLayout::fromOptions(config.transport, topo.studentsPerNode());
+  s.segment = ipc::Segment::attach(topo.segment, topo.jobId, layout, startup);
+  s.endpoint.emplace(*s.segment, topo.studentLocalRank,
+                     ipc::EndpointOptions::fromOptions(config.transport, topo.globalRank));
+  s.endpoint->waitAdmission(startup);
+}
+
+Client::~Client() {
+  if (impl_ && impl_->endpoint && !impl_->finished && std::uncaught_exceptions() == 0) {
+    try {
+      finish();
+    } catch (const std::exception& e) {
+      DISTILL_LOG(kWarning) << "could not tell the teacher this student finished: " << e.what();
+    }
+  }
+}
+
+Handle Client::submit(const std::vector<std::pair<std::string, at::Tensor>>& inputs, int64_t step,
+                      int64_t accStep) {
+  auto& s = *impl_;
+  DISTILL_CHECK_T(ProtocolError, !s.finished, "submit() after finish()");
+  setCurrentStep(step, accStep);
+  while (static_cast<int64_t>(s.inFlight.size()) >= s.cfg.student.in_flight) s.receiveOldest();
+  Handle h{s.nextSeq++, step, accStep};
+  ipc::OutMessage msg;
+  msg.tag = ipc::Tag{h.seq, step, accStep};
+  msg.kind = ipc::MsgKind::kRequest;
+  msg.tensors = inputs;
+  s.endpoint->send(msg, s.responseDeadline());
+  s.inFlight.push_back(h);
+  return h;
+}
+
+Handle Client::submit(const at::Tensor& input, int64_t step, int64_t accStep) {
+  return submit({{impl_->cfg.teacher.inputs.at(0), input}}, step, accStep);
+}
+
+TeacherReply Client::get(const Handle& h, ReplyMode mode) {
+  auto& s = *impl_;
+  setCurrentStep(h.step, h.accStep);
+  while (!s.received.count(h.seq)) {
+    DISTILL_CHECK_T(ProtocolError, !s.inFlight.empty() && s.inFlight.front().seq <= h.seq,
+                    at(h.step, h.accStep), "get(): request seq ", h.seq,
+                    " is not in flight (already taken, or never submitted)");
+    s.receiveOldest();
+  }
+  auto node = s.received.extract(h.seq);
+  ipc::ReceivedMessage& m = node.mapped();
+  TeacherReply r;
+  r.handle_ = h;
+  for (auto& name : m.names()) {
+    r.tensors_.emplace_back(name, mode == ReplyMode::kCopy ? m.copy(name) : m.view(name));
+  }
+  if (mode == ReplyMode::kCopy) {
+    m.release();
+  } else {
+    r.held_ = std::make_unique<ipc::ReceivedMessage>(std::move(m));
+  }
+  return r;
+}
+
+void Client::finish() {
+  auto& s = *impl_;
+  if (s.finished) return;
+  s.finished = true;
+  s.received.clear();
+  ipc::OutMessage msg;
+  msg.kind = ipc::MsgKind::kFinish;
+  msg.tag = ipc::Tag{s.nextSeq++, 0, 0};
+  s.endpoint->send(msg, s.responseDeadline());
+}
+
+int64_t Client::outstanding() const { return static_cast<int64_t>(impl_->inFlight.size()); }
+const Config& Client::config() const { return impl_->cfg; }
+
+}  // namespace distill

@@ -1,0 +1,100 @@
+#pragma once
+
+// Teacher models, as the teacher server sees them.
+//
+// Three sources (teacher.kind in the config):
+//  * torchscript: a file exported from Python (torch.jit.script / trace),
+//    called through teacher.method with the request tensors in teacher.inputs
+//    order; a tensor result is teacher.output, a tuple's first element is, and
+//    a dict's entries are looked up by name (teacher.output, teacher.hidden_states).
+//  * registered: a C++ model registered under a name by DISTILL_REGISTER_TEACHER
+//    or DISTILL_REGISTER_TEACHER_MODULE in a shared library the config names
+//    (teacher.library, dlopen'ed by the teacher), weights from teacher.weights.
+//  * self: the trainer binary in teacher role hands its own model to serve().
+//
+// forward() is called by the server thread only, under inference mode.
+
+#include <torch/nn/module.h>
+#include <torch/serialize.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "distill/core/options.h"
+
+namespace distill {
+
+class TeacherModel {
+ public:
+  virtual ~TeacherModel() = default;
+  // inputs: the request tensors in teacher.inputs order, batched along dim 0.
+  // Returns named outputs, each with the same dim 0; must hold teacher.output.
+  virtual std::map<std::string, at::Tensor> forward(const std::vector<at::Tensor>& inputs) = 0;
+  // Identifies the weights (checkpoint manifests record it). "" if unknown.
+  virtual std::string fingerprint() const { return ""; }
+};
+
+// A model given as a function of the inputs returning the output tensor.
+std::shared_ptr<TeacherModel> teacherFromFunction(
+    std::function<at::Tensor(const std::vector<at::Tensor>&)> fn, std::string outputName = "logits");
+
+// Wraps a torch::nn::Module whose forward takes one tensor and returns logits.
+template <typename M>
+class ModuleTeacher : public TeacherModel {
+ public:
+  ModuleTeacher(std::shared_ptr<M> module, std::string outputName, std::string fingerprint = "")
+      : module_(std::move(module)), output_(std::move(outputName)), fingerprint_(std::move(fingerprint)) {}
+  std::map<std::string, at::Tensor> forward(const std::vector<at::Tensor>& inputs) override {
+    return {{output_, module_->forward(inputs.at(0))}};
+  }
+  std::string fingerprint() const override { return fingerprint_; }
+
+ private:
+  std::shared_ptr<M> module_;
+  std::string output_;
+  std::string fingerprint_;
+};
+
+using TeacherFactory = std::function<std::shared_ptr<TeacherModel>(const TeacherOptions&)>;
+
+// Registers a factory under `name` (teacher.module). Returns true; meant for a
+// static initialiser in a shared library. A second registration of a name is
+// an error at lookup time.
+bool registerTeacher(const std::string& name, TeacherFactory factory);
+std::vector<std::string> registeredTeachers();
+
+// Loads the model the options name (torchscript or registered; dlopens
+// teacher.library first). ConfigError for kind self, a missing file, an
+// unknown module; the message lists what is registered.
+std::shared_ptr<TeacherModel> loadTeacherModel(const TeacherOptions& options);
+
+// "<path> <size> bytes <mtime>": cheap identity of a weights file.
+std::string fileFingerprint(const std::string& path);
+
+}  // namespace distill
+
+#define DISTILL_TEACHER_CONCAT_(a, b) a##b
+#define DISTILL_TEACHER_CONCAT(a, b) DISTILL_TEACHER_CONCAT_(a, b)
+
+// DISTILL_REGISTER_TEACHER(name, [](const distill::TeacherOptions& o) { return ...; });
+#define DISTILL_REGISTER_TEACHER(name, factory)                                        \
+  static const bool DISTILL_TEACHER_CONCAT(distillTeacherReg_, __LINE__) =             \
+      ::distill::registerTeacher(name, factory)
+
+// Registers torch::nn module type M (default-constructible, forward(Tensor) ->
+// logits); the factory loads teacher.weights with torch::load if set and moves
+// it to teacher.device in eval mode.
+#define DISTILL_REGISTER_TEACHER_MODULE(name, M)                                       \
+  DISTILL_REGISTER_TEACHER(name, [](const ::distill::TeacherOptions& o) {              \
+    auto m = std::make_shared<M>();                                                    \
+    std::shared_ptr<::torch::nn::Module> base = m;                                     \
+    if (!o.weights.empty()) ::torch::load(base, o.weights);                            \
+    m->to(::torch::Device(o.device));                                                  \
+    m->eval();                                                                         \
+    return std::static_pointer_cast<::distill::TeacherModel>(                          \
+        std::make_shared<::distill::ModuleTeacher<M>>(                                 \
+            m, o.output, o.weights.empty() ? "" : ::distill::fileFingerprint(o.weights))); \
+  })

@@ -1,0 +1,58 @@
+#pragma once
+
+// The teacher server: a stateless loop that answers every request of the local
+// students of its node with the teacher's output for it.
+//
+//   attach to the node's segment -> wait for every local student (admission,
+//   run.startup_timeout_s) -> loop { take the ready requests of any students,
+//   batch them (teacher.max_batch_tokens), forward under inference mode, shape
+//   the output (full logits or top-k), answer each request with its own tag }
+//   -> stop when every student has sent finish.
+//
+// It never counts steps. Per student it checks that tags advance exactly as
+// gradient accumulation says — (step, acc_step) goes (s, 0), (s, 1), ..,
+// (s, G-1), then (s', 0) with s' > s — and answers an error message, not
+// silence, to a request that breaks the order, has a wrong dtype or shape, or
+// makes the model fail. It joins no collective: it has a TeacherContext only.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "distill/core/context.h"
+#include "distill/teacher/model.h"
+
+namespace distill {
+
+struct ServeStats {
+  int64_t requests = 0;                 // requests answered with teacher output
+  int64_t errors = 0;                   // requests answered with an error
+  int64_t batches = 0;                  // forward calls
+  double forwardSeconds = 0;            // time inside forward + output shaping
+  double wallSeconds = 0;               // from admission to the last finish
+  std::vector<int64_t> perStudent;      // requests answered, by local student
+};
+
+// Serves until every local student has sent finish. Throws PeerLostError when a
+// student dies before finishing, TimeoutError when admission fails.
+ServeStats serve(TeacherContext& ctx, std::shared_ptr<TeacherModel> model);
+
+// The tag of a request, for the order check.
+struct RequestTag {
+  uint64_t seq = 0;
+  int64_t step = 0;
+  int64_t accStep = 0;
+};
+
+// "" if `next` may follow `prev` (nullopt: the student's first request) with
+// grad_acc_steps G; otherwise why not, naming both tags.
+std::string checkTagOrder(const std::optional<RequestTag>& prev, const RequestTag& next,
+                          int gradAccSteps);
+
+// main() of distill-teacher: config from --config/DISTILL_CONFIG and --set,
+// topology from the environment; returns the process exit code.
+int teacherMain(int argc, char** argv);
+
+}  // namespace distill

@@ -1,0 +1,4 @@
+// distill-teacher: the built-in teacher server (teacher.kind torchscript or registered).
+#include "distill/teacher/server.h"
+
+int main(int argc, char** argv) { return distill::teacherMain(argc, argv); }

@@ -1,0 +1,153 @@
+#include "distill/teacher/model.h"
+
+#include <dlfcn.h>
+#include <sys/stat.h>
+#include <torch/script.h>
+
+#include <mutex>
+
+#include "distill/core/errors.h"
+#include "distill/core/logging.h"
+
+namespace distill {
+namespace {
+
+struct Registry {
+  std::mutex mu;
+  std::map<std::string, TeacherFactory> factories;
+  std::vector<std::string> duplicates;
+};
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+std::string joinNames(const std::vector<std::string>& v) {
+  std::string s;
+  for (auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s.empty() ? "(none)" : s;
+}
+
+class FunctionTeacher : public TeacherModel {
+ public:
+  FunctionTeacher(std::function<at::Tensor(const std::vector<at::Tensor>&)> fn, std::string output)
+      : fn_(std::move(fn)), output_(std::move(output)) {}
+  std::map<std::string, at::Tensor> forward(const std::vector<at::Tensor>& inputs) override {
+    return {{output_, fn_(inputs)}};
+  }
+
+ private:
+  std::function<at::Tensor(const std::vector<at::Tensor>&)> fn_;
+  std::string output_;
+};
+
+class ScriptTeacher : public TeacherModel {
+ public:
+  explicit ScriptTeacher(const TeacherOptions& o) : options_(o), fingerprint_(fileFingerprint(o.path)) {
+    try {
+      module_ = torch::jit::load(o.path, torch::Device(o.device));
+    } catch (const std::exception& e) {
+      DISTILL_THROW(ConfigError, "teacher.path: cannot load TorchScript file '", o.path,
+                    "': ", std::string(e.what()).substr(0, 400));
+    }
+    module_.eval();
+    DISTILL_CHECK_T(ConfigError, module_.find_method(o.method).has_value(), "teacher.method: '",
+                    o.method, "' is not a method of the TorchScript module in '", o.path, "'");
+  }
+
+  std::map<std::string, at::Tensor> forward(const std::vector<at::Tensor>& inputs) override {
+    std::vector<c10::IValue> args(inputs.begin(), inputs.end());
+    c10::IValue out = module_.get_method(options_.method)(std::move(args));
+    std::map<std::string, at::Tensor> result;
+    if (out.isTensor()) {
+      result[options_.output] = out.toTensor();
+    } else if (out.isTuple()) {
+      result[options_.output] = out.toTupleRef().elements().at(0).toTensor();
+    } else if (out.isGenericDict()) {
+      auto dict = out.toGenericDict();
+      auto want = options_.hidden_states;
+      want.push_back(options_.output);
+      for (auto& name : want) {
+        DISTILL_CHECK_T(ProtocolError, dict.contains(name), "teacher output has no entry '", name,
+                        "' (teacher.output / teacher.hidden_states)");
+        result[name] = dict.at(name).toTensor();
+      }
+    } else {
+      DISTILL_THROW(ProtocolError, "teacher method '", options_.method,
+                    "' returned ", out.tagKind(), "; expected a tensor, a tuple or a dict");
+    }
+    return result;
+  }
+  std::string fingerprint() const override { return fingerprint_; }
+
+ private:
+  TeacherOptions options_;
+  std::string fingerprint_;
+  torch::jit::Module module_;
+};
+
+}  // namespace
+
+std::shared_ptr<TeacherModel> teacherFromFunction(
+    std::function<at::Tensor(const std::vector<at::Tensor>&)> fn, std::string outputName) {
+  return std::make_shared<FunctionTeacher>(std::move(fn), std::move(outputName));
+}
+
+bool registerTeacher(const std::string& name, TeacherFactory factory) {
+  auto& r = registry();
+  std::lock_guard<std::mutex> g(r.mu);
+  if (!r.factories.emplace(name, std::move(factory)).second) r.duplicates.push_back(name);
+  return true;
+}
+
+std::vector<std::string> registeredTeachers() {
+  auto& r = registry();
+  std::lock_guard<std::mutex> g(r.mu);
+  std::vector<std::string> names;
+  for (auto& kv : r.factories) names.push_back(kv.first);
+  return names;
+}
+
+std::string fileFingerprint(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return path + " (missing)";
+  return path + " " + std::to_string(st.st_size) + " bytes mtime " + std::to_string(st.st_mtime);
+}
+
+std::shared_ptr<TeacherModel> loadTeacherModel(const TeacherOptions& o) {
+  if (o.kind == "torchscript") {
+    struct stat st {};
+    DISTILL_CHECK_T(ConfigError, ::stat(o.path.c_str(), &st) == 0, "teacher.path: '", o.path,
+                    "': ", errnoString(errno));
+    return std::make_shared<ScriptTeacher>(o);
+  }
+  if (o.kind == "registered") {
+    // RTLD_GLOBAL: the library's static initialisers register into our registry.
+    void* handle = ::dlopen(o.library.c_str(), RTLD_NOW | RTLD_GLOBAL);
+    DISTILL_CHECK_T(ConfigError, handle != nullptr, "teacher.library: cannot load '", o.library,
+                    "': ", ::dlerror());
+    TeacherFactory factory;
+    {
+      auto& r = registry();
+      std::lock_guard<std::mutex> g(r.mu);
+      for (auto& d : r.duplicates) {
+        DISTILL_CHECK_T(ConfigError, d != o.module, "teacher.module: '", o.module,
+                        "' is registered more than once");
+      }
+      auto it = r.factories.find(o.module);
+      if (it != r.factories.end()) factory = it->second;
+    }
+    DISTILL_CHECK_T(ConfigError, factory != nullptr, "teacher.module: no teacher registered as '",
+                    o.module, "' in '", o.library, "'; registered: ", joinNames(registeredTeachers()));
+    if (!o.weights.empty()) {
+      struct stat st {};
+      DISTILL_CHECK_T(ConfigError, ::stat(o.weights.c_str(), &st) == 0, "teacher.weights: '",
+                      o.weights, "': ", errnoString(errno));
+    }
+    return factory(o);
+  }
+  DISTILL_THROW(ConfigError, "teacher.kind: '", o.kind,
+                "' has no model file to load; with kind self the trainer calls distill::serve()");
+}
+
+}  // namespace distill

@@ -1,0 +1,363 @@
+#include "distill/teacher/server.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include <chrono>
+#include <deque>
+#include <map>
+#include <sstream>
+
+#include "distill/core/clock.h"
+#include "distill/core/config.h"
+#include "distill/core/errors.h"
+#include "distill/core/logging.h"
+#include "distill/core/protocol.h"
+#include "distill/ipc/channel.h"
+
+namespace distill {
+namespace {
+
+using ipc::MsgKind;
+using ipc::ReceivedMessage;
+
+Millis ms(double seconds) { return Millis(static_cast<int64_t>(seconds * 1000.0)); }
+
+std::string describe(const at::Tensor& t) {
+  std::ostringstream os;
+  os << c10::toString(t.scalar_type()) << " " << t.sizes();
+  return os.str();
+}
+
+std::string tagString(const RequestTag& t) {
+  return "(step " + std::to_string(t.step) + ", acc_step " + std::to_string(t.accStep) + ")";
+}
+
+// The dtype and rank of each input, fixed by the first request of the job.
+struct InputSignature {
+  bool known = false;
+  std::vector<at::ScalarType> dtypes;
+  std::vector<int64_t> dims;
+};
+
+struct Pending {
+  ReceivedMessage msg;
+  int student = 0;
+  int64_t tokens = 0;
+  std::vector<at::Tensor> inputs;  // views into the request slot
+};
+
+class Server {
+ public:
+  Server(TeacherContext& ctx, std::shared_ptr<TeacherModel> model)
+      : ctx_(ctx), cfg_(ctx.config()), model_(std::move(model)) {}
+
+  ServeStats run() {
+    const Topology& topo = ctx_.topology();
+    DISTILL_CHECK_T(ConfigError, !topo.segment.empty(),
+                    "the teacher has no segment (DISTILL_SEGMENT is not set): start the job with distill-run");
+    const int students = topo.studentsPerNode();
+    auto startup = Deadline::after(ms(cfg_.run.startup_timeout_s));
+    auto layout = ipc::SegmentLayout::fromOptions(cfg_.transport, students);
+    segment_ = ipc::Segment::attach(topo.segment, topo.jobId, layout, startup);
+    endpoint_.emplace(*segment_, ipc::EndpointOptions::fromOptions(cfg_.transport, topo.globalRank));
+    endpoint_->waitAdmission(startup);
+    DISTILL_LOG(kInfo) << "teacher serving " << students << " local student(s) on " << topo.segment
+                       << ", output " << (cfg_.teacher.topk > 0 ? "top-" + std::to_string(cfg_.teacher.topk) : "full logits");
+
+    stats_.perStudent.assign(students, 0);
+    last_.assign(students, std::nullopt);
+    finished_.assign(students, false);
+    auto start = Clock::now();
+    windowStart_ = start;
+    int active = students;
+    while (active > 0) {
+      if (pending_.empty()) {
+        // Block for the next request of any student. A student that dies
+        // surfaces here as PeerLostError; a quiet period is no error (students
+        // may evaluate or checkpoint), so an expired deadline only warns.
+        try {
+          take(endpoint_->waitAny(Deadline::after(ms(cfg_.run.hang_timeout_s))));
+        } catch (const TimeoutError&) {
+          DISTILL_LOG(kWarning) << "no request from any student for " << cfg_.run.hang_timeout_s
+                                << " s; still waiting (students are alive)";
+          continue;
+        }
+      }
+      // Everything else that is ready now joins the batch.
+      for (int i = 0; i < students; ++i) {
+        while (auto m = endpoint_->poll(i)) take(std::move(*m));
+      }
+      serveOneBatch();
+      active = 0;
+      for (int i = 0; i < students; ++i) active += finished_[i] ? 0 : 1;
+      if (!pending_.empty()) active = std::max(active, 1);
+    }
+    stats_.wallSeconds = std::chrono::duration<double>(Clock::now() - start).count();
+    DISTILL_LOG(kInfo) << "teacher done: " << stats_.requests << " requests in " << stats_.batches
+                       << " batches, " << stats_.errors << " errors, forward "
+                       << stats_.forwardSeconds << " s of " << stats_.wallSeconds << " s";
+    return stats_;
+  }
+
+ private:
+  // Accepts one message from a ring: finish, or a request queued for a batch
+  // (after its tag, dtypes and shapes are checked; errors are answered here).
+  void take(ReceivedMessage m) {
+    const int s = m.student();
+    if (m.kind() == MsgKind::kFinish) {
+      finished_[s] = true;
+      DISTILL_LOG(kDebug) << "student " << m.senderRank() << " finished";
+      return;
+    }
+    RequestTag tag{m.tag().seq, m.tag().step, m.tag().accStep};
+    std::string why;
+    if (m.kind() != MsgKind::kRequest) {
+      why = std::string("unexpected message kind ") + ipc::msgKindName(m.kind());
+    } else {
+      why = checkTagOrder(last_[s], tag, cfg_.student.grad_acc_steps);
+    }
+    Pending p;
+    if (why.empty()) why = checkInputs(m, &p);
+    if (!why.empty()) {
+      answerError(s, m.tag(), "teacher rejected the request of student rank " +
+                                  std::to_string(m.senderRank()) + ": " + why);
+      return;
+    }
+    last_[s] = tag;
+    p.student = s;
+    p.msg = std::move(m);
+    pending_.push_back(std::move(p));
+  }
+
+  std::string checkInputs(const ReceivedMessage& m, Pending* p) {
+    const auto& names = cfg_.teacher.inputs;
+    std::ostringstream why;
+    int64_t batch = -1;
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (!m.has(names[i])) {
+        why << "missing input '" << names[i] << "' (teacher.inputs); found:";
+        for (auto& n : m.names()) why << " " << n;
+        return why.str();
+      }
+      at::Tensor t = m.view(names[i]);
+      if (t.dim() < 1 || t.size(0) < 1) return "input '" + names[i] + "' has no batch dimension: " + describe(t);
+      if (batch < 0) batch = t.size(0);
+      if (t.size(0) != batch) {
+        return "input '" + names[i] + "' has batch " + std::to_string(t.size(0)) + ", input '" +
+               names[0] + "' has " + std::to_string(batch);
+      }
+      if (signature_.known && (t.scalar_type() != signature_.dtypes[i] || t.dim() != signature_.dims[i])) {
+        why << "input '" << names[i] << "': expected " << c10::toString(signature_.dtypes[i]) << " with "
+            << signature_.dims[i] << " dims (as every request so far), found " << describe(t);
+        return why.str();
+      }
+      p->inputs.push_back(t);
+    }
+    if (!signature_.known) {
+      for (auto& t : p->inputs) {
+        signature_.dtypes.push_back(t.scalar_type());
+        signature_.dims.push_back(t.dim());
+      }
+      signature_.known = true;
+    }
+    at::Tensor first = p->inputs.at(0);
+    p->tokens = first.dim() >= 2 ? first.size(0) * first.size(1) : first.size(0);
+    if (p->tokens > cfg_.teacher.max_batch_tokens) {
+      return "request of " + std::to_string(p->tokens) + " tokens exceeds teacher.max_batch_tokens=" +
+             std::to_string(cfg_.teacher.max_batch_tokens);
+    }
+    return "";
+  }
+
+  // Takes pending requests in order while they fit the token budget and share
+  // the trailing shape of the first; a student's later requests never overtake
+  // its earlier ones. Runs forward once and answers each request.
+  void serveOneBatch() {
+    if (pending_.empty()) return;
+    std::vector<Pending> batch;
+    std::vector<bool> blocked(finished_.size(), false);
+    int64_t tokens = 0;
+    auto trailing = pending_.front().inputs[0].sizes().slice(1).vec();
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      bool fits = tokens + it->tokens <= cfg_.teacher.max_batch_tokens &&
+                  it->inputs[0].sizes().slice(1).vec() == trailing && !blocked[it->student];
+      if (!fits) {
+        blocked[it->student] = true;
+        ++it;
+        continue;
+      }
+      tokens += it->tokens;
+      batch.push_back(std::move(*it));
+      it = pending_.erase(it);
+    }
+
+    auto t0 = Clock::now();
+    std::map<std::string, at::Tensor> out;
+    std::vector<int64_t> sizes;
+    try {
+      c10::InferenceMode guard;
+      std::vector<at::Tensor> inputs;
+      for (size_t i = 0; i < batch[0].inputs.size(); ++i) {
+        std::vector<at::Tensor> parts;
+        for (auto& p : batch) parts.push_back(p.inputs[i]);
+        inputs.push_back(at::cat(parts, 0).to(at::Device(cfg_.teacher.device)));
+      }
+      for (auto& p : batch) {
+        sizes.push_back(p.inputs[0].size(0));
+        p.inputs.clear();
+        p.msg.release();  // the inputs were copied by cat: free the request slots now
+      }
+      out = shape(model_->forward(inputs), inputs[0].size(0));
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      for (auto& p : batch) {
+        answerError(p.student, p.msg.tag(), "teacher forward failed on a batch of " +
+                    std::to_string(batch.size()) + " request(s): " + what.substr(0, 300));
+      }
+      return;
+    }
+    noteBusy(t0, Clock::now());
+    ++stats_.batches;
+
+    int64_t offset = 0;
+    for (size_t b = 0; b < batch.size(); ++b) {
+      ipc::OutMessage reply;
+      reply.kind = MsgKind::kResponse;
+      reply.tag = batch[b].msg.tag();
+      for (auto& [name, t] : out) reply.tensors.emplace_back(name, t.narrow(0, offset, sizes[b]));
+      offset += sizes[b];
+      endpoint_->reply(batch[b].student, reply, Deadline::after(ms(cfg_.run.hang_timeout_s)));
+      ++stats_.requests;
+      ++stats_.perStudent[batch[b].student];
+    }
+  }
+
+  // Full logits, or top-k values + int32 indices + logsumexp at the loss
+  // temperature (lets the student keep the tail mass), plus hidden states.
+  std::map<std::string, at::Tensor> shape(std::map<std::string, at::Tensor> raw, int64_t batch) {
+    auto it = raw.find(cfg_.teacher.output);
+    DISTILL_CHECK_T(ProtocolError, it != raw.end(), "teacher model returned no '",
+                    cfg_.teacher.output, "' (teacher.output)");
+    at::Tensor logits = it->second;
+    DISTILL_CHECK_T(ProtocolError, logits.dim() >= 1 && logits.size(0) == batch,
+                    "teacher output '", cfg_.teacher.output, "' has shape ", logits.sizes(),
+                    "; expected batch ", batch, " in dim 0");
+    std::map<std::string, at::Tensor> out;
+    if (cfg_.teacher.topk > 0) {
+      DISTILL_CHECK_T(ConfigError, cfg_.teacher.topk <= logits.size(-1), "teacher.topk=",
+                      cfg_.teacher.topk, " exceeds the vocabulary of ", logits.size(-1));
+      auto [values, indices] = at::topk(logits, cfg_.teacher.topk, -1);
+      out[protocol::kTopkValues] = values.to(at::kFloat).contiguous();
+      out[protocol::kTopkIndices] = indices.to(at::kInt).contiguous();
+      out[protocol::kLogsumexp] =
+          at::logsumexp(logits.to(at::kFloat) / cfg_.loss.temperature, -1).contiguous();
+    } else {
+      out[protocol::kLogits] = logits.contiguous();
+    }
+    for (auto& name : cfg_.teacher.hidden_states) {
+      auto h = raw.find(name);
+      DISTILL_CHECK_T(ProtocolError, h != raw.end(), "teacher model returned no hidden state '",
+                      name, "' (teacher.hidden_states)");
+      out[name] = h->second.contiguous();
+    }
+    if (cfg_.transport.cuda_ipc == "off") {
+      for (auto& kv : out) kv.second = kv.second.cpu();
+    }
+    return out;
+  }
+
+  void answerError(int student, const ipc::Tag& tag, const std::string& text) {
+    DISTILL_LOG(kError) << text;
+    ipc::OutMessage reply;
+    reply.kind = MsgKind::kError;
+    reply.tag = tag;
+    reply.errorText = text;
+    endpoint_->reply(student, reply, Deadline::after(ms(cfg_.run.hang_timeout_s)));
+    ++stats_.errors;
+  }
+
+  // Share of wall time spent in forward, per second, logged at debug level
+  // (and, with the flight recorder, published in the segment).
+  void noteBusy(Clock::time_point t0, Clock::time_point t1) {
+    double s = std::chrono::duration<double>(t1 - t0).count();
+    stats_.forwardSeconds += s;
+    windowBusy_ += s;
+    double window = std::chrono::duration<double>(t1 - windowStart_).count();
+    if (window >= 1.0) {
+      lastBusy_ = windowBusy_ / window;
+      DISTILL_LOG(kDebug) << "teacher busy " << static_cast<int>(lastBusy_ * 100) << "%";
+      windowBusy_ = 0;
+      windowStart_ = t1;
+    }
+  }
+
+  TeacherContext& ctx_;
+  const Config& cfg_;
+  std::shared_ptr<TeacherModel> model_;
+  std::optional<ipc::Segment> segment_;
+  std::optional<ipc::TeacherEndpoint> endpoint_;
+  std::deque<Pending> pending_;
+  std::vector<std::optional<RequestTag>> last_;
+  std::vector<bool> finished_;
+  InputSignature signature_;
+  ServeStats stats_;
+  Clock::time_point windowStart_;
+  double windowBusy_ = 0;
+  double lastBusy_ = 0;
+};
+
+}  // namespace
+
+std::string checkTagOrder(const std::optional<RequestTag>& prev, const RequestTag& next,
+                          int gradAccSteps) {
+  const std::string g = " (student.grad_acc_steps=" + std::to_string(gradAccSteps) + ")";
+  if (next.step < 0 || next.accStep < 0 || next.accStep >= gradAccSteps) {
+    return "request " + tagString(next) + ": acc_step must be in [0, " +
+           std::to_string(gradAccSteps) + ") and step >= 0" + g;
+  }
+  if (!prev) return "";  // the first request (or the first a restarted teacher sees)
+  const std::string pair = "request " + tagString(next) + " after " + tagString(*prev) + ": ";
+  if (next.seq != prev->seq + 1) {
+    return pair + "seq " + std::to_string(next.seq) + " does not follow seq " + std::to_string(prev->seq);
+  }
+  if (next.step < prev->step) return pair + "step went back";
+  if (next.step == prev->step) {
+    if (next.accStep <= prev->accStep) return pair + "acc_step did not advance" + g;
+    if (next.accStep > prev->accStep + 1) {
+      return pair + "acc_step " + std::to_string(prev->accStep + 1) +
+             (next.accStep > prev->accStep + 2 ? " to " + std::to_string(next.accStep - 1) : "") +
+             " skipped" + g;
+    }
+    return "";
+  }
+  if (prev->accStep != gradAccSteps - 1) {
+    return pair + "step " + std::to_string(prev->step) + " ended at acc_step " +
+           std::to_string(prev->accStep) + ", expected " + std::to_string(gradAccSteps - 1) + g;
+  }
+  if (next.accStep != 0) return pair + "a new step must start at acc_step 0" + g;
+  return "";
+}
+
+ServeStats serve(TeacherContext& ctx, std::shared_ptr<TeacherModel> model) {
+  DISTILL_CHECK_T(ConfigError, model != nullptr, "serve(): no teacher model");
+  return Server(ctx, std::move(model)).run();
+}
+
+int teacherMain(int argc, char** argv) {
+  try {
+    Topology topo = Topology::fromEnvironment();
+    setIdentity(topo.identity());
+    Config config = jobConfig(argc, argv);
+    TeacherContext ctx(topo, config);
+    if (config.teacher.threads > 0) at::set_num_threads(config.teacher.threads);
+    auto model = loadTeacherModel(config.teacher);
+    serve(ctx, model);
+    return 0;
+  } catch (const std::exception& e) {
+    DISTILL_LOG(kError) << e.what();
+    return 1;
+  }
+}
+
+}  // namespace distill
