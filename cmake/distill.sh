@@ -50,6 +50,6 @@ case "$what" in
     echo "== tests: $(( $(date +%s) - start )) s"
     ;;
   demo)
-    exec "$BUILD/bin/distill-hello" --config configs/hello.yaml
+    exec "$BUILD/bin/distill-run" --config configs/hello.yaml -- "$BUILD/bin/distill-hello"
     ;;
 esac
