@@ -8,6 +8,7 @@
 // group) or the teacher's; see README "Integrating distill into a trainer".
 
 #include "distill/build_config.h"
+#include "distill/ckpt/checkpoint.h"
 #include "distill/core/clock.h"
 #include "distill/core/config.h"
 #include "distill/core/context.h"

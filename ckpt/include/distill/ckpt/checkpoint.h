@@ -1,0 +1,182 @@
+#pragma once
+
+// Checkpoints that only students take part in: atomic, verified, exact resume
+// (DESIGN.md, "Checkpoints").
+//
+// A CheckpointManager is built from a StudentContext only; every collective it
+// issues runs on ctx.group(), the students' group. The teacher cannot make one
+// (TeacherContext has no group), so it never touches the checkpoint directory
+// and is never waited for: the hang of postmortems/000 cannot happen.
+//
+// Layout under checkpoint.dir:
+//   step_N.tmp/          being written (never loaded; ignored with a warning)
+//   step_N/              published: manifest.json, model.pt, optimizer.pt,
+//                        train_state.pt, rank_<r>.pt for every student rank r
+//   latest               "step_N": the newest published checkpoint
+// Publishing: every rank writes and fsyncs its rank_<r>.pt into step_N.tmp/; the
+// ranks agree (collective) that all did; student rank 0 writes the shared files
+// and the manifest (step, student world size, config hash, teacher fingerprint,
+// size and CRC32C of every file), fsyncs them and the directory, renames
+// step_N.tmp -> step_N, fsyncs the root, then moves `latest` (write latest.tmp,
+// fsync, rename, fsync the root) and deletes all but the newest keep_last.
+// A crash at any point leaves the previous checkpoint complete.
+//
+// Collectives and threads: every call below is collective — each student rank
+// calls the same methods in the same order, from the thread that issues its
+// training collectives (as with any c10d group). In async mode the background
+// writer does file I/O only, never a collective: the agreement that a
+// checkpoint's rank files are durable, and its publication, happen in the
+// caller's thread at the next save(), wait() or loadLatest(). So an async
+// checkpoint is published only once one of those is called: call wait() on
+// every rank before the manager is destroyed (the destructor issues no
+// collective; it only waits for the writer and logs what was left unpublished).
+//
+// Errors: a failed save (disk full, unwritable directory, ...) is a
+// CheckpointError naming the path and strerror(errno) on the rank that failed;
+// the others name that rank. The previous checkpoint and the live model and
+// optimizer are untouched. checkpoint.on_error=stop throws it on every rank;
+// continue logs it and save() returns false on every rank. A peer lost during a
+// save is the group's PeerLostError/TimeoutError (whatever on_error says).
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "distill/ckpt/file_system.h"
+#include "distill/core/options.h"
+
+namespace torch {
+namespace nn {
+class Module;
+}
+namespace optim {
+class Optimizer;
+}
+}  // namespace torch
+
+namespace distill {
+
+class StudentContext;
+
+// Where a data stream stands.
+struct DataPosition {
+  int64_t epoch = 0;
+  int64_t index = 0;  // next sample / batch within the epoch
+};
+
+// Shared training state: the same on every rank, saved once (by student rank 0).
+struct TrainState {
+  int64_t step = 0;        // optimizer steps done
+  int64_t accStep = 0;     // micro-batch within the step (0 at a step boundary)
+  int64_t tokensSeen = 0;  // over all ranks
+  DataPosition data;       // global data position
+  std::string extra;       // user bytes, opaque
+};
+
+// Per-rank state, saved by each rank into its own file. With the torch default
+// CPU generator (and the CUDA ones when the model is on CUDA) and the optional
+// std::mt19937_64 given to save()/loadLatest(), it cannot be re-split over a
+// different number of ranks.
+struct RankState {
+  DataPosition data;   // this rank's position in its shard
+  std::string extra;   // user bytes, opaque
+};
+
+struct LoadedState {
+  int64_t step = 0;    // checkpoint step loaded
+  std::string path;    // its directory
+  TrainState train;
+  RankState rank;      // this rank's
+};
+
+struct ManifestFile {
+  std::string name;    // relative to the checkpoint directory
+  int64_t size = 0;
+  uint32_t crc32c = 0;
+};
+
+// The manifest.json of a published checkpoint.
+struct Manifest {
+  int64_t step = 0;
+  int studentWorldSize = 0;
+  uint64_t configHash = 0;         // configHash(config) of the run that saved it
+  std::string teacherFingerprint;  // as given to the manager ("" if none)
+  std::vector<ManifestFile> files;
+
+  const ManifestFile* find(const std::string& name) const;
+};
+
+// CRC32C (Castagnoli) of `n` bytes, continuing from `crc` (0 to start).
+uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
+// The manifest as JSON, ending in its own CRC32C; parse checks that CRC and
+// every field (CheckpointError naming `path` otherwise).
+std::string formatManifest(const Manifest& m);
+Manifest parseManifest(const std::string& text, const std::string& path);
+
+// Checks a published checkpoint directory: manifest intact, every file present
+// with its size and checksum, the rank files of every rank listed. Returns the
+// manifest; throws CheckpointError naming the first bad file. Reads every file.
+Manifest verifyCheckpoint(const std::string& stepDir, FileSystem& fs);
+
+class CheckpointManager {
+ public:
+  // `ctx` must outlive the manager.
+  // Collective (all student ranks): rank 0 creates opts.dir (mkdir -p), then a
+  // student-group barrier that also carries rank 0's outcome, so a failure is
+  // a CheckpointError on every rank. opts.dir == "" makes a disabled manager:
+  // save() returns false, loadLatest() nullopt, nothing is touched or awaited.
+  // `teacherFingerprint` identifies the teacher (e.g. its weights' hash); a
+  // mismatch on load is a warning. `fs`: null for the POSIX file system.
+  explicit CheckpointManager(StudentContext& ctx);
+  CheckpointManager(StudentContext& ctx, CheckpointOptions opts, std::string teacherFingerprint = "",
+                    std::shared_ptr<FileSystem> fs = nullptr);
+  // Waits (bounded by run.collective_timeout_s) for the background writer and
+  // logs an unreported error or an unpublished checkpoint. No collective.
+  ~CheckpointManager();
+  CheckpointManager(const CheckpointManager&) = delete;
+  CheckpointManager& operator=(const CheckpointManager&) = delete;
+
+  bool enabled() const;
+  const CheckpointOptions& options() const;
+  // True when checkpoint.every_steps > 0 divides `step`.
+  bool due(int64_t step) const;
+
+  // Collective. Saves checkpoint `step` (directory step_<step>; normally
+  // train.step). Reads model and optimizer, never changes them.
+  // Sync: returns once it is published and durable on every rank.
+  // Async: first finishes the previous async save (its agreement and
+  // publication, see above); then, in this thread, copies the model's
+  // parameters and buffers to CPU and serializes the optimizer state into
+  // memory (torch's Optimizer offers no deep copy), and hands serialization of
+  // the copies and all file I/O to the background thread; returns before the
+  // files are written. The caller may then update model and optimizer at once. An error of the background write surfaces at
+  // the next save()/wait()/loadLatest().
+  // Returns false when a checkpoint failed and on_error=continue (this one, or
+  // in async mode the previous one); throws CheckpointError when on_error=stop.
+  bool save(int64_t step, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+            const TrainState& train, const RankState& rank = {}, std::mt19937_64* rng = nullptr);
+
+  // Collective. Finishes the async save in flight, if any (waits for its
+  // files, agrees, publishes); the same result as save(). Sync mode: true.
+  bool wait();
+
+  // Collective. Loads the newest complete and verified checkpoint into `model`
+  // and `optimizer` (on the device of the model's parameters), restores this
+  // rank's RNG states (`rng` too, when given) and returns the train and rank
+  // state; nullopt when there is none (clean start). Rank 0 chooses (partial
+  // and corrupt checkpoints are skipped with a warning naming them) and
+  // broadcasts the step, so every rank loads the same one. A checkpoint of a
+  // different student world size is a CheckpointError: per-rank state cannot be
+  // re-split. Any rank failing to load is a CheckpointError on every rank.
+  std::optional<LoadedState> loadLatest(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
+                                        std::mt19937_64* rng = nullptr);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace distill
