@@ -116,6 +116,9 @@ class Server {
       why = std::string("unexpected message kind ") + ipc::msgKindName(m.kind());
     } else {
       why = checkTagOrder(last_[s], tag, cfg_.student.grad_acc_steps);
+      // In order: it is the student's latest request, even if its inputs are
+      // refused below (else its next, valid request would be a "seq gap").
+      if (why.empty()) last_[s] = tag;
     }
     Pending p;
     if (why.empty()) why = checkInputs(m, &p);
@@ -124,7 +127,6 @@ class Server {
                                   std::to_string(m.senderRank()) + ": " + why);
       return;
     }
-    last_[s] = tag;
     p.student = s;
     p.msg = std::move(m);
     pending_.push_back(std::move(p));

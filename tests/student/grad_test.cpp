@@ -1,0 +1,139 @@
+// Gradient accumulation + data parallelism give the gradient of one batch:
+// 2 student processes x grad_acc_steps 4 micro-batches with uneven
+// ignore_index masks (one micro-batch with nothing to learn), each loss
+// divided by stepTokenCount and the gradients summed with allReduceGradients,
+// against one process on the concatenated batch. Double precision.
+#include <gtest/gtest.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+
+#include "distill/core/config.h"
+#include "distill/core/context.h"
+#include "distill/core/topology.h"
+#include "distill/student/grad.h"
+#include "distill/student/losses.h"
+#include "job_fixture.h"
+#include "support/roles.h"
+
+namespace dt = distill::testing;
+using namespace std::chrono;
+
+namespace {
+
+constexpr int64_t kVocab = 48, kDim = 16, kSeq = 12, kIgnore = -100, kG = 4;
+
+struct Net : torch::nn::Module {
+  Net() : emb(register_module("emb", torch::nn::Embedding(kVocab, kDim))),
+          fc(register_module("fc", torch::nn::Linear(kDim, kVocab))) {}
+  torch::Tensor forward(const torch::Tensor& ids) { return fc(torch::tanh(emb(ids))); }
+  torch::nn::Embedding emb;
+  torch::nn::Linear fc;
+};
+
+std::shared_ptr<Net> makeNet() {
+  torch::manual_seed(5);
+  auto net = std::make_shared<Net>();
+  net->to(torch::kDouble);
+  return net;
+}
+
+struct Batch {
+  at::Tensor ids, labels, teacher;
+};
+
+// Rank 0 has 2 rows per micro-batch, rank 1 has 3; the share of ignored
+// labels differs per micro-batch, down to all of them.
+Batch gradBatch(int rank, int acc) {
+  static const double dropped[2][kG] = {{0.0, 0.5, 0.9, 0.2}, {0.95, 1.0, 0.3, 0.7}};
+  const int64_t rows = rank == 0 ? 2 : 3;
+  auto g = at::make_generator<at::CPUGeneratorImpl>(uint64_t(100 * rank + acc + 1));
+  Batch b;
+  b.ids = at::randint(0, kVocab, {rows, kSeq}, g, at::kLong);
+  b.labels = at::randint(0, kVocab, {rows, kSeq}, g, at::kLong);
+  b.labels.masked_fill_(at::rand({rows, kSeq}, g, at::kDouble) < dropped[rank][acc], kIgnore);
+  b.teacher = at::randn({rows, kSeq, kVocab}, g, at::kDouble) * 3;
+  return b;
+}
+
+std::string yaml() {
+  return "run:\n  startup_timeout_s: 30\n  collective_timeout_s: 30\nteacher:\n  kind: self\n"
+         "student:\n  grad_acc_steps: 4\n  bucket_mb: 0.002\n"  // several gradient buckets
+         "loss:\n  kind: jsd\n  temperature: 2.0\n  alpha: 0.7\n  chunk_tokens: 5\n  ignore_index: -100\n";
+}
+
+}  // namespace
+
+// One step of a data-parallel student; writes its all-reduced gradients to args[0].
+DISTILL_TEST_ROLE(grad_student) {
+  int argc = 1;
+  char arg0[] = "grad_student";
+  char* argv[] = {arg0, nullptr};
+  const distill::Config cfg = distill::jobConfig(argc, argv);
+  distill::StudentContext ctx(distill::Topology::fromEnvironment(), cfg);
+  const int rank = ctx.rank();
+  auto net = makeNet();
+  std::vector<at::Tensor> labels;
+  for (int a = 0; a < cfg.student.grad_acc_steps; ++a) labels.push_back(gradBatch(rank, a).labels);
+  const double normalizer = distill::stepTokenCount(ctx.group(), labels, cfg.loss.ignore_index);
+  for (int a = 0; a < cfg.student.grad_acc_steps; ++a) {
+    Batch b = gradBatch(rank, a);
+    distill::TeacherOutput t;
+    t.logits = b.teacher;
+    distill::distillLoss(net->forward(b.ids), b.labels, t, cfg.loss, normalizer).loss.backward();
+  }
+  distill::allReduceGradients(ctx.group(), net->parameters(), cfg.student.bucket_mb);
+  std::vector<at::Tensor> grads;
+  for (auto& p : net->parameters()) grads.push_back(p.grad());
+  torch::save(grads, args.at(0));
+  std::fprintf(stderr, "RESULT step tokens=%.0f\n", normalizer);
+  return 0;
+}
+
+TEST(StudentGrad, AccumulatedDataParallelGradientEqualsOneBatch) {
+  dt::Job job(2, yaml(), /*withSegment=*/false);
+  std::vector<std::string> out;
+  std::vector<dt::Child> kids;
+  for (int r = 0; r < 2; ++r) {
+    out.push_back(::testing::TempDir() + dt::uniqueName("grad") + ".pt");
+    kids.push_back(job.spawnRole("grad_student", r, {out.back()}));
+  }
+  // Meanwhile: one process, one batch of the same tokens, one normaliser.
+  std::vector<at::Tensor> ids, labels, teacher;
+  for (int r = 0; r < 2; ++r) {
+    for (int a = 0; a < kG; ++a) {
+      Batch b = gradBatch(r, a);
+      ids.push_back(b.ids);
+      labels.push_back(b.labels);
+      teacher.push_back(b.teacher);
+    }
+  }
+  auto net = makeNet();
+  distill::TeacherOutput t;
+  t.logits = at::cat(teacher);
+  at::Tensor all = at::cat(labels);
+  const int64_t tokens = distill::countTokens(all, kIgnore);
+  distill::distillLoss(net->forward(at::cat(ids)), all, t, job.config().loss, double(tokens)).loss.backward();
+
+  auto st = dt::joinAll(kids, seconds(60));
+  for (int r = 0; r < 2; ++r) {
+    const std::string log = job.log(r);
+    ASSERT_TRUE(st[size_t(r)].exited && st[size_t(r)].code == 0) << st[size_t(r)].describe() << "\n" << log;
+    EXPECT_EQ(dt::numberAfter(log, "RESULT step tokens="), double(tokens)) << log;
+    std::vector<at::Tensor> grads;
+    torch::load(grads, out[size_t(r)]);
+    auto params = net->parameters();
+    ASSERT_EQ(grads.size(), params.size());
+    double maxDiff = 0;
+    for (size_t i = 0; i < params.size(); ++i) {
+      ASSERT_EQ(grads[i].scalar_type(), at::kDouble);
+      maxDiff = std::max(maxDiff, (grads[i] - params[i].grad()).abs().max().item<double>());
+      EXPECT_GT(params[i].grad().abs().max().item<double>(), 1e-3) << "parameter " << i << " got no gradient";
+    }
+    EXPECT_LE(maxDiff, 1e-6) << "rank " << r;
+    std::printf("rank %d: max |grad - one-batch grad| = %.3e over %lld tokens\n", r, maxDiff,
+                static_cast<long long>(tokens));
+    std::remove(out[size_t(r)].c_str());
+  }
+}

@@ -1,0 +1,6 @@
+// libdistill_test_teacher.so: registers TinyMlp as teacher.module "tiny_mlp".
+#include "tiny_mlp.h"
+
+#include "distill/teacher/model.h"
+
+DISTILL_REGISTER_TEACHER_MODULE("tiny_mlp", distill::testing::TinyMlp);
