@@ -252,6 +252,18 @@ void Segment::abort() const {
   impl_->notifyAll();
 }
 bool Segment::aborted() const { return impl_->control().abort.load(std::memory_order_acquire) != 0; }
+void Segment::requestStop() const { impl_->control().stopRequested.store(1, std::memory_order_release); }
+bool Segment::stopRequested() const {
+  return impl_->control().stopRequested.load(std::memory_order_acquire) != 0;
+}
+
+void Segment::setTeacherBusy(double share) const {
+  share = share < 0 ? 0 : share > 1 ? 1 : share;
+  impl_->control().teacherBusyPermille.store(static_cast<uint32_t>(share * 1000 + 0.5), std::memory_order_relaxed);
+}
+double Segment::teacherBusy() const {
+  return impl_->control().teacherBusyPermille.load(std::memory_order_relaxed) / 1000.0;
+}
 
 std::vector<ProcessSnapshot> Segment::processes() const {
   std::vector<ProcessSnapshot> out;

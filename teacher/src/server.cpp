@@ -1,6 +1,7 @@
 #include "distill/teacher/server.h"
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <c10/core/InferenceMode.h>
 
 #include <chrono>
@@ -33,6 +34,26 @@ std::string tagString(const RequestTag& t) {
   return "(step " + std::to_string(t.step) + ", acc_step " + std::to_string(t.accStep) + ")";
 }
 
+// teacher.autocast on a CUDA teacher: float16/bfloat16 autocast around forward
+// (restored on scope exit). On CPU the option is refused at start-up.
+class AutocastScope {
+ public:
+  explicit AutocastScope(const TeacherOptions& o) {
+    if (o.autocast == "none") return;
+    active_ = true;
+    at::autocast::set_autocast_enabled(at::kCUDA, true);
+    at::autocast::set_autocast_dtype(at::kCUDA, o.autocast == "float16" ? at::kHalf : at::kBFloat16);
+  }
+  ~AutocastScope() {
+    if (!active_) return;
+    at::autocast::set_autocast_enabled(at::kCUDA, false);
+    at::autocast::clear_cache();
+  }
+
+ private:
+  bool active_ = false;
+};
+
 // The dtype and rank of each input, fixed by the first request of the job.
 struct InputSignature {
   bool known = false;
@@ -57,6 +78,9 @@ class Server {
     DISTILL_CHECK_T(ConfigError, !topo.segment.empty(),
                     "the teacher has no segment (DISTILL_SEGMENT is not set): start the job with distill-run");
     const int students = topo.studentsPerNode();
+    DISTILL_CHECK_T(ConfigError, cfg_.teacher.autocast == "none" || cfg_.teacher.device.rfind("cuda", 0) == 0,
+                    "teacher.autocast: ", cfg_.teacher.autocast, " needs teacher.device cuda, found ",
+                    cfg_.teacher.device);
     auto startup = Deadline::after(ms(cfg_.run.startup_timeout_s));
     auto layout = ipc::SegmentLayout::fromOptions(cfg_.transport, students);
     segment_ = ipc::Segment::attach(topo.segment, topo.jobId, layout, startup);
@@ -94,6 +118,8 @@ class Server {
       if (!pending_.empty()) active = std::max(active, 1);
     }
     stats_.wallSeconds = std::chrono::duration<double>(Clock::now() - start).count();
+    double window = std::chrono::duration<double>(Clock::now() - windowStart_).count();
+    if (window > 0) segment_->setTeacherBusy(windowBusy_ / window);  // the last, partial window
     DISTILL_LOG(kInfo) << "teacher done: " << stats_.requests << " requests in " << stats_.batches
                        << " batches, " << stats_.errors << " errors, forward "
                        << stats_.forwardSeconds << " s of " << stats_.wallSeconds << " s";
@@ -210,6 +236,7 @@ class Server {
         p.inputs.clear();
         p.msg.release();  // the inputs were copied by cat: free the request slots now
       }
+      AutocastScope autocast(cfg_.teacher);
       out = shape(model_->forward(inputs), inputs[0].size(0));
     } catch (const std::exception& e) {
       std::string what = e.what();
@@ -279,8 +306,8 @@ class Server {
     ++stats_.errors;
   }
 
-  // Share of wall time spent in forward, per second, logged at debug level
-  // (and, with the flight recorder, published in the segment).
+  // Share of wall time spent in forward over about a second, published in the
+  // segment (Segment::teacherBusy: the launcher's status line) and logged at debug.
   void noteBusy(Clock::time_point t0, Clock::time_point t1) {
     double s = std::chrono::duration<double>(t1 - t0).count();
     stats_.forwardSeconds += s;
@@ -288,6 +315,7 @@ class Server {
     double window = std::chrono::duration<double>(t1 - windowStart_).count();
     if (window >= 1.0) {
       lastBusy_ = windowBusy_ / window;
+      segment_->setTeacherBusy(lastBusy_);
       DISTILL_LOG(kDebug) << "teacher busy " << static_cast<int>(lastBusy_ * 100) << "%";
       windowBusy_ = 0;
       windowStart_ = t1;

@@ -87,6 +87,16 @@ DISTILL_TEST_ROLE(grad_student) {
   std::vector<at::Tensor> grads;
   for (auto& p : net->parameters()) grads.push_back(p.grad());
   torch::save(grads, args.at(0));
+  // Evaluation on student rank 0 only, its value broadcast to every student.
+  int calls = 0;
+  auto eval = distill::evaluateOnRank0(ctx.group(), [&] {
+    ++calls;
+    return std::vector<double>{42.5, double(rank)};
+  }, 2);
+  if (eval != std::vector<double>{42.5, 0.0} || calls != (rank == 0 ? 1 : 0)) {
+    std::fprintf(stderr, "evaluateOnRank0: got %f %f, %d call(s)\n", eval[0], eval[1], calls);
+    return 1;
+  }
   std::fprintf(stderr, "RESULT step tokens=%.0f\n", normalizer);
   return 0;
 }

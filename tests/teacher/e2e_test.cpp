@@ -4,6 +4,8 @@
 // the real client and server. Each student compares the loss computed with
 // the ring's answer to the loss with the same teacher run in its own process.
 #include <gtest/gtest.h>
+
+#include "distill/ipc/segment.h"
 #include <torch/torch.h>
 
 #include <chrono>
@@ -40,6 +42,11 @@ void runJob(const std::string& teacherYaml, const std::string& teacherKind, int 
   const int64_t requests = int64_t(students) * steps * G;
   EXPECT_TRUE(dt::contains(teacherLog, "teacher done: " + std::to_string(requests) + " requests ")) << teacherLog;
   EXPECT_TRUE(dt::contains(teacherLog, " 0 errors")) << teacherLog;
+  // The teacher published how busy it was through the segment.
+  double busy = distill::ipc::Segment::attach(job.segment(), job.jobId(), std::nullopt,
+                                              distill::Deadline::after(seconds(5))).teacherBusy();
+  EXPECT_GT(busy, 0.0);
+  EXPECT_LE(busy, 1.0);
   for (int i = 0; i < students; ++i) {
     const std::string log = job.log(i);
     EXPECT_TRUE(st[i + 1].exited && st[i + 1].code == 0) << "student " << i << ": " << st[i + 1].describe() << "\n" << log;

@@ -30,6 +30,7 @@ class Job {
   int teacherRank() const { return students_; }
   const Config& config() const { return config_; }
   const std::string& segment() const { return segment_; }
+  const std::string& jobId() const { return jobId_; }
   // Environment of local rank `local` (the teacher is local rank students()).
   std::map<std::string, std::string> env(int local) const;
   std::string logPath(int local) const;

@@ -82,6 +82,17 @@ class Segment {
   void abort() const;
   bool aborted() const;
 
+  // Launcher: asks the job to stop (SIGINT/SIGTERM received); students see it
+  // through Client::stopRequested() and may checkpoint and leave cleanly.
+  // Unlike abort(), no wait fails. Release store / acquire load.
+  void requestStop() const;
+  bool stopRequested() const;
+
+  // Teacher: publishes the share (0..1) of the last second it spent in forward;
+  // anyone (launcher status line, hang table) reads it. Relaxed: a gauge.
+  void setTeacherBusy(double share) const;
+  double teacherBusy() const;
+
   std::vector<ProcessSnapshot> processes() const;
 
   const std::shared_ptr<SegmentImpl>& impl() const { return impl_; }

@@ -27,7 +27,7 @@
 namespace distill::ipc::wire {
 
 constexpr uint64_t kSegmentMagic = 0x314D48534C495444ull;  // "DTILSHM1", little endian
-constexpr uint32_t kLayoutVersion = 1;
+constexpr uint32_t kLayoutVersion = 2;
 constexpr uint32_t kSlotMagic = 0x544F4C53u;  // "SLOT"
 
 constexpr int kMaxTensors = 4;        // tensors per message
@@ -159,6 +159,10 @@ struct ControlBlock {
   alignas(kCacheLine) std::atomic<uint64_t> admitted;  // teacher incarnation that admitted all students, 0 = not yet
   std::atomic<uint32_t> abort;                         // nonzero: everyone stops waiting (launcher)
   std::atomic<int32_t> teacherRestarts;
+  std::atomic<uint32_t> stopRequested;                 // nonzero: the launcher got SIGINT/SIGTERM; students
+                                                       // should checkpoint and leave (launcher stores, release)
+  std::atomic<uint32_t> teacherBusyPermille;           // share of the last second the teacher spent in
+                                                       // forward, in 1/1000 (teacher stores, relaxed)
 };
 static_assert(sizeof(ControlBlock) <= kControlBytes, "ControlBlock too big");
 static_assert(offsetof(ControlBlock, jobId) == 16 && offsetof(ControlBlock, numStudents) == 80, "ControlBlock layout");
