@@ -72,6 +72,23 @@ std::string Topology::describe() const {
   return os.str();
 }
 
+Topology Topology::forLocalRank(int nodeRank, int nnodes, int localRank, int localWorldSize) {
+  Topology t;
+  t.role = localRank == localWorldSize - 1 ? Role::kTeacher : Role::kStudent;
+  t.nodeRank = nodeRank;
+  t.nnodes = nnodes;
+  t.localRank = localRank;
+  t.localWorldSize = localWorldSize;
+  t.globalRank = nodeRank * localWorldSize + localRank;
+  t.globalWorldSize = nnodes * localWorldSize;
+  t.studentWorldSize = nnodes * (localWorldSize - 1);
+  if (t.isStudent()) {
+    t.studentLocalRank = localRank;
+    t.studentRank = t.studentRankOf(nodeRank, localRank);
+  }
+  return t;
+}
+
 Topology Topology::fromEnvironment() {
   std::map<std::string, std::string> env;
   for (char** e = environ; *e; ++e) {

@@ -36,14 +36,7 @@ distill::Config groupConfig(double startupS, double collectiveS) {
 }
 
 std::map<std::string, std::string> envFor(int local, int perNode, int port) {
-  distill::Topology t;
-  t.localRank = local;
-  t.localWorldSize = perNode;
-  t.role = local == perNode - 1 ? distill::Role::kTeacher : distill::Role::kStudent;
-  t.globalRank = local;
-  t.studentRank = t.isStudent() ? local : -1;
-  t.studentLocalRank = t.studentRank;
-  t.studentWorldSize = perNode - 1;
+  distill::Topology t = distill::Topology::forLocalRank(0, 1, local, perNode);
   t.masterPort = port;
   return distill::topologyEnv(t);
 }

@@ -11,16 +11,7 @@ namespace {
 
 // The environment distill-run gives local rank `local` of node `node`.
 Env launcherEnv(int node, int nnodes, int local, int perNode) {
-  Topology t;
-  t.nodeRank = node;
-  t.nnodes = nnodes;
-  t.localRank = local;
-  t.localWorldSize = perNode;
-  t.role = local == perNode - 1 ? Role::kTeacher : Role::kStudent;
-  t.globalRank = node * perNode + local;
-  t.studentRank = t.role == Role::kStudent ? node * (perNode - 1) + local : -1;
-  t.studentWorldSize = nnodes * (perNode - 1);
-  t.studentLocalRank = t.role == Role::kStudent ? local : -1;
+  Topology t = Topology::forLocalRank(node, nnodes, local, perNode);
   t.masterPort = 29555;
   t.segment = "distill-abc";
   t.jobId = "abc";
@@ -37,6 +28,19 @@ std::string errorOf(const Env& env) {
 }
 
 }  // namespace
+
+TEST(Topology, ForLocalRankMatchesWhatTheEnvironmentGives) {
+  // 2 nodes x 4: node 1, local 1 is global 5 and student 4 of 6.
+  Topology t = Topology::forLocalRank(1, 2, 1, 4);
+  EXPECT_TRUE(t.isStudent());
+  EXPECT_EQ(t.globalRank, 5);
+  EXPECT_EQ(t.globalWorldSize, 8);
+  EXPECT_EQ(t.studentRank, 4);
+  EXPECT_EQ(t.studentLocalRank, 1);
+  EXPECT_EQ(t.studentWorldSize, 6);
+  EXPECT_TRUE(Topology::forLocalRank(1, 2, 3, 4).isTeacher());
+  EXPECT_EQ(Topology::forLocalRank(1, 2, 3, 4).studentRank, -1);
+}
 
 TEST(Topology, SingleNodeFromLauncher) {
   for (int local = 0; local < 4; ++local) {

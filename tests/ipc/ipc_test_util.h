@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "distill/core/clock.h"
+#include "distill/ipc/channel.h"
 #include "distill/ipc/segment.h"
 #include "support/process.h"
 
@@ -55,5 +56,11 @@ inline bool waitForProcess(const Segment& seg, int localIndex,
 }
 
 inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+inline EndpointOptions opts(int rank) {
+  EndpointOptions o;
+  o.rank = rank;
+  return o;
+}
 
 }  // namespace distill::ipc::test

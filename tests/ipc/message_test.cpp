@@ -24,11 +24,6 @@ namespace {
 
 const std::string kJob = "job-msg-test";
 
-EndpointOptions opts(int rank) {
-  EndpointOptions o;
-  o.rank = rank;
-  return o;
-}
 
 bool sameBytes(const at::Tensor& a, const at::Tensor& b) {
   if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;

@@ -25,11 +25,6 @@ namespace {
 
 const std::string kJob = "job-ring-test";
 
-EndpointOptions opts(int rank) {
-  EndpointOptions o;
-  o.rank = rank;
-  return o;
-}
 
 OutMessage msgWith(uint64_t seq, MsgKind kind = MsgKind::kRequest) {
   OutMessage m;

@@ -39,15 +39,7 @@ Job::~Job() {
 }
 
 std::map<std::string, std::string> Job::env(int local) const {
-  Topology t;
-  t.localRank = local;
-  t.localWorldSize = students_ + 1;
-  t.role = local == students_ ? Role::kTeacher : Role::kStudent;
-  t.globalRank = local;
-  t.globalWorldSize = students_ + 1;
-  t.studentRank = t.isStudent() ? local : -1;
-  t.studentLocalRank = t.studentRank;
-  t.studentWorldSize = students_;
+  Topology t = Topology::forLocalRank(0, 1, local, students_ + 1);
   t.masterPort = port_;
   if (withSegment_) t.segment = segment_;
   t.jobId = jobId_;

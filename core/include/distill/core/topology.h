@@ -47,6 +47,12 @@ struct Topology {
   // One line: "node 0/1 local 2/3 global 2/3 teacher ...".
   std::string describe() const;
 
+  // The topology of local rank `localRank` of node `nodeRank` in a job of
+  // `nnodes` nodes with `localWorldSize` processes each (the last local rank is
+  // the teacher); what distill-run gives each process it starts. Rendezvous,
+  // segment and config fields are left for the caller.
+  static Topology forLocalRank(int nodeRank, int nnodes, int localRank, int localWorldSize);
+
   // Reads the process environment.
   static Topology fromEnvironment();
   // Reads the given variables (tests, the launcher's --dry-run).
