@@ -2,15 +2,26 @@
 //
 //   distill-run [--nproc-per-node N] [--nnodes M --node-rank K --master-addr A
 //               --master-port P] [--config F] [--set key=value]... [--log-dir D]
-//               [--dry-run] -- TRAINER ARGS...
+//               [--dry-run] [--stop-grace-s S] [--status-every-s S] -- TRAINER ARGS...
 //
 // Local ranks 0..N-2 run TRAINER as students; local rank N-1 runs the teacher
 // (bin/distill-teacher, or TRAINER itself when teacher.kind is self). It owns
 // the node's shared-memory segment: created before the first spawn, removed on
 // every exit path. Every rank's output is prefixed on the console and kept
 // whole in D/rank_<r>.log. A rank that fails tears the job down (SIGTERM, then
-// SIGKILL after a grace period) with a summary naming it. SIGINT/SIGTERM are
-// forwarded to every rank.
+// SIGKILL after a grace period) with a summary naming it.
+//
+// SIGINT/SIGTERM: the first sets the segment's stop flag (students poll
+// Client::stopRequested() to checkpoint and leave) and, if ranks are still
+// running --stop-grace-s later (10 s), forwards SIGTERM; a second signal
+// forwards at once. distill-run then exits 128 + the signal number.
+//
+// Status: ranks print `DISTILL_STATUS step=.. loss=.. tokens_per_s=..` lines
+// (kept in their logs, not echoed). On a terminal one live line shows the
+// slowest student's step, the mean loss, the summed tokens/s and how busy the
+// teacher is (its share of time in forward, published in the segment);
+// otherwise a plain status line every --status-every-s seconds and one at the
+// end.
 //
 // Single-threaded: one poll() loop over the ranks' output pipes and a
 // signalfd (SIGCHLD, SIGINT, SIGTERM), so no signal handler touches state.
@@ -18,11 +29,13 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -30,6 +43,7 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <iomanip>
 #include <map>
 #include <optional>
 #include <random>
@@ -51,12 +65,16 @@ namespace {
 
 constexpr auto kGrace = std::chrono::seconds(5);  // SIGTERM -> SIGKILL
 constexpr size_t kTailLines = 20;
+constexpr auto kSampleEvery = std::chrono::milliseconds(100);  // status refresh
+const std::string kStatusTag = "DISTILL_STATUS ";
 
 struct Args {
   int nproc = -1, nnodes = -1, nodeRank = -1, masterPort = -1;
   std::string masterAddr, config, logDir;
   std::vector<std::string> sets;
   bool dryRun = false;
+  double stopGraceS = 10;    // stop flag -> SIGTERM forwarded
+  double statusEveryS = 30;  // plain status lines (not a terminal)
   std::vector<std::string> trainer;
 };
 
@@ -64,7 +82,7 @@ struct Args {
   DISTILL_THROW(ConfigError, why,
                 "\nusage: distill-run [--nproc-per-node N] [--nnodes M --node-rank K "
                 "--master-addr A --master-port P] [--config F] [--set key=value]... "
-                "[--log-dir D] [--dry-run] -- TRAINER ARGS...");
+                "[--log-dir D] [--dry-run] [--stop-grace-s S] [--status-every-s S] -- TRAINER ARGS...");
 }
 
 int toInt(const std::string& flag, const std::string& v) {
@@ -96,6 +114,8 @@ Args parseArgs(int argc, char** argv) {
     else if (f == "--set") a.sets.push_back(value(f));
     else if (f == "--log-dir") a.logDir = value(f);
     else if (f == "--dry-run") a.dryRun = true;
+    else if (f == "--stop-grace-s") a.stopGraceS = toInt(f, value(f));
+    else if (f == "--status-every-s") a.statusEveryS = toInt(f, value(f));
     else usage("unknown option '" + f + "'");
   }
   if (a.trainer.empty()) usage("no trainer command after --");
@@ -151,11 +171,32 @@ struct Rank {
   int status = 0;
   std::string prefix;    // "[r3 student] " on the console
   std::string ownPrefix; // "[n0 r3 " : lines distill already prefixed get no second prefix
+  std::map<std::string, double> reported;  // its last DISTILL_STATUS values
 };
+
+// "DISTILL_STATUS step=3 loss=0.5" anywhere in a line -> {step: 3, loss: 0.5}; false if none.
+bool parseStatus(const std::string& line, std::map<std::string, double>& out) {
+  size_t at = line.find(kStatusTag);
+  if (at == std::string::npos) return false;
+  std::istringstream in(line.substr(at + kStatusTag.size()));
+  std::string kv;
+  while (in >> kv) {
+    size_t eq = kv.find('=');
+    if (eq == std::string::npos) continue;
+    char* end = nullptr;
+    double v = std::strtod(kv.c_str() + eq + 1, &end);
+    if (end != kv.c_str() + eq + 1) out[kv.substr(0, eq)] = v;
+  }
+  return true;
+}
 
 std::string describeStatus(int st) {
   if (WIFEXITED(st)) return "exit code " + std::to_string(WEXITSTATUS(st));
-  if (WIFSIGNALED(st)) return std::string("signal ") + strsignal(WTERMSIG(st));
+  if (WIFSIGNALED(st)) {
+    const char* abbrev = sigabbrev_np(WTERMSIG(st));
+    return std::string("signal SIG") + (abbrev ? abbrev : std::to_string(WTERMSIG(st)).c_str()) + " (" +
+           strsignal(WTERMSIG(st)) + ")";
+  }
   return "status " + std::to_string(st);
 }
 
@@ -181,18 +222,7 @@ class Launcher {
     for (int local = 0; local < nproc; ++local) {
       Rank r;
       Topology& t = r.topo;
-      t.role = local == nproc - 1 ? Role::kTeacher : Role::kStudent;
-      t.nodeRank = node;
-      t.nnodes = nnodes;
-      t.localRank = local;
-      t.localWorldSize = nproc;
-      t.globalRank = node * nproc + local;
-      t.globalWorldSize = nnodes * nproc;
-      t.studentWorldSize = nnodes * (nproc - 1);
-      if (t.isStudent()) {
-        t.studentRank = node * (nproc - 1) + local;
-        t.studentLocalRank = local;
-      }
+      t = Topology::forLocalRank(node, nnodes, local, nproc);
       t.masterAddr = a_.masterAddr.empty() ? run.master_addr : a_.masterAddr;
       t.masterPort = a_.masterPort >= 0 ? a_.masterPort : run.master_port;
       t.segment = segment;
@@ -223,10 +253,13 @@ class Launcher {
 
     mkdirs(logDir);
     blockSignals();
-    auto seg = ipc::Segment::create(segment, ipc::SegmentLayout::fromOptions(cfg_.transport, nproc - 1), jobId);
+    seg_ = ipc::Segment::create(segment, ipc::SegmentLayout::fromOptions(cfg_.transport, nproc - 1), jobId);
     segmentName_ = segment;
     DISTILL_LOG(kInfo) << "job " << jobId << ": " << nproc - 1 << " student(s) + 1 teacher on node "
                        << node << "/" << nnodes << ", segment /dev/shm/" << segment << ", logs in " << logDir;
+    tty_ = ::isatty(STDOUT_FILENO) == 1;
+    nextStatus_ = Deadline::after(std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(a_.statusEveryS)));
     int rc = 1;
     try {
       for (auto& r : ranks_) start(r, logDir);
@@ -269,10 +302,14 @@ class Launcher {
     cargv.push_back(nullptr);
     for (auto& x : envs) cenv.push_back(const_cast<char*>(x.c_str()));
     cenv.push_back(nullptr);
+    const pid_t parent = ::getpid();
     pid_t pid = ::fork();
     DISTILL_CHECK_T(IpcError, pid >= 0, "fork: ", errnoString(errno));
     if (pid == 0) {
       ::setpgid(0, 0);  // its own group: a Ctrl-C reaches the ranks through us only
+      // If distill-run is SIGKILLed, its ranks get SIGTERM rather than running on as orphans.
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != parent) ::_exit(126);
       ::sigprocmask(SIG_SETMASK, &oldMask_, nullptr);
       ::dup2(fds[1], STDOUT_FILENO);
       ::dup2(fds[1], STDERR_FILENO);
@@ -280,9 +317,16 @@ class Launcher {
       std::fprintf(stderr, "distill-run: cannot exec %s: %s\n", cargv[0], strerror(errno));
       ::_exit(127);
     }
+    ::setpgid(pid, pid);  // also here, so that kill(-pid) cannot race the child's own call
     ::close(fds[1]);
+    ::fcntl(fds[0], F_SETFL, O_NONBLOCK);  // pump() reads until EAGAIN; the rank's end stays blocking
     r.pid = pid;
     r.out = fds[0];
+  }
+
+  // Signals a rank's process group (the rank and anything it started).
+  static void signalRank(const Rank& r, int sig) {
+    if (r.pid > 0 && !r.exited && ::kill(-r.pid, sig) != 0) ::kill(r.pid, sig);
   }
 
   // Forwards a rank's output line by line: prefixed on the console, whole in its log.
@@ -316,10 +360,71 @@ class Launcher {
   void emit(Rank& r, const std::string& line) {
     r.log << line << '\n';
     r.log.flush();
+    if (parseStatus(line, r.reported)) {
+      statusSeen_ = true;
+      return;  // shown as the status line, kept in the log only
+    }
     std::string out = (line.rfind(r.ownPrefix, 0) == 0 ? "" : r.prefix) + line + "\n";
-    (void)!::write(STDOUT_FILENO, out.data(), out.size());
+    console(out);
     r.tail.push_back(line);
     if (r.tail.size() > kTailLines) r.tail.pop_front();
+  }
+
+  // Writes to the console; on a terminal the live status line stays the last line.
+  void console(const std::string& text) {
+    if (tty_ && liveShown_) (void)!::write(STDOUT_FILENO, "\r\033[K", 4);
+    (void)!::write(STDOUT_FILENO, text.data(), text.size());
+    liveShown_ = false;
+  }
+
+  // "step=12 loss=0.53 tokens/s=12000 teacher busy=43%": the slowest student's
+  // step, mean loss, summed tokens/s over the students that reported.
+  std::string statusText() const {
+    double step = -1, loss = 0, tps = 0;
+    int nLoss = 0, nTps = 0;
+    for (auto& r : ranks_) {
+      auto get = [&](const char* k, double& v) {
+        auto it = r.reported.find(k);
+        return it != r.reported.end() && (v = it->second, true);
+      };
+      double v;
+      if (get("step", v)) step = step < 0 ? v : std::min(step, v);
+      if (get("loss", v)) loss += v, ++nLoss;
+      if (get("tokens_per_s", v)) tps += v, ++nTps;
+    }
+    std::ostringstream os;
+    os << std::setprecision(4);
+    if (step >= 0) os << "step=" << static_cast<int64_t>(step) << " ";
+    if (nLoss) os << "loss=" << loss / nLoss << " ";
+    if (nTps) os << "tokens/s=" << static_cast<int64_t>(tps) << " ";
+    if (teacherAttached_) os << "teacher busy=" << static_cast<int>(100 * seg_->teacherBusy() + 0.5) << "% ";
+    std::string text = os.str();
+    return text.empty() ? "no status yet" : text.substr(0, text.size() - 1);
+  }
+
+  // Shows the status: the live line (redrawn when it changes) or a periodic plain line.
+  void tick() {
+    if (!seg_ || nextSample_.when() > Clock::now()) return;
+    nextSample_ = Deadline::after(kSampleEvery);
+    if (!statusSeen_) return;
+    if (!teacherAttached_) {
+      for (auto& p : seg_->processes()) teacherAttached_ |= p.role == "teacher" && p.pid != 0;
+    }
+    if (tty_) {
+      std::string line = "\r\033[K[distill-run] " + statusText();
+      if (liveShown_ && line == live_) return;
+      (void)!::write(STDOUT_FILENO, line.data(), line.size());
+      live_ = line;
+      liveShown_ = true;
+    } else if (nextStatus_.expired()) {
+      printStatus();
+    }
+  }
+
+  void printStatus() {
+    console("[distill-run] status: " + statusText() + "\n");
+    nextStatus_ = Deadline::after(std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(a_.statusEveryS)));
   }
 
   void reap() {
@@ -332,6 +437,7 @@ class Launcher {
           r.exited = true;
           r.status = st;
           if (r.out >= 0) pump(r, true);
+          if (liveShown_) console("");
           logLine(failed(r) ? LogLevel::kError : LogLevel::kInfo, r.prefix + "exited: " + describeStatus(st));
         }
       }
@@ -345,9 +451,23 @@ class Launcher {
     return true;
   }
 
+  void onSignal(int sig) {
+    const std::string name = strsignal(sig);
+    if (!stopSignal_) {
+      stopSignal_ = sig;
+      if (reason_.empty()) reason_ = "received " + name;
+      seg_->requestStop();
+      stopDeadline_ = Deadline::after(std::chrono::duration_cast<Clock::duration>(
+          std::chrono::duration<double>(a_.stopGraceS)));
+      DISTILL_LOG(kWarning) << name << ": asked the ranks to stop; SIGTERM follows in " << a_.stopGraceS
+                            << " s if they have not exited (again to stop now)";
+    } else {
+      teardown("received " + name + " twice");
+    }
+  }
+
   // Runs until every rank exited; a failed rank or a signal tears the job down.
   int loop() {
-    std::string reason;
     for (;;) {
       std::vector<pollfd> fds{{sigfd_, POLLIN, 0}};
       std::vector<Rank*> owners{nullptr};
@@ -357,8 +477,11 @@ class Launcher {
           owners.push_back(&r);
         }
       }
-      int timeoutMs = -1;
-      if (teardownDeadline_) timeoutMs = static_cast<int>(std::max<int64_t>(0, toMs(teardownDeadline_->remaining())));
+      Deadline wake = nextSample_;
+      if (teardownDeadline_) wake = wake.min(*teardownDeadline_);
+      if (stopDeadline_) wake = wake.min(*stopDeadline_);
+      // Round up: waking a little late is fine, waking early spins.
+      int timeoutMs = static_cast<int>(std::chrono::ceil<Millis>(wake.remaining()).count());
       int n = ::poll(fds.data(), fds.size(), timeoutMs);
       if (n < 0 && errno != EINTR) DISTILL_THROW(IpcError, "poll: ", errnoString(errno));
       for (size_t i = 1; i < fds.size(); ++i) {
@@ -367,57 +490,58 @@ class Launcher {
       if (fds[0].revents & POLLIN) {
         signalfd_siginfo si{};
         while (::read(sigfd_, &si, sizeof si) == sizeof si) {
-          if (si.ssi_signo == SIGINT || si.ssi_signo == SIGTERM) {
-            DISTILL_LOG(kWarning) << strsignal(static_cast<int>(si.ssi_signo)) << ": stopping the job";
-            if (reason.empty()) reason = std::string("received ") + strsignal(static_cast<int>(si.ssi_signo));
-            teardown(reason);
-          }
+          if (si.ssi_signo == SIGINT || si.ssi_signo == SIGTERM) onSignal(static_cast<int>(si.ssi_signo));
         }
         reap();
       }
       for (auto& r : ranks_) {
-        if (failed(r) && reason.empty()) {
-          reason = r.prefix + describeStatus(r.status);
+        if (failed(r) && !failedRank_ && !teardownDeadline_) {
+          if (reason_.empty()) reason_ = r.prefix + describeStatus(r.status);
           failedRank_ = &r;
-          teardown(reason);
+          teardown(r.prefix + describeStatus(r.status));
         }
       }
       if (allExited()) break;
+      if (stopDeadline_ && stopDeadline_->expired() && !teardownDeadline_)
+        teardown("still running " + std::to_string(static_cast<int>(a_.stopGraceS)) + " s after the stop request");
       if (teardownDeadline_ && teardownDeadline_->expired() && !killed_) {
-        for (auto& r : ranks_) {
-          if (!r.exited) ::kill(r.pid, SIGKILL);
-        }
+        DISTILL_LOG(kError) << "ranks still running " << toMs(kGrace) << " ms after SIGTERM: SIGKILL";
+        for (auto& r : ranks_) signalRank(r, SIGKILL);
         killed_ = true;
       }
+      tick();
     }
     for (auto& r : ranks_) {
       if (r.out >= 0) pump(r, true);
     }
-    if (reason.empty()) {
+    if (statusSeen_) printStatus();
+    if (reason_.empty()) {
       DISTILL_LOG(kInfo) << "job finished: every rank exited 0";
       return 0;
     }
-    summary(reason);
-    return 1;
+    summary();
+    return stopSignal_ ? 128 + stopSignal_ : 1;
   }
 
   void teardown(const std::string& why) {
     if (teardownDeadline_) return;
     DISTILL_LOG(kError) << "tearing the job down: " << why;
-    for (auto& r : ranks_) {
-      if (r.pid > 0 && !r.exited) ::kill(r.pid, SIGTERM);
-    }
+    if (seg_) seg_->abort();  // every wait on the segment fails now
+    for (auto& r : ranks_) signalRank(r, SIGTERM);
     teardownDeadline_ = Deadline::after(kGrace);
   }
 
-  void summary(const std::string& reason) {
+  void summary() {
     std::ostringstream os;
-    os << "\n==== distill-run: job failed: " << reason << "\n";
+    os << "\n==== distill-run: job " << (failedRank_ ? "failed" : "stopped") << ": " << reason_ << "\n";
     for (auto& r : ranks_) {
-      os << "  " << r.prefix << (r.exited ? describeStatus(r.status) : "still running") << "\n";
+      os << "  " << r.prefix << (r.exited ? describeStatus(r.status) : "still running");
+      auto step = r.reported.find("step");
+      if (step != r.reported.end()) os << ", last step " << static_cast<int64_t>(step->second);
+      os << "\n";
     }
     if (failedRank_) {
-      os << "  last lines of " << failedRank_->prefix << ":\n";
+      os << "  last lines of " << failedRank_->prefix.substr(0, failedRank_->prefix.size() - 1) << ":\n";
       for (auto& l : failedRank_->tail) os << "    | " << l << "\n";
     }
     std::string s = os.str();
@@ -434,12 +558,22 @@ class Launcher {
   Args a_;
   Config cfg_;
   std::vector<Rank> ranks_;
+  std::optional<ipc::Segment> seg_;
   std::string segmentName_;
   int sigfd_ = -1;
   sigset_t oldMask_{};
+  std::string reason_;                  // why the job did not end normally ("" = it did)
+  int stopSignal_ = 0;                  // first SIGINT/SIGTERM received
+  std::optional<Deadline> stopDeadline_;
   std::optional<Deadline> teardownDeadline_;
   bool killed_ = false;
   Rank* failedRank_ = nullptr;
+  // Status line.
+  bool tty_ = false, liveShown_ = false, statusSeen_ = false;
+  std::string live_;  // the live line on the terminal
+  Deadline nextSample_ = Deadline::after(kSampleEvery);
+  Deadline nextStatus_ = Deadline::never();
+  bool teacherAttached_ = false;  // from then on its busy share (published by serve()) is shown
 };
 
 }  // namespace

@@ -92,6 +92,11 @@ class Client {
   // Tells the teacher this student is done. Outstanding answers are dropped.
   void finish();
 
+  // True once distill-run was asked to stop (SIGINT/SIGTERM): checkpoint and
+  // leave cleanly (finish()) before the launcher forwards SIGTERM (10 s later).
+  // One atomic load of the segment's control block; cheap enough every step.
+  bool stopRequested() const;
+
   int64_t outstanding() const;
   const Config& config() const;
 

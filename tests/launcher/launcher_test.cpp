@@ -1,0 +1,432 @@
+// distill-run end to end: a launcher per test with real ranks — this test
+// binary in the `job` role (teacher.kind self, so the teacher is this binary
+// too) or distill-hello. The test reads distill-run's console through a pipe,
+// so every wait is on output or on the process, with a deadline.
+#include <fcntl.h>
+#include <poll.h>
+#include <pty.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <regex>
+
+#include "distill/distill.h"
+#include "distill/ipc/segment.h"
+#include "support/process.h"
+#include "support/roles.h"
+
+using namespace distill::testing;
+using Ms = std::chrono::milliseconds;
+using SteadyClock = std::chrono::steady_clock;
+
+namespace {
+
+distill::Session initSession() {
+  int argc = 1;
+  char arg0[] = "launcher_test";
+  char* argv[] = {arg0, nullptr};
+  return distill::init(argc, argv);
+}
+
+int envInt(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : -1;
+}
+
+// Blocks (up to 30 s, never forever) until a signal ends this process.
+int blockUntilKilled() {
+  ::poll(nullptr, 0, 30000);
+  std::printf("still alive after 30 s\n");
+  return 4;
+}
+
+// A teacher that doubles its input, served until every student finished.
+int serveDoubler(distill::Session& s) {
+  auto doubler = distill::teacherFromFunction(
+      [](const std::vector<at::Tensor>& in) { return in.at(0).to(torch::kFloat) * 2; });
+  auto stats = distill::serve(*s.teacher, doubler);
+  std::printf("teacher served %lld requests\n", static_cast<long long>(stats.requests));
+  return 0;
+}
+
+int64_t msSince(SteadyClock::time_point t0) {
+  return std::chrono::duration_cast<Ms>(SteadyClock::now() - t0).count();
+}
+
+}  // namespace
+
+// The trainer under distill-run. args[0] = mode:
+//   ok     3 steps through the teacher, raw lines and DISTILL_STATUS lines, finish
+//   fail   student 0 prints 30 lines and exits 3; the others wait to be killed
+//          (student 1 ignores SIGTERM when args[1] == "stubborn")
+//   kill   student 0 prints a line and SIGKILLs itself; the others wait
+//   stop   steps until Client::stopRequested(), then "checkpoint" and finish
+//   ignore students print READY and wait to be killed (they ignore the stop flag)
+//   grad   one step of a tiny model on rank-dependent data, gradients all-reduced
+DISTILL_TEST_ROLE(job) {
+  const std::string mode = args.at(0);
+  const bool stubborn = args.size() > 1 && args[1] == "stubborn";
+  const char* role = std::getenv("DISTILL_ROLE");
+  const bool teacher = role && std::string(role) == "teacher";
+  if (!teacher && stubborn && envInt("DISTILL_LOCAL_RANK") == 1) ::signal(SIGTERM, SIG_IGN);
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  distill::Session s = initSession();
+  if (s.isTeacher()) return serveDoubler(s);
+  const int rank = s.topology.studentRank;
+  auto& group = s.student->group();
+  auto ask = [&](int64_t step) {
+    auto x = torch::arange(4, torch::kLong) + step;
+    auto y = s.client->get(s.client->submit(x, step, 0)).tensor(distill::protocol::kLogits);
+    DISTILL_CHECK(torch::equal(y, x.to(torch::kFloat) * 2), "wrong answer from the teacher");
+  };
+  if (mode == "ok") {
+    for (int64_t step = 0; step < 3; ++step) {
+      ask(step);
+      std::printf("plain line from student %d step %lld\n", rank, static_cast<long long>(step));
+      std::printf("DISTILL_STATUS step=%lld loss=%.2f tokens_per_s=%d\n", static_cast<long long>(step),
+                  1.0 + rank, 1000);
+    }
+    s.client->finish();
+    return 0;
+  }
+  if (mode == "fail" || mode == "kill") {
+    if (rank != 0) return blockUntilKilled();
+    for (int i = 0; i < 30; ++i) std::printf("fail-line %d\n", i);
+    if (mode == "kill") ::raise(SIGKILL);
+    return 3;
+  }
+  if (mode == "stop") {
+    const auto deadline = SteadyClock::now() + std::chrono::seconds(30);
+    for (int64_t step = 0; SteadyClock::now() < deadline; ++step) {
+      ask(step);
+      if (step == 0) std::printf("READY student %d\n", rank);
+      if (s.client->stopRequested()) {
+        std::printf("checkpoint at step %lld, leaving\n", static_cast<long long>(step));
+        s.client->finish();
+        return 0;
+      }
+    }
+    return 5;
+  }
+  if (mode == "ignore") {
+    std::printf("DISTILL_STATUS step=7 loss=0.25 tokens_per_s=50\nREADY student %d\n", rank);
+    return blockUntilKilled();
+  }
+  if (mode == "grad") {
+    torch::manual_seed(0);
+    torch::nn::Linear model(4, 3);  // the same initial weights on every student
+    torch::manual_seed(100 + rank);
+    auto x = torch::randn({8, 4});  // different data per student
+    auto target = s.client->get(s.client->submit(torch::arange(3, torch::kLong), 0, 0))
+                      .tensor(distill::protocol::kLogits);
+    auto loss = (model->forward(x) - target).pow(2).mean();
+    loss.backward();
+    std::vector<at::Tensor> params = model->parameters();
+    double local = 0;
+    for (auto& p : params) local += p.grad().abs().sum().item<double>();
+    distill::allReduceGradients(group, params, 1.0);
+    double reduced = 0;
+    for (auto& p : params) reduced += (p.grad() / group.size()).abs().sum().item<double>();
+    std::printf("GRADSUM rank=%d size=%d local=%.9e reduced=%.9e\n", rank, group.size(), local, reduced);
+    s.client->finish();
+    return 0;
+  }
+  std::printf("unknown mode %s\n", mode.c_str());
+  return 98;
+}
+
+namespace {
+
+// One distill-run with its console (stdout + stderr) read through a pipe, or
+// through a pseudo-terminal when `tty`.
+class Launch {
+ public:
+  explicit Launch(const std::vector<std::string>& args, bool tty = false) {
+    std::vector<std::string> argv{binPath("distill-run")};
+    argv.insert(argv.end(), args.begin(), args.end());
+    int fds[2];
+    if (tty) {
+      EXPECT_EQ(::openpty(&fds[0], &fds[1], nullptr, nullptr, nullptr), 0);
+      ::fcntl(fds[0], F_SETFD, FD_CLOEXEC);
+      ::fcntl(fds[1], F_SETFD, FD_CLOEXEC);
+    } else {
+      EXPECT_EQ(::pipe2(fds, O_CLOEXEC), 0);
+    }
+    std::vector<char*> cargv;
+    for (auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+    cargv.push_back(nullptr);
+    pid_t pid = ::fork();
+    if (pid == 0) {
+      ::dup2(fds[1], STDOUT_FILENO);
+      ::dup2(fds[1], STDERR_FILENO);
+      ::execv(cargv[0], cargv.data());
+      ::_exit(127);
+    }
+    ::close(fds[1]);
+    out_ = fds[0];
+    child_ = Child(pid);
+    started_ = SteadyClock::now();
+  }
+  ~Launch() {
+    if (out_ >= 0) ::close(out_);
+  }
+
+  // Reads until the console contains `needle` (true) or EOF / `timeout` (false).
+  bool waitFor(const std::string& needle, Ms timeout = Ms(30000)) {
+    const auto deadline = SteadyClock::now() + timeout;
+    while (text_.find(needle) == std::string::npos) {
+      if (!readSome(deadline)) return false;
+    }
+    return true;
+  }
+
+  // Reads to EOF, then reaps distill-run; both within `timeout`.
+  ExitStatus finish(Ms timeout = Ms(40000)) {
+    const auto deadline = SteadyClock::now() + timeout;
+    while (readSome(deadline)) {
+    }
+    auto left = std::chrono::duration_cast<Ms>(deadline - SteadyClock::now());
+    auto st = child_.waitFor(std::max(left, Ms(0)));
+    if (!st) {
+      ADD_FAILURE() << "distill-run still running; console so far:\n" << text_;
+      return child_.join(Ms(1));
+    }
+    elapsed_ = msSince(started_);
+    return *st;
+  }
+
+  void kill(int sig) { child_.kill(sig); }
+  const std::string& text() const { return text_; }
+  int64_t elapsedMs() const { return elapsed_; }
+
+  // The node's segment, from distill-run's log line.
+  std::string segment() const {
+    std::smatch m;
+    return std::regex_search(text_, m, std::regex("segment /dev/shm/(distill-[0-9a-f]+-n[0-9]+)")) ? m[1].str()
+                                                                                                   : "";
+  }
+
+ private:
+  bool readSome(SteadyClock::time_point deadline) {
+    if (out_ < 0) return false;
+    auto left = std::chrono::duration_cast<Ms>(deadline - SteadyClock::now()).count();
+    if (left <= 0) return false;
+    pollfd p{out_, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left)) <= 0) return false;
+    char buf[65536];
+    ssize_t n = ::read(out_, buf, sizeof buf);
+    if (n <= 0) {  // EOF (pipe) or EIO (terminal whose last writer left)
+      ::close(out_);
+      out_ = -1;
+      return false;
+    }
+    text_.append(buf, static_cast<size_t>(n));
+    return true;
+  }
+
+  Child child_;
+  int out_ = -1;
+  std::string text_;
+  SteadyClock::time_point started_;
+  int64_t elapsed_ = -1;
+};
+
+class LauncherTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/distill-launcher-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
+
+  // A config for the `job` role: teacher.kind self, short timeouts.
+  std::string config(int nproc = 3) {
+    std::string path = dir_ + "/job.yaml";
+    std::ofstream(path) << "run:\n  name: launcher-test\n  nproc_per_node: " << nproc << "\n  log_dir: " << dir_
+                        << "/logs\n  startup_timeout_s: 30\n  collective_timeout_s: 30\n  hang_timeout_s: 30\n"
+                        << "teacher:\n  kind: self\n";
+    return path;
+  }
+  // distill-run arguments for this test binary in the `job` role.
+  std::vector<std::string> jobArgs(const std::vector<std::string>& options, const std::vector<std::string>& roleArgs) {
+    std::vector<std::string> a = options;
+    a.insert(a.end(), {"--config", config(), "--master-port", std::to_string(freePort()), "--", selfExe(),
+                       "--distill-role=job"});
+    a.insert(a.end(), roleArgs.begin(), roleArgs.end());
+    return a;
+  }
+  static void expectSegmentGone(const Launch& l) {
+    const std::string seg = l.segment();
+    ASSERT_FALSE(seg.empty()) << l.text();
+    EXPECT_FALSE(distill::ipc::Segment::exists(seg)) << seg << " left in /dev/shm";
+  }
+  std::string log(int rank) const { return readFile(dir_ + "/logs/rank_" + std::to_string(rank) + ".log"); }
+
+  std::string dir_;
+};
+
+bool has(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
+
+TEST_F(LauncherTest, HelloEndsCleanlyWithLogsPerRank) {
+  Launch l({"--config", sourcePath("configs/hello.yaml"), "--log-dir", dir_ + "/logs", "--master-port",
+            std::to_string(freePort()), "--", binPath("distill-hello")});
+  auto st = l.finish();
+  EXPECT_TRUE(st.exited && st.code == 0) << st.describe() << "\n" << l.text();
+  for (int r = 0; r < 2; ++r) EXPECT_TRUE(has(log(r), "hello done")) << "rank " << r << ": " << log(r);
+  EXPECT_TRUE(has(log(2), "served")) << log(2);
+  EXPECT_TRUE(has(l.text(), "[n0 r0 student]") && has(l.text(), "[n0 r2 teacher]")) << l.text();
+  expectSegmentGone(l);
+}
+
+TEST_F(LauncherTest, PrefixesRawLinesAndShowsStatus) {
+  Launch l(jobArgs({"--status-every-s", "3600"}, {"ok"}));
+  auto st = l.finish();
+  ASSERT_TRUE(st.exited && st.code == 0) << st.describe() << "\n" << l.text();
+  for (int r = 0; r < 2; ++r) {
+    // The console prefixes a rank's raw lines; its log keeps them as written.
+    EXPECT_TRUE(has(l.text(), "[r" + std::to_string(r) + " student] plain line from student " +
+                                  std::to_string(r) + " step 2"))
+        << l.text();
+    EXPECT_TRUE(has(log(r), "\nplain line from student " + std::to_string(r) + " step 1\n")) << log(r);
+    EXPECT_TRUE(has(log(r), "DISTILL_STATUS step=2")) << log(r);
+  }
+  EXPECT_TRUE(has(l.text(), "[r2 teacher] teacher served 6 requests")) << l.text();
+  // Status lines are not echoed; the final status aggregates them (not a terminal).
+  EXPECT_FALSE(has(l.text(), "DISTILL_STATUS")) << l.text();
+  EXPECT_TRUE(has(l.text(), "status: step=2 loss=1.5 tokens/s=2000")) << l.text();
+  expectSegmentGone(l);
+}
+
+TEST_F(LauncherTest, DryRunPrintsThePlanAndStartsNothing) {
+  Launch l(jobArgs({"--dry-run"}, {"ok"}));
+  auto st = l.finish(Ms(10000));
+  EXPECT_TRUE(st.exited && st.code == 0) << st.describe() << "\n" << l.text();
+  const std::string& t = l.text();
+  EXPECT_TRUE(has(t, "[r0 student]") && has(t, "[r1 student]") && has(t, "[r2 teacher]")) << t;
+  EXPECT_TRUE(has(t, "DISTILL_ROLE=teacher") && has(t, "DISTILL_CONFIG=") && has(t, "--distill-role=job")) << t;
+  const std::string seg = l.segment();
+  ASSERT_FALSE(seg.empty()) << t;
+  EXPECT_FALSE(distill::ipc::Segment::exists(seg));
+  EXPECT_FALSE(has(t, "served")) << "a rank ran:\n" << t;
+  EXPECT_TRUE(readFile(dir_ + "/logs/rank_0.log").empty());
+}
+
+TEST_F(LauncherTest, FailingStudentTearsDownWithSummary) {
+  Launch l(jobArgs({}, {"fail", "stubborn"}));
+  ASSERT_TRUE(l.waitFor("fail-line 29")) << l.text();
+  const auto t0 = SteadyClock::now();
+  auto st = l.finish();
+  const int64_t ms = msSince(t0);
+  std::printf("failing student -> distill-run exit: %lld ms (student 1 ignores SIGTERM)\n",
+              static_cast<long long>(ms));
+  EXPECT_TRUE(st.exited && st.code == 1) << st.describe() << "\n" << l.text();
+  EXPECT_LT(ms, 10000) << l.text();
+  EXPECT_GE(ms, 4500) << "SIGKILL came before the grace period\n" << l.text();
+  const std::string& t = l.text();
+  EXPECT_TRUE(has(t, "job failed: [r0 student] exit code 3")) << t;
+  EXPECT_TRUE(has(t, "[r1 student] signal SIGKILL")) << t;  // ignored SIGTERM, killed after the grace
+  EXPECT_TRUE(has(t, "    | fail-line 29") && has(t, "    | fail-line 10") && !has(t, "    | fail-line 9\n")) << t;
+  expectSegmentGone(l);
+}
+
+TEST_F(LauncherTest, KilledStudentTearsDownNamingTheSignal) {
+  Launch l(jobArgs({}, {"kill"}));
+  ASSERT_TRUE(l.waitFor("fail-line 29")) << l.text();
+  const auto t0 = SteadyClock::now();
+  auto st = l.finish();
+  const int64_t ms = msSince(t0);
+  std::printf("SIGKILLed student -> distill-run exit: %lld ms\n", static_cast<long long>(ms));
+  EXPECT_TRUE(st.exited && st.code == 1) << st.describe() << "\n" << l.text();
+  EXPECT_LT(ms, 10000);
+  EXPECT_TRUE(has(l.text(), "job failed: [r0 student] signal SIGKILL")) << l.text();
+  EXPECT_TRUE(has(l.text(), "[r1 student] signal SIGTERM")) << l.text();
+  expectSegmentGone(l);
+}
+
+TEST_F(LauncherTest, StopRequestLetsStudentsLeaveCleanly) {
+  Launch l(jobArgs({}, {"stop"}));
+  ASSERT_TRUE(l.waitFor("READY student 0") && l.waitFor("READY student 1")) << l.text();
+  const auto t0 = SteadyClock::now();
+  l.kill(SIGTERM);
+  auto st = l.finish();
+  const int64_t ms = msSince(t0);
+  std::printf("SIGTERM -> students checkpointed and left, distill-run exit: %lld ms\n",
+              static_cast<long long>(ms));
+  EXPECT_TRUE(st.exited && st.code == 128 + SIGTERM) << st.describe() << "\n" << l.text();
+  EXPECT_LT(ms, 10000);  // before the launcher would forward SIGTERM
+  EXPECT_TRUE(has(l.text(), "[r0 student] checkpoint at step") && has(l.text(), "[r1 student] checkpoint at step"))
+      << l.text();
+  for (const char* r : {"[r0 student] exit code 0", "[r1 student] exit code 0", "[r2 teacher] exit code 0"})
+    EXPECT_TRUE(has(l.text(), r)) << r << "\n" << l.text();
+  expectSegmentGone(l);
+}
+
+TEST_F(LauncherTest, SigtermIsForwardedAfterTheStopGrace) {
+  Launch l(jobArgs({"--stop-grace-s", "1"}, {"ignore"}));
+  ASSERT_TRUE(l.waitFor("READY student 0") && l.waitFor("READY student 1")) << l.text();
+  const auto t0 = SteadyClock::now();
+  l.kill(SIGTERM);
+  auto st = l.finish();
+  const int64_t ms = msSince(t0);
+  std::printf("SIGTERM (ranks ignore the stop flag, grace 1 s) -> distill-run exit: %lld ms\n",
+              static_cast<long long>(ms));
+  EXPECT_TRUE(st.exited && st.code == 128 + SIGTERM) << st.describe() << "\n" << l.text();
+  EXPECT_GE(ms, 1000);
+  EXPECT_LT(ms, 10000);
+  EXPECT_TRUE(has(l.text(), "job stopped: received Terminated")) << l.text();
+  EXPECT_TRUE(has(l.text(), "[r0 student] signal SIGTERM") && has(l.text(), "[r1 student] signal SIGTERM"))
+      << l.text();
+  expectSegmentGone(l);
+}
+
+TEST_F(LauncherTest, LiveStatusLineOnATerminal) {
+  Launch l(jobArgs({"--stop-grace-s", "0"}, {"ignore"}), /*tty=*/true);
+  // Redrawn in place (carriage return, erase line) once both students reported
+  // and the teacher's state was sampled.
+  EXPECT_TRUE(l.waitFor("\r\033[K[distill-run] step=7 loss=0.25 tokens/s=100 teacher busy=")) << l.text();
+  l.kill(SIGTERM);
+  auto st = l.finish();
+  EXPECT_TRUE(st.exited && st.code == 128 + SIGTERM) << st.describe() << "\n" << l.text();
+  EXPECT_FALSE(has(l.text(), "DISTILL_STATUS")) << l.text();
+  expectSegmentGone(l);
+}
+
+TEST_F(LauncherTest, TwoNodesFormOneJobWithAgreeingGradients) {
+  const std::string port = std::to_string(freePort());
+  const std::string cfg = config(2);
+  auto node = [&](int k) {
+    return std::vector<std::string>{"--nproc-per-node", "2", "--nnodes", "2", "--node-rank", std::to_string(k),
+                                    "--master-addr", "127.0.0.1", "--master-port", port, "--config", cfg,
+                                    "--log-dir", dir_ + "/logs" + std::to_string(k), "--", selfExe(),
+                                    "--distill-role=job", "grad"};
+  };
+  Launch n0(node(0)), n1(node(1));
+  auto s0 = n0.finish(), s1 = n1.finish();
+  ASSERT_TRUE(s0.exited && s0.code == 0) << s0.describe() << "\n" << n0.text();
+  ASSERT_TRUE(s1.exited && s1.code == 0) << s1.describe() << "\n" << n1.text();
+  std::regex re("GRADSUM rank=(\\d) size=(\\d) local=(\\S+) reduced=(\\S+)");
+  std::smatch m0, m1;
+  ASSERT_TRUE(std::regex_search(n0.text(), m0, re)) << n0.text();
+  ASSERT_TRUE(std::regex_search(n1.text(), m1, re)) << n1.text();
+  EXPECT_EQ(m0[1].str(), "0");
+  EXPECT_EQ(m1[1].str(), "1");  // node 1's student is student rank 1
+  EXPECT_EQ(m0[2].str(), "2");
+  EXPECT_NE(m0[3].str(), m1[3].str()) << "the students' data should differ";
+  EXPECT_EQ(m0[4].str(), m1[4].str()) << "averaged gradients differ across nodes";
+  EXPECT_NE(n0.segment(), n1.segment());
+  expectSegmentGone(n0);
+  expectSegmentGone(n1);
+}
+
+// distill-run SIGKILLed leaves its segment; Segment::create recreates a stale
+// segment (creator dead): tests/ipc/ring_test.cpp covers it.
+
+}  // namespace
