@@ -137,16 +137,6 @@ std::string hexBits(float f) {
   return buf;
 }
 
-// Blocks until SIGTERM or `timeout`; true on SIGTERM.
-bool waitForSigterm(seconds timeout) {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigprocmask(SIG_BLOCK, &set, nullptr);
-  timespec ts{static_cast<time_t>(timeout.count()), 0};
-  return sigtimedwait(&set, nullptr, &ts) == SIGTERM;
-}
-
 // Raises SIGKILL on itself right after writing `killAfter` (rank 1 in mid-save).
 class KillingFileSystem : public distill::PosixFileSystem {
  public:
@@ -291,7 +281,7 @@ DISTILL_TEST_ROLE(teacher) {
   distill::TeacherContext ctx(distill::Topology::fromEnvironment(), distill::Config{});
   // Nothing here can reach a checkpoint: a CheckpointManager needs a StudentContext.
   static_assert(!std::is_constructible_v<distill::CheckpointManager, distill::TeacherContext&>);
-  return waitForSigterm(seconds(120)) ? 0 : 7;
+  return dt::waitForSigterm(seconds(120)) ? 0 : 7;
 }
 
 // Creates the directory, then trains, saves and loads back at every step.

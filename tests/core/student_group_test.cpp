@@ -18,16 +18,6 @@ namespace dt = distill::testing;
 
 namespace {
 
-// Blocks until SIGTERM arrives or `timeout` passes; true on SIGTERM.
-bool waitForSigterm(seconds timeout) {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigprocmask(SIG_BLOCK, &set, nullptr);
-  timespec ts{static_cast<time_t>(timeout.count()), 0};
-  return sigtimedwait(&set, nullptr, &ts) == SIGTERM;
-}
-
 distill::Config groupConfig(double startupS, double collectiveS) {
   distill::Config c;
   c.run.startup_timeout_s = startupS;
@@ -60,7 +50,7 @@ DISTILL_TEST_ROLE(student) {
     auto& g = ctx.group();
     if (stall) {
       // Joined, then stuck (as in a frozen data loader): never enters a collective.
-      return waitForSigterm(seconds(60)) ? 0 : 6;
+      return dt::waitForSigterm(seconds(60)) ? 0 : 6;
     }
     const int64_t n = g.size();
     for (int i = 1; i <= iterations; ++i) {
@@ -87,7 +77,7 @@ DISTILL_TEST_ROLE(student) {
 DISTILL_TEST_ROLE(teacher) {
   distill::TeacherContext ctx(distill::Topology::fromEnvironment(), distill::Config{});
   std::fprintf(stderr, "teacher up: %s\n", ctx.topology().describe().c_str());
-  return waitForSigterm(seconds(120)) ? 0 : 7;
+  return dt::waitForSigterm(seconds(120)) ? 0 : 7;
 }
 
 class StudentGroupTest : public ::testing::Test {

@@ -196,6 +196,15 @@ std::string sourcePath(const std::string& rel) {
   return envOr("DISTILL_SOURCE_DIR", ".") + "/" + rel;
 }
 
+bool waitForSigterm(std::chrono::seconds timeout) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  ::sigprocmask(SIG_BLOCK, &set, nullptr);
+  timespec ts{static_cast<time_t>(timeout.count()), 0};
+  return ::sigtimedwait(&set, nullptr, &ts) == SIGTERM;
+}
+
 std::string readFile(const std::string& path) {
   std::ifstream in(path);
   std::stringstream ss;

@@ -71,6 +71,10 @@ std::string binPath(const std::string& name);
 // Path under the source tree (DISTILL_SOURCE_DIR, set by ctest).
 std::string sourcePath(const std::string& rel);
 
+// In a child role: blocks until SIGTERM arrives or `timeout` passes (true on
+// SIGTERM). For a process that must stay alive, doing nothing, until told.
+bool waitForSigterm(std::chrono::seconds timeout);
+
 // Reads a whole file ("" if missing).
 std::string readFile(const std::string& path);
 
