@@ -142,14 +142,8 @@ Child spawn(const std::vector<std::string>& argv, const std::map<std::string, st
   for (auto& e : envStrings) cenv.push_back(const_cast<char*>(e.c_str()));
   cenv.push_back(nullptr);
 
-  std::cout.flush();
-  std::cerr.flush();
-  pid_t pid = ::fork();
-  if (pid < 0) {
-    ADD_FAILURE() << "fork: " << strerror(errno);
-    return Child();
-  }
-  if (pid == 0) {
+  // The child only redirects and execs; forkChild turns a failed exec into 127.
+  return forkChild([&] {
     if (!logPath.empty()) {
       int fd = ::open(logPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
       if (fd >= 0) {
@@ -159,9 +153,8 @@ Child spawn(const std::vector<std::string>& argv, const std::map<std::string, st
     }
     ::execve(cargv[0], cargv.data(), cenv.data());
     std::fprintf(stderr, "execve(%s): %s\n", cargv[0], strerror(errno));
-    ::_exit(127);
-  }
-  return Child(pid);
+    return 127;
+  });
 }
 
 std::string uniqueName(const std::string& prefix) {
