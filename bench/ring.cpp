@@ -7,6 +7,8 @@
 //   path inslot  op oneway     student allocate() in the slot, touch, publish() -> teacher (no copy)
 //   path copy    op roundtrip  student send -> teacher reply (copy of the same bytes) -> student
 //   path gloo    op roundtrip  rank 0 send -> rank 1 recv + send back -> rank 0 recv (ProcessGroupGloo)
+//   path selfloop op roundtrip both endpoints in one thread: the CPU cost of the code alone
+//                              (no cross-core traffic, no waiting)
 #include <ATen/ATen.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -211,6 +213,51 @@ void benchRoundTrip() {
   Segment::remove(name);
 }
 
+// ---- software cost: both ends in one thread ---------------------------------------------------------
+// Student and teacher endpoints of one segment driven from a single thread:
+// no cross-core traffic, no waiting, so this is the per-round-trip CPU cost of
+// the code itself (headers, validation, tensor views, bookkeeping).
+void benchSelfLoop() {
+  const std::string name = segName("self");
+  SegmentLayout l;
+  l.numStudents = 1;
+  l.slots = kSlots;
+  l.maxRequestBytes = l.maxResponseBytes = 1 << 20;
+  auto seg = Segment::create(name, l, kJob);
+  {
+    StudentEndpoint st(seg, 0, hostOnly(0));
+    TeacherEndpoint t(seg, hostOnly(1));
+    t.waitAdmission(Deadline::after(10s));
+    st.waitAdmission(Deadline::after(10s));
+    for (int64_t bytes : {int64_t(64), int64_t(4096)}) {
+      auto x = at::empty({bytes}, at::kBool);
+      std::memset(x.data_ptr(), 1, size_t(bytes));
+      OutMessage m;
+      m.tensors.push_back({"x", x});
+      std::vector<double> us;
+      const int n = 100000, batch = 100;
+      for (int i = -20; i < n / batch; ++i) {
+        const auto t0 = Clock::now();
+        for (int k = 0; k < batch; ++k) {
+          m.tag.seq = uint64_t(k);
+          st.send(m, Deadline::after(10s));
+          auto q = t.waitAny(Deadline::after(10s));
+          OutMessage r;
+          r.tag = q.tag();
+          r.kind = MsgKind::kResponse;
+          r.tensors.push_back({"y", q.view("x")});
+          t.reply(q.student(), r, Deadline::after(10s));
+          q.release();
+          st.receive(Deadline::after(10s)).release();
+        }
+        if (i >= 0) us.push_back(seconds(Clock::now() - t0) * 1e6 / batch);
+      }
+      printRoundTrip("selfloop", bytes, std::move(us));
+    }
+  }
+  Segment::remove(name);
+}
+
 // ---- gloo: the same payloads through c10d ProcessGroupGloo send/recv ---------------------------------
 
 int freePort() {
@@ -268,21 +315,37 @@ void benchGloo() {
 
 }  // namespace
 
-int main() {
+// bench_ring [memcpy|oneway|roundtrip|gloo|selfloop]...: the named parts only (default: all).
+int main(int argc, char** argv) {
   at::set_num_threads(1);
   const auto start = Clock::now();
-  benchMemcpy();
-  benchOneWay();
-  benchRoundTrip();
-  benchGloo();
+  auto want = [&](const char* part) {
+    if (argc < 2) return true;
+    for (int i = 1; i < argc; ++i)
+      if (std::strcmp(argv[i], part) == 0) return true;
+    return false;
+  };
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "memcpy") && std::strcmp(argv[i], "oneway") && std::strcmp(argv[i], "roundtrip") &&
+        std::strcmp(argv[i], "gloo") && std::strcmp(argv[i], "selfloop")) {
+      std::fprintf(stderr, "bench_ring: unknown part '%s' (memcpy, oneway, roundtrip, gloo, selfloop)\n", argv[i]);
+      return 2;
+    }
+  if (want("memcpy")) benchMemcpy();
+  if (want("oneway")) benchOneWay();
+  if (want("roundtrip")) benchRoundTrip();
+  if (want("gloo")) benchGloo();
+  if (want("selfloop")) benchSelfLoop();
+  if (argc > 1) return 0;  // ratios need every part
   auto r = [](const std::string& k) { return gResults.count(k) ? gResults[k] : 0.0; };
   const std::string mib = std::to_string(1 << 20), mib64 = std::to_string(64 << 20), k4 = std::to_string(4096);
   std::printf(
       "{\"bench\":\"ring\",\"ratios\":{\"copy_over_memcpy_1MiB\":%.3f,\"copy_over_memcpy_16MiB\":%.3f,"
       "\"copy_over_memcpy_64MiB\":%.3f,\"inslot_over_copy_1MiB\":%.2f,\"roundtrip_p50_us_64B\":%.2f,"
-      "\"gloo_over_ring_roundtrip_p50_4KiB\":%.1f,\"total_s\":%.1f}}\n",
+      "\"gloo_over_ring_roundtrip_p50_4KiB\":%.1f,\"software_share_roundtrip_4KiB\":%.2f,\"total_s\":%.1f}}\n",
       r("copy/" + mib) / r("memcpy/" + mib), r("copy/" + std::to_string(16 << 20)) / r("memcpy/" + std::to_string(16 << 20)),
       r("copy/" + mib64) / r("memcpy/" + mib64), r("inslot/" + mib) / r("copy/" + mib), r("copy/rt/64"),
-      r("gloo/rt/" + k4) / r("copy/rt/" + k4), seconds(Clock::now() - start));
+      r("gloo/rt/" + k4) / r("copy/rt/" + k4), r("selfloop/rt/" + k4) / r("copy/rt/" + k4),
+      seconds(Clock::now() - start));
   return 0;
 }

@@ -1,6 +1,8 @@
 // Endpoints: messages with named tensors over the rings of port.h.
 #include <ATen/ATen.h>
 
+#include <array>
+#include <cstddef>
 #include <cstring>
 #include <exception>
 #include <mutex>
@@ -62,6 +64,11 @@ namespace detail {
 
 // Shared by an endpoint and the messages it received (which may outlive it).
 class ChannelCore : public std::enable_shared_from_this<ChannelCore> {
+  using Desc = ReceivedMessage::Desc;
+  static_assert(sizeof(Desc::name) == wire::kNameBytes && sizeof(Desc::shape) == wire::kMaxDims * sizeof(int64_t) &&
+                    std::tuple_size<decltype(ReceivedMessage::tensors_)>::value == size_t(wire::kMaxTensors),
+                "ReceivedMessage::Desc must hold what wire.h allows");
+
  public:
   ChannelCore(const Segment& seg, int index, const EndpointOptions& opt)
       : segment_(seg), opt_(opt), port_(seg.impl(), index, opt.rank, opt.spinUs) {
@@ -136,16 +143,20 @@ class ChannelCore : public std::enable_shared_from_this<ChannelCore> {
 
   // ---- producing ---------------------------------------------------------------------------------
 
+  // What plan() needs of one tensor; points into the caller's objects (no copies
+  // of names or shapes on the per-message path).
+  struct PlanItem {
+    const std::string* name = nullptr;
+    at::ScalarType dtype = at::kFloat;
+    c10::IntArrayRef shape;
+    bool cuda = false;
+  };
   struct Planned {
     wire::SlotHeader hdr{};
-    std::vector<at::Tensor> sources;  // contiguous host tensors to copy (send only)
   };
 
   // Lays out tensors at 64-byte aligned offsets; IpcError if they do not fit.
-  Planned plan(int r, const Tag& tag, MsgKind kind, const std::vector<TensorSpec>& specs,
-               const std::string& errorText, const std::vector<bool>& onCuda = {}) {
-    DISTILL_CHECK_T(IpcError, specs.size() <= size_t(wire::kMaxTensors), port_.describeSelf(), ": a message holds at most ",
-                    wire::kMaxTensors, " tensors, got ", specs.size());
+  Planned plan(int r, const Tag& tag, MsgKind kind, const PlanItem* items, size_t count, const std::string& errorText) {
     Planned p;
     auto& h = p.hdr;
     h.seq = tag.seq;
@@ -153,37 +164,38 @@ class ChannelCore : public std::enable_shared_from_this<ChannelCore> {
     h.accStep = tag.accStep;
     h.kind = uint32_t(kind);
     h.senderRank = port_.rank();
-    h.ntensors = uint32_t(specs.size());
-    std::strncpy(h.errorText, errorText.c_str(), sizeof h.errorText - 1);
+    h.ntensors = uint32_t(count);
+    if (!errorText.empty()) std::strncpy(h.errorText, errorText.c_str(), sizeof h.errorText - 1);
     const int64_t cap = out_[r].capacity();
     uint64_t usedBy[2] = {0, 0};  // host payload, CUDA buffer
-    for (size_t i = 0; i < specs.size(); ++i) {
-      const auto& s = specs[i];
+    for (size_t i = 0; i < count; ++i) {
+      const auto& s = items[i];
+      const std::string& name = *s.name;
       auto& t = h.tensors[i];
-      DISTILL_CHECK_T(IpcError, !s.name.empty() && s.name.size() < size_t(wire::kNameBytes), "tensor name '", s.name,
+      DISTILL_CHECK_T(IpcError, !name.empty() && name.size() < size_t(wire::kNameBytes), "tensor name '", name,
                       "' must have 1..", wire::kNameBytes - 1, " characters");
       for (size_t j = 0; j < i; ++j)
-        DISTILL_CHECK_T(IpcError, specs[j].name != s.name, "two tensors named '", s.name, "' in one message");
-      DISTILL_CHECK_T(IpcError, s.shape.size() <= size_t(wire::kMaxDims), "tensor '", s.name, "' has ",
+        DISTILL_CHECK_T(IpcError, *items[j].name != name, "two tensors named '", name, "' in one message");
+      DISTILL_CHECK_T(IpcError, s.shape.size() <= size_t(wire::kMaxDims), "tensor '", name, "' has ",
                       s.shape.size(), " dims; at most ", wire::kMaxDims, " can be sent");
-      std::strncpy(t.name, s.name.c_str(), sizeof t.name - 1);
-      const auto dt = toWire(s.dtype, s.name);
+      std::memcpy(t.name, name.data(), name.size());
+      const auto dt = toWire(s.dtype, name);
       t.dtype = uint32_t(dt);
       t.ndim = uint32_t(s.shape.size());
       uint64_t numel = 1;
       for (size_t d = 0; d < s.shape.size(); ++d) {
-        DISTILL_CHECK_T(IpcError, s.shape[d] >= 0, "tensor '", s.name, "': negative dim ", s.shape[d]);
+        DISTILL_CHECK_T(IpcError, s.shape[d] >= 0, "tensor '", name, "': negative dim ", s.shape[d]);
         t.shape[d] = s.shape[d];
         numel *= uint64_t(s.shape[d]);
       }
       t.nbytes = numel * uint64_t(wire::itemSize(dt));
-      const bool cuda = i < onCuda.size() && onCuda[i];
+      const bool cuda = s.cuda;
       t.location = uint32_t(cuda ? wire::Location::kCuda : wire::Location::kHost);
       uint64_t& used = usedBy[cuda ? 1 : 0];
       t.offset = wire::alignUp(used, wire::kPayloadAlign);
       used = t.offset + t.nbytes;
       if (used > uint64_t(cap))
-        DISTILL_THROW(IpcError, at(tag.step, tag.accStep), port_.describeSelf(), ": tensor '", s.name, "' of ",
+        DISTILL_THROW(IpcError, at(tag.step, tag.accStep), port_.describeSelf(), ": tensor '", name, "' of ",
                       t.nbytes, " bytes does not fit a ", outName(), " slot: the message needs ", used,
                       " bytes, the slot holds ", cap, " bytes; raise ", capacityKey(), " to at least ",
                       wire::alignUp(used, wire::kPayloadAlign), " (segment '", port_.seg().name, "')");
@@ -194,6 +206,7 @@ class ChannelCore : public std::enable_shared_from_this<ChannelCore> {
   // Waits for a free slot in out ring r; returns its ring sequence.
   uint64_t acquire(int r, const Tag& tag, Deadline deadline) {
     auto& ring = out_[r];
+    if (ring.canWrite()) return ring.writeSeq();  // the common case: no clock, no wait bookkeeping
     WaitDesc d{port_.isTeacher() ? wire::WaitWhat::kResponseSlot : wire::WaitWhat::kRequestSlot, peerOf(r), true,
                tag.step, tag.accStep, tag.seq};
     const auto start = Clock::now();
@@ -208,33 +221,37 @@ class ChannelCore : public std::enable_shared_from_this<ChannelCore> {
   void commit(int r, wire::SlotHeader& hdr) {
     auto& ring = out_[r];
     wire::sealHeader(hdr);
-    std::memcpy(ring.slot(ring.writeSeq()), &hdr, sizeof hdr);
+    std::memcpy(ring.slot(ring.writeSeq()), &hdr, wire::headerBytes(hdr));
     ring.publish(peerOf(r));
   }
 
   void send(int r, const OutMessage& msg, Deadline deadline) {
     guarded([&] {
       DISTILL_CHECK_T(IpcError, pending_ < 0, port_.describeSelf(), ": send() while an allocate() is not published");
-      std::vector<TensorSpec> specs;
-      std::vector<at::Tensor> src;
-      std::vector<bool> onCuda;
+      const size_t n = msg.tensors.size();
+      DISTILL_CHECK_T(IpcError, n <= size_t(wire::kMaxTensors), port_.describeSelf(), ": a message holds at most ",
+                      wire::kMaxTensors, " tensors, got ", n);
+      // Fixed arrays, not vectors: this is the per-message path.
+      std::array<at::Tensor, wire::kMaxTensors> src;
+      std::array<PlanItem, wire::kMaxTensors> items;
+      std::array<bool, wire::kMaxTensors> onCuda{};
       bool anyCuda = false;
-      for (const auto& [name, t] : msg.tensors) {
+      for (size_t i = 0; i < n; ++i) {
+        const auto& [name, t] = msg.tensors[i];
         DISTILL_CHECK_T(IpcError, t.defined(), "tensor '", name, "' is undefined");
         // CUDA tensors go through the consumer's CUDA buffer when it has one,
         // else they are staged through the host slot.
         const bool cuda = t.is_cuda() && cudaOut(r);
-        at::Tensor c = (t.is_cuda() && !cuda) ? t.cpu() : t;
-        c = c.contiguous();
-        specs.push_back({name, c.scalar_type(), c.sizes().vec()});
-        src.push_back(std::move(c));
-        onCuda.push_back(cuda);
+        const at::Tensor& staged = (t.is_cuda() && !cuda) ? (src[i] = t.cpu()) : t;
+        src[i] = staged.is_contiguous() ? staged : staged.contiguous();
+        items[i] = PlanItem{&name, src[i].scalar_type(), src[i].sizes(), cuda};
+        onCuda[i] = cuda;
         anyCuda = anyCuda || cuda;
       }
-      Planned p = plan(r, msg.tag, msg.kind, specs, msg.errorText, onCuda);
+      Planned p = plan(r, msg.tag, msg.kind, items.data(), n, msg.errorText);
       const uint64_t seq = acquire(r, msg.tag, deadline);
       uint8_t* payload = out_[r].payload(seq);
-      for (size_t i = 0; i < src.size(); ++i) {
+      for (size_t i = 0; i < n; ++i) {
         const auto& d = p.hdr.tensors[i];
         if (d.nbytes == 0) continue;
 #if DISTILL_CUDA
@@ -260,7 +277,11 @@ class ChannelCore : public std::enable_shared_from_this<ChannelCore> {
                                    Deadline deadline) {
     return guarded([&] {
       DISTILL_CHECK_T(IpcError, pending_ < 0, port_.describeSelf(), ": allocate() while another is not published");
-      Planned p = plan(r, tag, kind, specs, {});
+      DISTILL_CHECK_T(IpcError, specs.size() <= size_t(wire::kMaxTensors), port_.describeSelf(),
+                      ": a message holds at most ", wire::kMaxTensors, " tensors, got ", specs.size());
+      std::array<PlanItem, wire::kMaxTensors> items;
+      for (size_t i = 0; i < specs.size(); ++i) items[i] = PlanItem{&specs[i].name, specs[i].dtype, specs[i].shape};
+      Planned p = plan(r, tag, kind, items.data(), specs.size(), {});
       const uint64_t seq = acquire(r, tag, deadline);
       uint8_t* payload = out_[r].payload(seq);
       std::vector<at::Tensor> out;
@@ -290,7 +311,14 @@ class ChannelCore : public std::enable_shared_from_this<ChannelCore> {
       std::lock_guard<std::mutex> lock(inMutex_);
       seq = ring.readSeq();
       // Validate a private copy: the producer cannot change what we checked.
-      std::memcpy(&h, ring.slot(seq), sizeof h);
+      // Only the used prefix is copied (wire::headerBytes), sized from the
+      // copied fixed fields; the rest of the private copy is zero.
+      const auto* shared = reinterpret_cast<const unsigned char*>(ring.slot(seq));
+      constexpr size_t fixed = offsetof(wire::SlotHeader, tensors);
+      std::memcpy(&h, shared, fixed);
+      const size_t used = wire::headerBytes(h);
+      std::memcpy(reinterpret_cast<unsigned char*>(&h) + fixed, shared + fixed, used - fixed);
+      std::memset(reinterpret_cast<unsigned char*>(&h) + used, 0, sizeof h - used);
       ring.consumed();
     }
     std::string why;
@@ -333,9 +361,15 @@ class ChannelCore : public std::enable_shared_from_this<ChannelCore> {
                         " is in a CUDA buffer but no CUDA IPC buffer/event is set up on this ring");
         }
       }
-      m.tensors_.push_back(ReceivedMessage::Desc{t.name, fromWire(t.dtype),
-                                                 std::vector<int64_t>(t.shape, t.shape + t.ndim), data, device});
+      auto& desc = m.tensors_[i];
+      std::memcpy(desc.name, t.name, sizeof desc.name);
+      desc.dtype = fromWire(t.dtype);
+      desc.ndim = int(t.ndim);
+      std::memcpy(desc.shape, t.shape, sizeof desc.shape);
+      desc.data = data;
+      desc.device = device;
     }
+    m.ntensors_ = int(h.ntensors);
     return m;
   }
 
@@ -365,6 +399,7 @@ class ChannelCore : public std::enable_shared_from_this<ChannelCore> {
 
   ReceivedMessage receive(int r, Deadline deadline, const std::optional<Tag>& expect) {
     return guarded([&] {
+      if (canRead(r)) return take(r);  // already there: no clock, no wait bookkeeping
       WaitDesc d{wire::WaitWhat::kResponse, peerOf(r), expect.has_value(), expect ? expect->step : 0,
                  expect ? expect->accStep : 0, expect ? expect->seq : 0};
       const auto start = Clock::now();
@@ -394,6 +429,10 @@ class ChannelCore : public std::enable_shared_from_this<ChannelCore> {
         }
         return false;
       };
+      if (any()) {  // already there: no clock, no wait bookkeeping
+        lastAny_ = found;
+        return take(found);
+      }
       std::vector<int> peers;
       for (int i = 0; i < n; ++i) peers.push_back(i);
       const auto start = Clock::now();
@@ -494,7 +533,9 @@ ReceivedMessage& ReceivedMessage::operator=(ReceivedMessage&& o) noexcept {
     senderRank_ = o.senderRank_;
     student_ = o.student_;
     errorText_ = std::move(o.errorText_);
-    tensors_ = std::move(o.tensors_);
+    tensors_ = o.tensors_;
+    ntensors_ = o.ntensors_;
+    o.ntensors_ = 0;
   }
   return *this;
 }
@@ -502,7 +543,7 @@ ReceivedMessage& ReceivedMessage::operator=(ReceivedMessage&& o) noexcept {
 void ReceivedMessage::release() {
   if (core_) {
     int device = -1;
-    for (const auto& d : tensors_) device = std::max(device, d.device);
+    for (int i = 0; i < ntensors_; ++i) device = std::max(device, tensors_[size_t(i)].device);
     core_->releaseSlot(ring_, seq_, device);
     core_.reset();
   }
@@ -510,21 +551,21 @@ void ReceivedMessage::release() {
 
 std::vector<std::string> ReceivedMessage::names() const {
   std::vector<std::string> out;
-  for (const auto& d : tensors_) out.push_back(d.name);
+  for (int i = 0; i < ntensors_; ++i) out.emplace_back(tensors_[size_t(i)].name);
   return out;
 }
 
 bool ReceivedMessage::has(const std::string& name) const {
-  for (const auto& d : tensors_)
-    if (d.name == name) return true;
+  for (int i = 0; i < ntensors_; ++i)
+    if (name == tensors_[size_t(i)].name) return true;
   return false;
 }
 
 const ReceivedMessage::Desc& ReceivedMessage::find(const std::string& name) const {
-  for (const auto& d : tensors_)
-    if (d.name == name) return d;
+  for (int i = 0; i < ntensors_; ++i)
+    if (name == tensors_[size_t(i)].name) return tensors_[size_t(i)];
   std::string all;
-  for (const auto& d : tensors_) all += (all.empty() ? "" : ", ") + d.name;
+  for (int i = 0; i < ntensors_; ++i) all += (all.empty() ? "" : ", ") + std::string(tensors_[size_t(i)].name);
   DISTILL_THROW(ProtocolError, at(tag_.step, tag_.accStep), "message seq ", tag_.seq, " from rank ", senderRank_,
                 " has no tensor '", name, "' (has: ", all, ")");
 }
@@ -534,7 +575,7 @@ at::Tensor ReceivedMessage::view(const std::string& name) const {
   const auto& d = find(name);
   auto opts = at::TensorOptions().dtype(d.dtype);
   if (d.device >= 0) opts = opts.device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(d.device)));
-  return at::from_blob(d.data, d.shape, opts);
+  return at::from_blob(d.data, c10::IntArrayRef(d.shape, size_t(d.ndim)), opts);
 }
 
 at::Tensor ReceivedMessage::copy(const std::string& name) const { return view(name).clone(); }

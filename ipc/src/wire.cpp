@@ -62,7 +62,8 @@ uint32_t mixWords(const unsigned char* p, size_t n, size_t skip) {
 
 uint32_t headerChecksum(const SlotHeader& h) {
   static_assert(sizeof(SlotHeader) % 8 == 0 && offsetof(SlotHeader, checksum) == 4, "checksum field");
-  return mixWords(reinterpret_cast<const unsigned char*>(&h), sizeof h, offsetof(SlotHeader, checksum));
+  static_assert(offsetof(SlotHeader, tensors) % 8 == 0 && sizeof(TensorDesc) % 8 == 0, "whole words");
+  return mixWords(reinterpret_cast<const unsigned char*>(&h), headerBytes(h), offsetof(SlotHeader, checksum));
 }
 
 uint32_t controlChecksum(const ControlBlock& c) {
@@ -75,9 +76,11 @@ uint32_t controlChecksum(const ControlBlock& c) {
 }
 
 bool validateHeader(const SlotHeader& h, size_t slotCapacity, std::string* why) {
-  std::ostringstream os;
+  // The stream is built only on failure: constructing one costs more than the
+  // whole validation of a good header.
   auto fail = [&](auto&&... parts) {
     if (why) {
+      std::ostringstream os;
       (os << ... << parts);
       *why = os.str();
     }
@@ -88,13 +91,14 @@ bool validateHeader(const SlotHeader& h, size_t slotCapacity, std::string* why) 
   if (h.checksum != sum) return fail("header checksum 0x", std::hex, h.checksum, " != computed 0x", sum);
   if (h.kind < uint32_t(Kind::kRequest) || h.kind > uint32_t(Kind::kFinish)) return fail("unknown kind ", h.kind);
   if (h.ntensors > uint32_t(kMaxTensors)) return fail("ntensors ", h.ntensors, " > ", kMaxTensors);
-  if (std::memchr(h.errorText, 0, sizeof h.errorText) == nullptr) return fail("error text not NUL-terminated");
+  if (h.kind == uint32_t(Kind::kError) && std::memchr(h.errorText, 0, sizeof h.errorText) == nullptr)
+    return fail("error text not NUL-terminated");
   for (uint32_t i = 0; i < h.ntensors; ++i) {
     const TensorDesc& t = h.tensors[i];
     const void* nul = std::memchr(t.name, 0, sizeof t.name);
     if (nul == nullptr) return fail("tensor[", i, "] name not NUL-terminated within ", kNameBytes, " bytes");
     if (t.name[0] == 0) return fail("tensor[", i, "] has an empty name");
-    const std::string name(t.name);
+    const char* name = t.name;
     int64_t item = itemSize(static_cast<DType>(t.dtype));
     if (item == 0) return fail("tensor[", i, "] '", name, "': unknown dtype ", t.dtype);
     if (t.ndim > uint32_t(kMaxDims)) return fail("tensor[", i, "] '", name, "': ndim ", t.ndim, " > ", kMaxDims);

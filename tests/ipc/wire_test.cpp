@@ -101,6 +101,39 @@ TEST(IpcWire, MessagesNameFieldAndValues) {
   EXPECT_NE(why.find("checksum"), std::string::npos) << why;
 }
 
+// Only the used prefix is the message: 48 fixed bytes + one descriptor per
+// tensor (+ the error text for errors). Bytes after it are neither checksummed
+// nor read, so a producer writes (and a consumer copies) 3 cache lines, not 16.
+TEST(IpcWire, ChecksumCoversTheUsedPrefixOnly) {
+  w::SlotHeader h = validHeader();
+  h.ntensors = 1;
+  w::sealHeader(h);
+  EXPECT_EQ(w::headerBytes(h), 48u + 128u);
+  std::string why;
+  std::memset(&h.tensors[2], 0xAB, sizeof h.tensors[2]);  // beyond the prefix
+  EXPECT_TRUE(w::validateHeader(h, kCap, &why)) << why;
+  h.tensors[0].shape[1] ^= 1;  // inside it
+  ASSERT_TRUE(rejected(h, &why));
+  EXPECT_NE(why.find("checksum"), std::string::npos) << why;
+  // An error message: the whole header, error text included.
+  w::SlotHeader e{};
+  e.kind = uint32_t(w::Kind::kError);
+  std::snprintf(e.errorText, sizeof e.errorText, "bad input");
+  w::sealHeader(e);
+  EXPECT_EQ(w::headerBytes(e), sizeof e);
+  EXPECT_TRUE(w::validateHeader(e, kCap, &why)) << why;
+  e.errorText[400] = 'x';
+  ASSERT_TRUE(rejected(e, &why));
+  EXPECT_NE(why.find("checksum"), std::string::npos) << why;
+  // A corrupt ntensors cannot make the checksum read past the header.
+  w::SlotHeader big = validHeader();
+  big.ntensors = 1000000;
+  EXPECT_EQ(w::headerBytes(big), 48u + 4u * 128u);
+  w::sealHeader(big);
+  ASSERT_TRUE(rejected(big, &why));
+  EXPECT_NE(why.find("ntensors"), std::string::npos) << why;
+}
+
 // 100000 corrupted headers, each rejected; plus random garbage that must not crash.
 TEST(IpcWire, RandomCorruptionsAreRejected) {
   std::mt19937_64 rng(12345);
@@ -114,8 +147,10 @@ TEST(IpcWire, RandomCorruptionsAreRejected) {
       // Raw corruption (no reseal): 1..8 random bytes changed.
       // Distinct positions, so two flips never cancel out.
       const size_t n = 1 + rng() % 8;
-      size_t first = 8 + rng() % (sizeof h - 8 - n);  // leave magic/checksum alone here
-      const size_t gap = 1 + rng() % ((sizeof h - first) / n);
+      // Within the message's bytes (wire::headerBytes); leave magic/checksum alone here.
+      const size_t used = w::headerBytes(good);
+      size_t first = 8 + rng() % (used - 8 - n);
+      const size_t gap = 1 + rng() % ((used - first) / n);
       for (size_t k = 0; k < n; ++k) bytes[first + k * gap] ^= uint8_t(1 + rng() % 255);
       ASSERT_TRUE(rejected(h)) << "iteration " << iter << " (raw)";
     } else if (mode == 1) {
@@ -133,7 +168,10 @@ TEST(IpcWire, RandomCorruptionsAreRejected) {
         case 8: t.offset = kCap + 64 * (rng() % 4); break;
         case 9: t.offset = ~uint64_t(0) - 63; break;
         case 10: h.tensors[1].offset = h.tensors[2].offset; break;
-        case 11: std::memset(h.errorText, 'e', sizeof h.errorText); break;
+        case 11:
+          h.kind = uint32_t(w::Kind::kError);
+          std::memset(h.errorText, 'e', sizeof h.errorText);
+          break;
       }
       w::sealHeader(h);
       ASSERT_TRUE(rejected(h)) << "iteration " << iter << " (field)";

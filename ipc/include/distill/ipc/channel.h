@@ -21,6 +21,7 @@
 #include <ATen/Tensor.h>
 #include <c10/core/ScalarType.h>
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -102,12 +103,14 @@ class ReceivedMessage {
 
  private:
   friend class detail::ChannelCore;
+  // Fixed-size (sizes of wire.h): building a message allocates nothing.
   struct Desc {
-    std::string name;
-    at::ScalarType dtype;
-    std::vector<int64_t> shape;
-    void* data;  // in the slot (host) or the slot's CUDA buffer
-    int device;  // -1: host, else CUDA device ordinal
+    char name[32];  // NUL-terminated
+    at::ScalarType dtype = at::kFloat;
+    int ndim = 0;
+    int64_t shape[8] = {};
+    void* data = nullptr;  // in the slot (host) or the slot's CUDA buffer
+    int device = -1;       // -1: host, else CUDA device ordinal
   };
   const Desc& find(const std::string& name) const;
 
@@ -119,7 +122,8 @@ class ReceivedMessage {
   int senderRank_ = -1;
   int student_ = -1;
   std::string errorText_;
-  std::vector<Desc> tensors_;
+  std::array<Desc, 4> tensors_{};
+  int ntensors_ = 0;
 };
 
 // Local student `localIndex` (0 .. numStudents-1) of the segment.

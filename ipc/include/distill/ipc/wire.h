@@ -27,7 +27,7 @@
 namespace distill::ipc::wire {
 
 constexpr uint64_t kSegmentMagic = 0x314D48534C495444ull;  // "DTILSHM1", little endian
-constexpr uint32_t kLayoutVersion = 2;
+constexpr uint32_t kLayoutVersion = 3;  // 3: the header checksum covers the used prefix only
 constexpr uint32_t kSlotMagic = 0x544F4C53u;  // "SLOT"
 
 constexpr int kMaxTensors = 4;        // tensors per message
@@ -92,7 +92,7 @@ static_assert(offsetof(TensorDesc, shape) == 40 && offsetof(TensorDesc, offset) 
 
 struct SlotHeader {
   uint32_t magic;      // kSlotMagic
-  uint32_t checksum;   // headerChecksum() of this header with checksum == 0
+  uint32_t checksum;   // headerChecksum(): over the first headerBytes() bytes, this field as 0
   uint64_t seq;        // message sequence number (Tag::seq)
   int64_t step;        // training step (Tag::step)
   int64_t accStep;     // gradient-accumulation index (Tag::accStep)
@@ -107,8 +107,22 @@ static_assert(sizeof(SlotHeader) == 1024, "SlotHeader layout");
 static_assert(offsetof(SlotHeader, tensors) == 48, "SlotHeader layout");
 constexpr size_t kSlotHeaderBytes = sizeof(SlotHeader);
 
-// Checksum over the whole header with the checksum field taken as 0 (64-bit
-// multiply-xorshift over words; cheap enough to run on every message).
+// The part of a header that carries the message: the fixed fields and the
+// first `ntensors` descriptors, plus the error text for kind kError (1 KiB in
+// all then). Only this prefix is written, copied and checksummed; the bytes
+// after it are not part of the message and are never read (a consumer copies
+// the prefix into a zeroed header). 176 bytes for a one-tensor message: the
+// cross-core traffic of a header is 3 cache lines instead of 16.
+// `ntensors` above kMaxTensors counts as kMaxTensors (validation rejects it).
+inline size_t headerBytes(uint32_t kind, uint32_t ntensors) {
+  if (kind == uint32_t(Kind::kError)) return sizeof(SlotHeader);
+  return offsetof(SlotHeader, tensors) + (ntensors < uint32_t(kMaxTensors) ? ntensors : uint32_t(kMaxTensors)) *
+                                             sizeof(TensorDesc);
+}
+inline size_t headerBytes(const SlotHeader& h) { return headerBytes(h.kind, h.ntensors); }
+
+// Checksum over the first headerBytes(h) bytes with the checksum field taken as
+// 0 (64-bit multiply-xorshift over words; cheap enough to run on every message).
 uint32_t headerChecksum(const SlotHeader& h);
 inline void sealHeader(SlotHeader& h) {
   h.magic = kSlotMagic;
@@ -117,7 +131,7 @@ inline void sealHeader(SlotHeader& h) {
 }
 
 // Validates everything a consumer relies on before building a tensor on the
-// header: magic, checksum, kind, ntensors, names, dtypes, ndim, dims, nbytes ==
+// header (its first headerBytes(h) bytes; the error text only for kind kError): magic, checksum, kind, ntensors, names, dtypes, ndim, dims, nbytes ==
 // product(shape) * itemsize (overflow-checked), alignment, bounds against
 // `slotCapacity` (payload bytes), no overlap, error text terminated. On failure
 // returns false and, if `why` is given, names the field and its values.
