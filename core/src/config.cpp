@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -142,11 +143,15 @@ size_t knownKey(const char* path) {
   return static_cast<size_t>(i);
 }
 
+// The trainer's own section: any key, scalar values, passed through untouched.
+const std::string kTrainerSection = "trainer";
+
 std::vector<std::string> sectionNames() {
   std::vector<std::string> out;
   for (const KeySpec& k : schema()) {
     if (out.empty() || out.back() != k.section()) out.push_back(k.section());
   }
+  out.push_back(kTrainerSection);
   return out;
 }
 
@@ -452,11 +457,22 @@ struct Setting {
   bool fromSet = false;
 };
 
+// A value of the trainer section: a scalar, kept as written. Returns the problem, if any.
+std::optional<std::string> trainerValue(const YAML::Node& n, std::string& out) {
+  if (!n.IsScalar()) {
+    return "expected a scalar (the trainer's keys take strings, numbers or booleans), found " +
+           describe(n);
+  }
+  out = n.Scalar();
+  return std::nullopt;
+}
+
 // Records each key's value from the document, and the problems of its shape
-// (not a map, unknown names, duplicates). Values themselves are checked later.
+// (not a map, unknown names, duplicates). Values themselves are checked later,
+// except the trainer's, which are only checked to be scalars.
 // Returns false if the document is no map at all.
 bool readDocument(const YAML::Node& doc, std::vector<std::optional<Setting>>& values,
-                  std::vector<std::string>& problems) {
+                  std::map<std::string, std::string>& trainer, std::vector<std::string>& problems) {
   if (doc.IsNull()) return true;  // an empty file: only the required keys will be missing
   if (!doc.IsMap()) {
     problems.push_back("(document): expected a map of sections, found " + describe(doc));
@@ -486,6 +502,18 @@ bool readDocument(const YAML::Node& doc, std::vector<std::optional<Setting>>& va
         continue;
       }
       const std::string path = name + "." + kv.first.Scalar();
+      if (name == kTrainerSection) {
+        std::string value;
+        if (auto problem = trainerValue(kv.second, value)) {
+          problems.push_back(path + ": " + *problem);
+          continue;
+        }
+        if (!trainer.emplace(kv.first.Scalar(), value).second) {
+          problems.push_back(path + ": duplicate key");
+          trainer[kv.first.Scalar()] = value;  // the later one wins, as for distill's keys
+        }
+        continue;
+      }
       const int i = keyIndex(path);
       if (i < 0) {
         problems.push_back(unknownKey(path));
@@ -501,7 +529,9 @@ bool readDocument(const YAML::Node& doc, std::vector<std::optional<Setting>>& va
 
 void readOverrides(const std::vector<std::string>& overrides,
                    std::vector<std::optional<Setting>>& values,
+                   std::map<std::string, std::string>& trainer,
                    std::vector<std::string>& problems) {
+  const std::string trainerPrefix = kTrainerSection + ".";
   for (const std::string& o : overrides) {
     const size_t eq = o.find('=');
     if (eq == std::string::npos || eq == 0) {
@@ -509,6 +539,24 @@ void readOverrides(const std::vector<std::string>& overrides,
       continue;
     }
     const std::string path = o.substr(0, eq);
+    if (path == kTrainerSection || path.compare(0, trainerPrefix.size(), trainerPrefix) == 0) {
+      const std::string key = path.substr(std::min(path.size(), trainerPrefix.size()));
+      if (key.empty()) {
+        problems.push_back(path + ": expected trainer.KEY=value" + kFromSet);
+        continue;
+      }
+      try {
+        std::string value;
+        if (auto problem = trainerValue(YAML::Load(o.substr(eq + 1)), value)) {
+          problems.push_back(path + ": " + *problem + kFromSet);
+        } else {
+          trainer[key] = value;
+        }
+      } catch (const YAML::Exception& e) {
+        problems.push_back(path + ": not a YAML value: " + e.msg + kFromSet);
+      }
+      continue;
+    }
     const int i = keyIndex(path);
     if (i < 0) {
       problems.push_back(unknownKey(path) + kFromSet);
@@ -522,7 +570,100 @@ void readOverrides(const std::vector<std::string>& overrides,
   }
 }
 
+// "trainer.<key>: <what>" as a ConfigError, naming the file when known.
+[[noreturn]] void trainerProblem(const TrainerOptions& t, const std::string& key, const std::string& what) {
+  DISTILL_THROW(ConfigError, "config ", t.source.empty() ? "<string>" : t.source, ": 1 problem(s):\n",
+                kTrainerSection, ".", key, ": ", what);
+}
+
+// The text of `key`, or nullptr when not set.
+const std::string* trainerText(const TrainerOptions& t, const std::string& key) {
+  auto it = t.values.find(key);
+  return it == t.values.end() ? nullptr : &it->second;
+}
+
+const std::string& requiredText(const TrainerOptions& t, const std::string& key) {
+  const std::string* text = trainerText(t, key);
+  if (!text) trainerProblem(t, key, "required by the trainer, missing");
+  return *text;
+}
+
+int64_t trainerInt(const TrainerOptions& t, const std::string& key, const std::string& text) {
+  int64_t v = 0;
+  if (numberKind(text) != Number::kInt) trainerProblem(t, key, "expected an integer, found " + quote(text));
+  if (!parseNumber(text, v)) {
+    trainerProblem(t, key, "must be in [" + std::to_string(std::numeric_limits<int64_t>::min()) + ", " +
+                               std::to_string(std::numeric_limits<int64_t>::max()) + "], found " + text);
+  }
+  return v;
+}
+
+double trainerDouble(const TrainerOptions& t, const std::string& key, const std::string& text) {
+  double v = 0;
+  if (numberKind(text) == Number::kNone) trainerProblem(t, key, "expected a number, found " + quote(text));
+  if (!parseNumber(text, v)) trainerProblem(t, key, "must be a finite number, found " + text);
+  return v;
+}
+
+bool trainerBool(const TrainerOptions& t, const std::string& key, const std::string& text) {
+  if (!isBoolText(text)) trainerProblem(t, key, "expected a boolean, found " + quote(text));
+  return text[0] == 't' || text[0] == 'T';
+}
+
 }  // namespace
+
+std::string TrainerOptions::getString(const std::string& key, const std::string& fallback) const {
+  const std::string* text = trainerText(*this, key);
+  return text ? *text : fallback;
+}
+int64_t TrainerOptions::getInt(const std::string& key, int64_t fallback) const {
+  const std::string* text = trainerText(*this, key);
+  return text ? trainerInt(*this, key, *text) : fallback;
+}
+double TrainerOptions::getDouble(const std::string& key, double fallback) const {
+  const std::string* text = trainerText(*this, key);
+  return text ? trainerDouble(*this, key, *text) : fallback;
+}
+bool TrainerOptions::getBool(const std::string& key, bool fallback) const {
+  const std::string* text = trainerText(*this, key);
+  return text ? trainerBool(*this, key, *text) : fallback;
+}
+std::string TrainerOptions::getString(const std::string& key) const { return requiredText(*this, key); }
+int64_t TrainerOptions::getInt(const std::string& key) const {
+  return trainerInt(*this, key, requiredText(*this, key));
+}
+double TrainerOptions::getDouble(const std::string& key) const {
+  return trainerDouble(*this, key, requiredText(*this, key));
+}
+bool TrainerOptions::getBool(const std::string& key) const {
+  return trainerBool(*this, key, requiredText(*this, key));
+}
+
+void TrainerOptions::expectOnly(const std::vector<std::string>& known) const {
+  std::vector<std::string> problems;
+  for (const auto& kv : values) {
+    const std::string& key = kv.first;
+    if (std::find(known.begin(), known.end(), key) != known.end()) continue;
+    std::string best;
+    size_t bestDist = 4;
+    for (const std::string& k : known) {
+      const size_t d = levenshtein(key, k);
+      if (d < bestDist) {
+        bestDist = d;
+        best = k;
+      }
+    }
+    const std::string path = kTrainerSection + "." + key;
+    problems.push_back(best.empty()
+                           ? path + ": unknown key; valid keys in " + kTrainerSection + ": " + join(known)
+                           : path + ": unknown key; did you mean " + kTrainerSection + "." + best + "?");
+  }
+  if (problems.empty()) return;
+  std::string msg = "config " + (source.empty() ? std::string("<string>") : source) + ": " +
+                    std::to_string(problems.size()) + " problem(s):";
+  for (const std::string& p : problems) msg += "\n" + p;
+  DISTILL_THROW(ConfigError, msg);
+}
 
 Config parseConfig(const std::string& yamlText, const std::vector<std::string>& overrides,
                    const std::string& sourceName) {
@@ -538,10 +679,13 @@ Config parseConfig(const std::string& yamlText, const std::vector<std::string>& 
   std::vector<std::optional<Setting>> values(keys.size());
   std::vector<std::string> problems;
   // A document that is no map says nothing about required keys: don't pile on.
-  const bool isMap = readDocument(doc, values, problems);
-  readOverrides(overrides, values, problems);
+  std::map<std::string, std::string> trainer;
+  const bool isMap = readDocument(doc, values, trainer, problems);
+  readOverrides(overrides, values, trainer, problems);
 
   Config config;
+  config.trainer.values = std::move(trainer);
+  config.trainer.source = sourceName;
   std::vector<bool> valid(keys.size(), true);  // false: the key's value had a problem
   for (size_t i = 0; i < keys.size(); ++i) {
     if (!values[i]) {
@@ -626,6 +770,11 @@ std::string dumpConfig(const Config& config) {
       out += section + ":\n";
     }
     out += "  " + k.name() + ": " + formatValue(k.field(copy)) + "\n";
+  }
+  // Only when set: configs without it keep the hash they had before the section existed.
+  if (!config.trainer.values.empty()) {
+    out += kTrainerSection + ":\n";
+    for (const auto& [key, value] : config.trainer.values) out += "  " + quote(key) + ": " + quote(value) + "\n";
   }
   return out;
 }

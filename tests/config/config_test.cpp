@@ -4,6 +4,8 @@
 
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -72,7 +74,8 @@ const std::vector<BadCase>& badCases() {
        "device, backend, bucket_mb"},
       {kSelf + "lose:\n  alpha: 0.5\n", "lose: unknown section; did you mean loss?"},
       {kSelf + "xyz: 1\n",
-       "xyz: unknown section; valid sections: run, teacher, student, transport, loss, checkpoint"},
+       "xyz: unknown section; valid sections: run, teacher, student, transport, loss, checkpoint, trainer"},
+      {kSelf + "trainr:\n  data: x\n", "trainr: unknown section; did you mean trainer?"},
       // wrong types
       {kSelf + "loss:\n  temperature: hot\n", "loss.temperature: expected a number, found string \"hot\""},
       {kSelf + "loss:\n  alpha: \"0.5\"\n", "loss.alpha: expected a number, found string \"0.5\""},
@@ -140,6 +143,15 @@ const std::vector<BadCase>& badCases() {
       {"- a\n- b\n", "(document): expected a map of sections, found a list"},
       {kSelf + "loss:\n  alpha: 0.1\n  alpha: 0.2\n", "loss.alpha: duplicate key"},
       {kSelf + "loss:\n  alpha: 0.1\nloss:\n  kind: jsd\n", "loss: duplicate section"},
+      // the trainer's section: any key, scalar values
+      {kSelf + "trainer: 3\n", "trainer: expected a map, found number 3"},
+      {kSelf + "trainer:\n  sizes: [1, 2]\n",
+       "trainer.sizes: expected a scalar (the trainer's keys take strings, numbers or booleans), found a list"},
+      {kSelf + "trainer:\n  model: {dim: 3}\n",
+       "trainer.model: expected a scalar (the trainer's keys take strings, numbers or booleans), found a map"},
+      {kSelf + "trainer:\n  data:\n",
+       "trainer.data: expected a scalar (the trainer's keys take strings, numbers or booleans), found null"},
+      {kSelf + "trainer:\n  lr: 1\n  lr: 2\n", "trainer.lr: duplicate key"},
   };
   return cases;
 }
@@ -308,6 +320,102 @@ TEST(Config, KeysInSchemaOrder) {
   EXPECT_EQ(keys.front(), "run.name");
   EXPECT_EQ(keys.back(), "checkpoint.on_error");
   EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()).size(), keys.size());
+}
+
+TEST(Config, TrainerSectionPassesScalarsThrough) {
+  const Config c = parseConfig(kSelf +
+                                   "trainer:\n"
+                                   "  data: /usr/share/common-licenses/GPL-3\n"
+                                   "  steps: 600\n"
+                                   "  lr: 3.0e-3\n"
+                                   "  fast: true\n"
+                                   "  note: \"a: b\"\n"
+                                   "  nested.name: 7\n",
+                               {"trainer.steps=700", "trainer.extra=x=y"});
+  EXPECT_EQ(c.trainer.values,
+            (std::map<std::string, std::string>{{"data", "/usr/share/common-licenses/GPL-3"},
+                                                {"steps", "700"},  // --set wins
+                                                {"lr", "3.0e-3"},
+                                                {"fast", "true"},
+                                                {"note", "a: b"},
+                                                {"nested.name", "7"},
+                                                {"extra", "x=y"}}));
+  const distill::TrainerOptions& t = c.trainer;
+  EXPECT_TRUE(t.has("lr"));
+  EXPECT_FALSE(t.has("missing"));
+  EXPECT_EQ(t.getString("data"), "/usr/share/common-licenses/GPL-3");
+  EXPECT_EQ(t.getInt("steps"), 700);
+  EXPECT_EQ(t.getDouble("lr"), 3e-3);
+  EXPECT_EQ(t.getDouble("steps"), 700.0);  // an integer is a number too
+  EXPECT_TRUE(t.getBool("fast"));
+  EXPECT_EQ(t.getInt("missing", 5), 5);
+  EXPECT_EQ(t.getDouble("missing", 0.5), 0.5);
+  EXPECT_EQ(t.getString("missing", "dflt"), "dflt");
+  EXPECT_FALSE(t.getBool("missing", false));
+  // distill's own sections are unaffected
+  EXPECT_EQ(dumpConfig(parseConfig(kSelf)), dumpConfig(selfDefaults()));
+  EXPECT_TRUE(parseConfig(kSelf + "trainer:\n").trainer.values.empty());  // every key commented out
+}
+
+TEST(Config, TrainerGettersNameTheKey) {
+  const Config c = parseConfig(kSelf + "trainer: {lr: fast, steps: 2.5, big: 99999999999999999999, flag: 1}\n",
+                               {}, "exp.yaml");
+  auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const ConfigError& e) {
+      return e.message();
+    }
+    return std::string("no ConfigError");
+  };
+  const distill::TrainerOptions& t = c.trainer;
+  EXPECT_EQ(message([&] { t.getDouble("lr"); }),
+            "config exp.yaml: 1 problem(s):\ntrainer.lr: expected a number, found \"fast\"");
+  EXPECT_EQ(message([&] { t.getInt("steps", 1); }),
+            "config exp.yaml: 1 problem(s):\ntrainer.steps: expected an integer, found \"2.5\"");
+  EXPECT_EQ(message([&] { t.getInt("big"); }),
+            "config exp.yaml: 1 problem(s):\ntrainer.big: must be in [-9223372036854775808, "
+            "9223372036854775807], found 99999999999999999999");
+  EXPECT_EQ(message([&] { t.getBool("flag"); }),
+            "config exp.yaml: 1 problem(s):\ntrainer.flag: expected a boolean, found \"1\"");
+  EXPECT_EQ(message([&] { t.getString("data"); }),
+            "config exp.yaml: 1 problem(s):\ntrainer.data: required by the trainer, missing");
+  EXPECT_EQ(message([&] { t.expectOnly({"lr", "steps", "big", "flags", "data"}); }),
+            "config exp.yaml: 1 problem(s):\ntrainer.flag: unknown key; did you mean trainer.flags?");
+  EXPECT_EQ(message([&] { t.expectOnly({"data"}); }),
+            "config exp.yaml: 4 problem(s):\n"
+            "trainer.big: unknown key; valid keys in trainer: data\n"
+            "trainer.flag: unknown key; valid keys in trainer: data\n"
+            "trainer.lr: unknown key; valid keys in trainer: data\n"
+            "trainer.steps: unknown key; valid keys in trainer: data");
+  EXPECT_NO_THROW(t.expectOnly({"lr", "steps", "big", "flag"}));
+}
+
+TEST(Config, TrainerOverridesAreCheckedForShape) {
+  EXPECT_EQ(problemsOf(kSelf, {"trainer.sizes=[1, 2]"}),
+            std::vector<std::string>{"trainer.sizes: expected a scalar (the trainer's keys take strings, numbers "
+                                     "or booleans), found a list (from --set)"});
+  EXPECT_EQ(problemsOf(kSelf, {"trainer=3"}),
+            std::vector<std::string>{"trainer: expected trainer.KEY=value (from --set)"});
+  EXPECT_EQ(problemsOf(kSelf, {"trainer.=3"}),
+            std::vector<std::string>{"trainer.: expected trainer.KEY=value (from --set)"});
+  EXPECT_EQ(problemsOf(kSelf, {"trainer.x=[a"}).size(), 1u);
+}
+
+TEST(Config, TrainerSectionRoundTripsAndIsHashed) {
+  const Config c = parseConfig(kSelf + "trainer:\n  data: \"we \\\"said\\\" hi\"\n  'odd key': 3\n  on: yes\n");
+  EXPECT_EQ(c.trainer.values.at("data"), "we \"said\" hi");
+  EXPECT_EQ(c.trainer.values.at("odd key"), "3");
+  const std::string dumped = dumpConfig(c);
+  EXPECT_NE(dumped.find("trainer:\n"), std::string::npos) << dumped;
+  const Config again = parseConfig(dumped);
+  EXPECT_EQ(again.trainer.values, c.trainer.values);
+  EXPECT_EQ(configHash(again), configHash(c));
+  Config d = c;
+  d.trainer.values["data"] = "other";
+  EXPECT_NE(configHash(d), configHash(c));
+  // Without a trainer section the dump (and the hash checkpoints record) is what it was before.
+  EXPECT_EQ(dumpConfig(selfDefaults()).find("trainer"), std::string::npos);
 }
 
 TEST(Config, SyntaxErrorNamesLineAndColumn) {

@@ -5,6 +5,7 @@
 // with these defaults). Parsing and validation live in config.cpp only.
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,33 @@ struct CheckpointOptions {
   std::string on_error = "stop";          // stop | continue: what a failed save does
 };
 
+// trainer: the trainer's own keys (data file, model sizes, ...). distill checks
+// only their shape — each value a scalar — and passes them through untouched;
+// the trainer reads them with the getters, which name the key in a ConfigError
+// when a value does not parse, and rejects keys it does not know with
+// expectOnly(), so a typo there is as clear an error as in distill's sections.
+// Getters are const and keep no state: call them from any thread.
+struct TrainerOptions {
+  std::map<std::string, std::string> values;  // key -> the scalar as written ("2e-3", "yes", ...)
+  std::string source;                         // where the config came from, for messages only
+
+  bool has(const std::string& key) const { return values.count(key) > 0; }
+  // The value of `key`; `fallback` when the config does not set it. A value
+  // that does not parse as the type is a ConfigError naming trainer.<key>.
+  std::string getString(const std::string& key, const std::string& fallback) const;
+  int64_t getInt(const std::string& key, int64_t fallback) const;
+  double getDouble(const std::string& key, double fallback) const;
+  bool getBool(const std::string& key, bool fallback) const;  // true/false (any case as YAML)
+  // The same for a key the trainer requires: ConfigError when it is missing.
+  std::string getString(const std::string& key) const;
+  int64_t getInt(const std::string& key) const;
+  double getDouble(const std::string& key) const;
+  bool getBool(const std::string& key) const;
+  // ConfigError listing every key set that is not in `known` (with the nearest
+  // known key as a suggestion), all at once, in the format of parseConfig.
+  void expectOnly(const std::vector<std::string>& known) const;
+};
+
 struct Config {
   RunOptions run;
   TeacherOptions teacher;
@@ -92,6 +120,7 @@ struct Config {
   TransportOptions transport;
   LossOptions loss;
   CheckpointOptions checkpoint;
+  TrainerOptions trainer;                 // the trainer's own section, passed through
   std::string source;                     // file it was loaded from ("" if from text)
 };
 
