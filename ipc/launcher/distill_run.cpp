@@ -11,6 +11,13 @@
 // whole in D/rank_<r>.log. A rank that fails tears the job down (SIGTERM, then
 // SIGKILL after a grace period) with a summary naming it.
 //
+// Elastic teacher: a teacher that exits non-zero or is killed while students
+// still run is started again, up to teacher.max_restarts times (its log
+// continues in the same file; DISTILL_TEACHER_RESTART=n tells it which start
+// it is). The segment tells the students a restart is coming, so they wait for
+// it instead of failing; the new incarnation serves the requests left in the
+// rings (see ipc/src/message.cpp). One more death tears the job down.
+//
 // SIGINT/SIGTERM: the first sets the segment's stop flag (students poll
 // Client::stopRequested() to checkpoint and leave) and, if ranks are still
 // running --stop-grace-s later (10 s), forwards SIGTERM; a second signal
@@ -172,6 +179,7 @@ struct Rank {
   std::string prefix;    // "[r3 student] " on the console
   std::string ownPrefix; // "[n0 r3 " : lines distill already prefixed get no second prefix
   std::map<std::string, double> reported;  // its last DISTILL_STATUS values
+  std::vector<std::string> deaths;  // teacher: how each restarted incarnation ended
 };
 
 // "DISTILL_STATUS step=3 loss=0.5" anywhere in a line -> {step: 3, loss: 0.5}; false if none.
@@ -255,6 +263,8 @@ class Launcher {
     blockSignals();
     seg_ = ipc::Segment::create(segment, ipc::SegmentLayout::fromOptions(cfg_.transport, nproc - 1), jobId);
     segmentName_ = segment;
+    seg_->setTeacherMaxRestarts(cfg_.teacher.max_restarts);
+    logDir_ = logDir;
     DISTILL_LOG(kInfo) << "job " << jobId << ": " << nproc - 1 << " student(s) + 1 teacher on node "
                        << node << "/" << nnodes << ", segment /dev/shm/" << segment << ", logs in " << logDir;
     tty_ = ::isatty(STDOUT_FILENO) == 1;
@@ -290,7 +300,8 @@ class Launcher {
   void start(Rank& r, const std::string& logDir) {
     int fds[2];
     DISTILL_CHECK_T(IpcError, ::pipe2(fds, O_CLOEXEC) == 0, "pipe2: ", errnoString(errno));
-    r.log.open(logDir + "/rank_" + std::to_string(r.topo.globalRank) + ".log");
+    if (!r.log.is_open())  // a restarted teacher goes on writing the same log
+      r.log.open(logDir + "/rank_" + std::to_string(r.topo.globalRank) + ".log");
     std::vector<std::string> envs;
     for (char** e = environ; *e; ++e) {
       std::string kv(*e);
@@ -495,6 +506,7 @@ class Launcher {
         reap();
       }
       for (auto& r : ranks_) {
+        if (failed(r) && r.topo.isTeacher() && mayRestartTeacher()) restartTeacher(r);
         if (failed(r) && !failedRank_ && !teardownDeadline_) {
           if (reason_.empty()) reason_ = r.prefix + describeStatus(r.status);
           failedRank_ = &r;
@@ -516,11 +528,52 @@ class Launcher {
     }
     if (statusSeen_) printStatus();
     if (reason_.empty()) {
-      DISTILL_LOG(kInfo) << "job finished: every rank exited 0";
+      DISTILL_LOG(kInfo) << "job finished: every rank exited 0" << restartsText();
       return 0;
     }
     summary();
     return stopSignal_ ? 128 + stopSignal_ : 1;
+  }
+
+  // A dead teacher is restarted while restarts are left, students still run and
+  // the job is neither stopping nor being torn down.
+  bool mayRestartTeacher() const {
+    if (teardownDeadline_ || stopSignal_ || seg_->teacherRestarts() >= cfg_.teacher.max_restarts) return false;
+    for (auto& r : ranks_) {
+      if (r.topo.isStudent() && !r.exited) return true;
+    }
+    return false;
+  }
+
+  void restartTeacher(Rank& r) {
+    const std::string how = describeStatus(r.status);
+    r.deaths.push_back(how);
+    const int n = seg_->noteTeacherRestart(r.pid);  // before the spawn: students keep waiting, not failing
+    logLine(LogLevel::kWarning, r.prefix + "died (" + how + "); restarting it (" + std::to_string(n) + " of " +
+                                    std::to_string(cfg_.teacher.max_restarts) + " restarts)");
+    r.log << "==== distill-run: restart " << n << " of " << cfg_.teacher.max_restarts << " after " << how << " ====\n";
+    r.exited = false;
+    r.status = 0;
+    r.pid = -1;
+    r.env["DISTILL_TEACHER_RESTART"] = std::to_string(n);
+    start(r, logDir_);
+  }
+
+  // "signal SIGKILL (Killed); exit code 3": how each restarted teacher ended.
+  std::string deathsText() const {
+    std::string how;
+    for (auto& r : ranks_) {
+      for (auto& d : r.deaths) how += (how.empty() ? "" : "; ") + d;
+    }
+    return how;
+  }
+
+  // ", teacher restarted 1 of 2 times (signal SIGKILL (Killed))" or "".
+  std::string restartsText() const {
+    const int n = seg_ ? seg_->teacherRestarts() : 0;
+    if (n == 0) return "";
+    return ", teacher restarted " + std::to_string(n) + " of " + std::to_string(cfg_.teacher.max_restarts) +
+           " times (" + deathsText() + ")";
   }
 
   void teardown(const std::string& why) {
@@ -540,6 +593,9 @@ class Launcher {
       if (step != r.reported.end()) os << ", last step " << static_cast<int64_t>(step->second);
       os << "\n";
     }
+    if (cfg_.teacher.max_restarts > 0)
+      os << "  teacher restarts: " << (seg_ ? seg_->teacherRestarts() : 0) << " of " << cfg_.teacher.max_restarts
+         << (deathsText().empty() ? "" : " (" + deathsText() + ")") << "\n";
     if (failedRank_) {
       os << "  last lines of " << failedRank_->prefix.substr(0, failedRank_->prefix.size() - 1) << ":\n";
       for (auto& l : failedRank_->tail) os << "    | " << l << "\n";
@@ -560,6 +616,7 @@ class Launcher {
   std::vector<Rank> ranks_;
   std::optional<ipc::Segment> seg_;
   std::string segmentName_;
+  std::string logDir_;
   int sigfd_ = -1;
   sigset_t oldMask_{};
   std::string reason_;                  // why the job did not end normally ("" = it did)

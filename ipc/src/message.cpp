@@ -9,6 +9,7 @@
 
 #include "distill/build_config.h"
 #include "distill/core/errors.h"
+#include "distill/core/logging.h"
 #include "distill/ipc/channel.h"
 #include "port.h"
 #if DISTILL_CUDA
@@ -77,6 +78,20 @@ class ChannelCore : public std::enable_shared_from_this<ChannelCore> {
       for (int i = 0; i < s.layout.numStudents; ++i) {
         in_.emplace_back(s, i, false);
         out_.emplace_back(s, i, true);
+        // Elastic teacher: the teacher answers each student's requests in
+        // ring order, one response each, and frees a request slot only after
+        // answering it. So the response ring's head is the number of that
+        // student's requests already answered, by this or an earlier
+        // incarnation; the requests still in the ring below it were answered
+        // by a teacher that died before freeing them and are skipped (freed
+        // unanswered), the rest are served: none lost, none answered twice.
+        answered_.push_back(out_.back().writeSeq());
+        const uint64_t unfreed = answered_.back() > in_.back().readSeq() ? answered_.back() - in_.back().readSeq() : 0;
+        if (unfreed > 0) {
+          DISTILL_LOG(kWarning) << port_.describeSelf() << ": student local " << i << ": " << unfreed
+                                << " request(s) answered by the previous teacher incarnation are still in the ring;"
+                                << " freeing them unanswered";
+        }
       }
     } else {
       in_.emplace_back(s, index, true);
@@ -387,7 +402,21 @@ class ChannelCore : public std::enable_shared_from_this<ChannelCore> {
 
   bool canRead(int r) {
     std::lock_guard<std::mutex> lock(inMutex_);
-    return in_[r].canRead();
+    auto& ring = in_[r];
+    if (!answered_.empty()) {  // teacher: skip what an earlier incarnation answered (see the constructor)
+      while (ring.canRead() && ring.readSeq() < answered_[size_t(r)]) {
+        const uint64_t seq = ring.readSeq();
+        ring.consumed();
+        ring.release(seq, peerOf(r));
+      }
+    }
+    return ring.canRead();
+  }
+
+  // Teacher: student ring r detached cleanly and left nothing to read.
+  bool studentDone(int r) {
+    const auto st = wire::ProcState(port_.seg().process(r).state.load(std::memory_order_acquire));
+    return st == wire::ProcState::kFinished && !canRead(r);
   }
 
   std::optional<ReceivedMessage> tryReceive(int r) {
@@ -456,18 +485,25 @@ class ChannelCore : public std::enable_shared_from_this<ChannelCore> {
         return e.pid.load(std::memory_order_acquire) != 0 && st != wire::ProcState::kEmpty &&
                st != wire::ProcState::kFinished && st != wire::ProcState::kDead;
       };
+      // A restarted teacher also admits students that finished while no
+      // teacher ran (the server then sees them done, studentDone()).
+      const bool restarted = s.control().teacherRestarts.load(std::memory_order_acquire) > 0;
+      auto present = [&](int i) {
+        return attached(i) || (restarted && wire::ProcState(s.process(i).state.load(std::memory_order_acquire)) ==
+                                                wire::ProcState::kFinished);
+      };
       std::vector<int> peers;
       for (int i = 0; i < s.layout.numStudents; ++i) peers.push_back(i);
       auto all = [&] {
         for (int i : peers)
-          if (!attached(i)) return false;
+          if (!present(i)) return false;
         return true;
       };
       const auto start = Clock::now();
-      if (!port_.waitUntil(all, WaitDesc{wire::WaitWhat::kAdmission}, peers, true, deadline)) {
+      if (!port_.waitUntil(all, WaitDesc{wire::WaitWhat::kAdmission}, peers, !restarted, deadline)) {
         std::string missing;
         for (int i : peers)
-          if (!attached(i)) missing += distill::detail::str(missing.empty() ? "" : ", ", "local ", i);
+          if (!present(i)) missing += distill::detail::str(missing.empty() ? "" : ", ", "local ", i);
         DISTILL_THROW(TimeoutError, awaiting("all local students to attach"), port_.describeSelf(),
                       ": students [", missing, "] did not attach to segment '", s.name, "' within ",
                       toMs(Clock::now() - start), " ms");
@@ -506,6 +542,7 @@ class ChannelCore : public std::enable_shared_from_this<ChannelCore> {
   std::vector<RingSide> in_, out_;
   std::mutex inMutex_;  // consumer cursors: messages may be released from other threads
   std::exception_ptr poison_;
+  std::vector<uint64_t> answered_;  // teacher: per student, requests answered when this incarnation attached
   int pending_ = -1;  // out ring with an unpublished allocate()
   wire::SlotHeader pendingHdr_{};
   int lastAny_ = -1;
@@ -617,6 +654,10 @@ TeacherEndpoint::~TeacherEndpoint() {
   if (core_ && std::uncaught_exceptions() == uncaught_) core_->port().markFinished();
 }
 void TeacherEndpoint::waitAdmission(Deadline d) { core_->teacherAdmission(d); }
+bool TeacherEndpoint::studentDone(int student) {
+  DISTILL_CHECK_T(IpcError, student >= 0 && student < numStudents(), "studentDone(", student, "): no such local student");
+  return core_->studentDone(student);
+}
 int TeacherEndpoint::numStudents() const { return core_->numRings(); }
 std::optional<ReceivedMessage> TeacherEndpoint::poll(int student) {
   DISTILL_CHECK_T(IpcError, student >= 0 && student < numStudents(), "poll(", student, "): no such local student");

@@ -70,11 +70,23 @@ std::string Port::describeSelf() const {
   return detail::str(roleName(), " rank ", rank_, " (local ", index_, ")");
 }
 
+bool Port::teacherMayRestart(int pid) const {
+  const auto& c = seg_->control();
+  if (c.teacherRestarts.load(std::memory_order_acquire) < c.teacherMaxRestarts.load(std::memory_order_acquire))
+    return true;
+  return pid != 0 && c.teacherReplacedPid.load(std::memory_order_relaxed) == pid;  // being replaced right now
+}
+
 void Port::checkPeer(int index, const WaitDesc& desc, bool finishedIsLost) const {
   const auto& e = seg_->process(index);
   const int pid = e.pid.load(std::memory_order_acquire);
   if (pid == 0) return;  // never attached: only a deadline can end this wait
+  // Elastic teacher: a dead or stalled teacher that the launcher will restart
+  // is awaited (the requests stay in their slots; the next incarnation serves
+  // them). Only the wait's own deadline or an abort ends this wait then.
   const auto state = ProcState(e.state.load(std::memory_order_acquire));
+  if (index == seg_->teacherIndex() && index != index_ && state != ProcState::kFinished && teacherMayRestart(pid))
+    return;
   ErrorWhere where;
   if (desc.tagged) where = at(desc.step, desc.accStep);
   where.awaited = wire::waitName(uint32_t(desc.what));

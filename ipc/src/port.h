@@ -77,7 +77,12 @@ class Port {
   bool waitUntil(const std::function<bool()>& cond, const WaitDesc& desc, const std::vector<int>& peers,
                  bool finishedIsLost, Deadline deadline);
 
-  // Throws PeerLostError if process `index` is dead, detached abnormally or stalled.
+  // True if the launcher will restart the teacher `pid` should it die, or is
+  // replacing it now (segment's teacherRestarts < teacherMaxRestarts, or pid
+  // == teacherReplacedPid).
+  bool teacherMayRestart(int pid) const;
+  // Throws PeerLostError if process `index` is dead, detached abnormally or
+  // stalled; a teacher that may restart (above) never is.
   void checkPeer(int index, const WaitDesc& desc, bool finishedIsLost) const;
 
   // "teacher rank 3 (local 2, pid 123)"

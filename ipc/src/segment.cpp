@@ -265,6 +265,18 @@ double Segment::teacherBusy() const {
   return impl_->control().teacherBusyPermille.load(std::memory_order_relaxed) / 1000.0;
 }
 
+void Segment::setTeacherMaxRestarts(int n) const {
+  impl_->control().teacherMaxRestarts.store(n, std::memory_order_release);
+}
+int Segment::teacherMaxRestarts() const {
+  return impl_->control().teacherMaxRestarts.load(std::memory_order_acquire);
+}
+int Segment::noteTeacherRestart(int deadPid) const {
+  impl_->control().teacherReplacedPid.store(deadPid, std::memory_order_relaxed);  // published by the increment
+  return impl_->control().teacherRestarts.fetch_add(1, std::memory_order_acq_rel) + 1;
+}
+int Segment::teacherRestarts() const { return impl_->control().teacherRestarts.load(std::memory_order_acquire); }
+
 std::vector<ProcessSnapshot> Segment::processes() const {
   std::vector<ProcessSnapshot> out;
   const int64_t now = monotonicNs();

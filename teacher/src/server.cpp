@@ -92,6 +92,14 @@ class Server {
     stats_.perStudent.assign(students, 0);
     last_.assign(students, std::nullopt);
     finished_.assign(students, false);
+    if (const int restarts = segment_->teacherRestarts(); restarts > 0) {
+      // A restarted incarnation: students that finished while no teacher ran
+      // send nothing more; everything else carries on from the rings.
+      int done = 0;
+      for (int s = 0; s < students; ++s) done += (finished_[s] = endpoint_->studentDone(s)) ? 1 : 0;
+      DISTILL_LOG(kWarning) << "teacher restarted (" << restarts << " of " << segment_->teacherMaxRestarts()
+                            << " restarts): resuming with " << students - done << " active student(s)";
+    }
     auto start = Clock::now();
     windowStart_ = start;
     int active = students;
@@ -231,10 +239,13 @@ class Server {
         for (auto& p : batch) parts.push_back(p.inputs[i]);
         inputs.push_back(at::cat(parts, 0).to(at::Device(cfg_.teacher.device)));
       }
+      // The request slots stay held until each request is answered: if this
+      // process dies in forward, the next incarnation finds them still in the
+      // ring and serves them (elastic teacher). With student.in_flight <=
+      // transport.slots this never makes a student wait for a slot.
       for (auto& p : batch) {
         sizes.push_back(p.inputs[0].size(0));
         p.inputs.clear();
-        p.msg.release();  // the inputs were copied by cat: free the request slots now
       }
       AutocastScope autocast(cfg_.teacher);
       out = shape(model_->forward(inputs), inputs[0].size(0));
@@ -257,6 +268,7 @@ class Server {
       for (auto& [name, t] : out) reply.tensors.emplace_back(name, t.narrow(0, offset, sizes[b]));
       offset += sizes[b];
       endpoint_->reply(batch[b].student, reply, Deadline::after(ms(cfg_.run.hang_timeout_s)));
+      batch[b].msg.release();  // answered: only now may the slot be reused
       ++stats_.requests;
       ++stats_.perStudent[batch[b].student];
     }

@@ -56,6 +56,26 @@ int serveDoubler(distill::Session& s) {
   return 0;
 }
 
+// The elastic-teacher test's teacher: doubles its input, and SIGKILLs itself
+// inside its `killAt`-th forward (a batch in flight) when it is the first
+// incarnation (or every incarnation when `always`).
+int serveDoublerThatDies(distill::Session& s, int killAt, bool always) {
+  const bool restarted = std::getenv("DISTILL_TEACHER_RESTART") != nullptr;
+  std::printf("teacher incarnation %s\n", restarted ? std::getenv("DISTILL_TEACHER_RESTART") : "0");
+  int calls = 0;
+  auto doubler = distill::teacherFromFunction([&](const std::vector<at::Tensor>& in) {
+    if (++calls == killAt && (always || !restarted)) {
+      std::printf("teacher: SIGKILL inside forward %d\n", calls);
+      std::fflush(stdout);
+      ::raise(SIGKILL);
+    }
+    return in.at(0).to(torch::kFloat) * 2;
+  });
+  auto stats = distill::serve(*s.teacher, doubler);
+  std::printf("teacher served %lld requests\n", static_cast<long long>(stats.requests));
+  return 0;
+}
+
 int64_t msSince(SteadyClock::time_point t0) {
   return std::chrono::duration_cast<Ms>(SteadyClock::now() - t0).count();
 }
@@ -70,6 +90,8 @@ int64_t msSince(SteadyClock::time_point t0) {
 //   stop   steps until Client::stopRequested(), then "checkpoint" and finish
 //   ignore students print READY and wait to be killed (they ignore the stop flag)
 //   grad   one step of a tiny model on rank-dependent data, gradients all-reduced
+//   elastic         10 steps x 2 micro-batches, every answer checked; the teacher
+//                   SIGKILLs itself in its 5th forward once (elastic-always: each time)
 DISTILL_TEST_ROLE(job) {
   const std::string mode = args.at(0);
   const bool stubborn = args.size() > 1 && args[1] == "stubborn";
@@ -78,6 +100,8 @@ DISTILL_TEST_ROLE(job) {
   if (!teacher && stubborn && envInt("DISTILL_LOCAL_RANK") == 1) ::signal(SIGTERM, SIG_IGN);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   distill::Session s = initSession();
+  if (s.isTeacher() && (mode == "elastic" || mode == "elastic-always"))
+    return serveDoublerThatDies(s, 5, mode == "elastic-always");
   if (s.isTeacher()) return serveDoubler(s);
   const int rank = s.topology.studentRank;
   auto& group = s.student->group();
@@ -118,6 +142,30 @@ DISTILL_TEST_ROLE(job) {
   if (mode == "ignore") {
     std::printf("DISTILL_STATUS step=7 loss=0.25 tokens_per_s=50\nREADY student %d\n", rank);
     return blockUntilKilled();
+  }
+  if (mode == "elastic" || mode == "elastic-always") {
+    // 10 steps x 2 micro-batches, two requests in flight; every answer is
+    // checked against its own request (a lost answer hangs into the deadline,
+    // a duplicate or a reordered one breaks the Client's tag check).
+    constexpr int kSteps = 10, kAcc = 2;
+    int answers = 0;
+    for (int64_t step = 0; step < kSteps; ++step) {
+      std::vector<std::pair<distill::Handle, at::Tensor>> sent;
+      for (int64_t acc = 0; acc < kAcc; ++acc) {
+        auto x = torch::arange(4, torch::kLong) + 1000 * rank + 10 * step + acc;
+        sent.emplace_back(s.client->submit(x, step, acc), x);
+      }
+      for (auto& [h, x] : sent) {
+        auto y = s.client->get(h).tensor(distill::protocol::kLogits);
+        DISTILL_CHECK(torch::equal(y, x.to(torch::kFloat) * 2), "wrong answer at step ", step);
+        ++answers;
+      }
+      group.barrier();
+      std::printf("DISTILL_STATUS step=%lld\n", static_cast<long long>(step));
+    }
+    std::printf("ANSWERS rank=%d n=%d of %d\n", rank, answers, kSteps * kAcc);
+    s.client->finish();
+    return 0;
   }
   if (mode == "grad") {
     torch::manual_seed(0);
@@ -348,6 +396,50 @@ TEST_F(LauncherTest, KilledStudentTearsDownNamingTheSignal) {
   EXPECT_LT(ms, 10000);
   EXPECT_TRUE(has(l.text(), "job failed: [r0 student] signal SIGKILL")) << l.text();
   EXPECT_TRUE(has(l.text(), "[r1 student] signal SIGTERM")) << l.text();
+  expectSegmentGone(l);
+}
+
+// Elastic teacher: SIGKILLed inside a forward with requests in flight, it is
+// restarted once; the new incarnation serves what was left in the rings and
+// every request of every step is answered exactly once (each answer is
+// checked against its request by the students and by the Client's tag check).
+TEST_F(LauncherTest, KilledTeacherIsRestartedAndEveryRequestAnsweredOnce) {
+  Launch l(jobArgs({"--set", "teacher.max_restarts=1", "--set", "student.grad_acc_steps=2", "--status-every-s", "3600"}, {"elastic"}));
+  auto st = l.finish(Ms(90000));
+  ASSERT_TRUE(st.exited && st.code == 0) << st.describe() << "\n" << l.text();
+  EXPECT_TRUE(has(l.text(), "teacher: SIGKILL inside forward 5")) << l.text();
+  EXPECT_TRUE(has(l.text(), "[r2 teacher] died (signal SIGKILL (Killed)); restarting it (1 of 1 restarts)"))
+      << l.text();
+  EXPECT_TRUE(has(l.text(), "teacher restarted (1 of 1 restarts)")) << l.text();
+  EXPECT_TRUE(has(l.text(), "job finished: every rank exited 0, teacher restarted 1 of 1 times")) << l.text();
+  for (int r = 0; r < 2; ++r)
+    EXPECT_TRUE(has(log(r), "ANSWERS rank=" + std::to_string(r) + " n=20 of 20")) << "rank " << r << ": " << log(r);
+  // Both incarnations wrote the same log, the restart marked in it.
+  EXPECT_TRUE(has(log(2), "teacher incarnation 0") && has(log(2), "==== distill-run: restart 1 of 1") &&
+              has(log(2), "teacher incarnation 1"))
+      << log(2);
+  // The restarted teacher served the rest: 40 requests in all, minus what the
+  // first one answered before it died (4 forwards of up to 2 requests each).
+  std::smatch m;
+  const std::string teacherLog = log(2);
+  ASSERT_TRUE(std::regex_search(teacherLog, m, std::regex("teacher served ([0-9]+) requests"))) << teacherLog;
+  const int served = std::stoi(m[1]);
+  EXPECT_GE(served, 40 - 8);
+  EXPECT_LT(served, 40);
+  expectSegmentGone(l);
+}
+
+// Restarts are bounded: a teacher that dies again once max_restarts is used up
+// tears the job down, the summary counts the restarts.
+TEST_F(LauncherTest, TeacherDyingBeyondMaxRestartsTearsDown) {
+  Launch l(jobArgs({"--set", "teacher.max_restarts=1", "--set", "student.grad_acc_steps=2"}, {"elastic-always"}));
+  ASSERT_TRUE(l.waitFor("restarting it (1 of 1 restarts)")) << l.text();
+  const auto t0 = SteadyClock::now();
+  auto st = l.finish();
+  EXPECT_LT(msSince(t0), 10000);
+  EXPECT_TRUE(st.exited && st.code == 1) << st.describe() << "\n" << l.text();
+  EXPECT_TRUE(has(l.text(), "job failed: [r2 teacher] signal SIGKILL")) << l.text();
+  EXPECT_TRUE(has(l.text(), "teacher restarts: 1 of 1 (signal SIGKILL (Killed))")) << l.text();
   expectSegmentGone(l);
 }
 

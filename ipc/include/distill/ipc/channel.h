@@ -171,6 +171,10 @@ class TeacherEndpoint {
   // waitAdmission returns). TimeoutError names the students that never came.
   void waitAdmission(Deadline deadline);
   int numStudents() const;
+  // True if local student `student` detached cleanly and left nothing unread:
+  // it will send nothing more (a restarted teacher uses this for students whose
+  // finish message the previous incarnation consumed).
+  bool studentDone(int student);
   // The next request of student i if one is there.
   std::optional<ReceivedMessage> poll(int student);
   // The next request of any student (round robin); PeerLostError if a student

@@ -93,6 +93,16 @@ class Segment {
   void setTeacherBusy(double share) const;
   double teacherBusy() const;
 
+  // Elastic teacher. Launcher: setTeacherMaxRestarts(teacher.max_restarts)
+  // before spawning, noteTeacherRestart(pid of the dead one) before each
+  // respawn (returns the new count). Students and their waits treat a dead
+  // teacher as one being restarted, not as lost, while teacherRestarts() <
+  // teacherMaxRestarts() or while it is the one being replaced.
+  void setTeacherMaxRestarts(int n) const;
+  int teacherMaxRestarts() const;
+  int noteTeacherRestart(int deadPid) const;
+  int teacherRestarts() const;
+
   std::vector<ProcessSnapshot> processes() const;
 
   const std::shared_ptr<SegmentImpl>& impl() const { return impl_; }

@@ -27,7 +27,7 @@
 namespace distill::ipc::wire {
 
 constexpr uint64_t kSegmentMagic = 0x314D48534C495444ull;  // "DTILSHM1", little endian
-constexpr uint32_t kLayoutVersion = 3;  // 3: the header checksum covers the used prefix only
+constexpr uint32_t kLayoutVersion = 4;  // 3: checksum over the used prefix; 4: teacherMaxRestarts
 constexpr uint32_t kSlotMagic = 0x544F4C53u;  // "SLOT"
 
 constexpr int kMaxTensors = 4;        // tensors per message
@@ -177,6 +177,13 @@ struct ControlBlock {
                                                        // should checkpoint and leave (launcher stores, release)
   std::atomic<uint32_t> teacherBusyPermille;           // share of the last second the teacher spent in
                                                        // forward, in 1/1000 (teacher stores, relaxed)
+  std::atomic<int32_t> teacherMaxRestarts;             // the launcher restarts a dead teacher this many
+                                                       // times (teacher.max_restarts; launcher stores
+                                                       // before spawning). While teacherRestarts is below
+                                                       // it, a dead teacher is awaited, not an error.
+  std::atomic<int32_t> teacherReplacedPid;             // pid of the dead teacher the launcher is replacing
+                                                       // (stored before teacherRestarts is incremented):
+                                                       // awaited even once the last restart is used up
 };
 static_assert(sizeof(ControlBlock) <= kControlBytes, "ControlBlock too big");
 static_assert(offsetof(ControlBlock, jobId) == 16 && offsetof(ControlBlock, numStudents) == 80, "ControlBlock layout");
