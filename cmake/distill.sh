@@ -50,6 +50,6 @@ case "$what" in
     echo "== tests: $(( $(date +%s) - start )) s"
     ;;
   demo)
-    exec "$BUILD/bin/distill-run" --config configs/hello.yaml -- "$BUILD/bin/distill-hello"
+    exec bash examples/gpt/demo.sh --build "$BUILD" --config configs/demo.yaml
     ;;
 esac
