@@ -13,6 +13,7 @@
 #include "distill/core/logging.h"
 #include "distill/core/options.h"
 #include "distill/core/topology.h"
+#include "distill/core/trace.h"
 #include "nccl_backend.h"
 
 namespace distill {
@@ -83,6 +84,12 @@ struct StudentGroup::Impl {
   void run(const std::string& what, const std::function<c10::intrusive_ptr<c10d::Work>()>& start) {
     const int64_t mySeq = ++seq;
     const std::string awaited = "student group " + what + " #" + std::to_string(mySeq);
+    trace::Event ev;  // the flight recorder: the hang table shows who is in which collective
+    ev.op = trace::Op::kCollective;
+    ev.seq = static_cast<uint64_t>(mySeq);
+    ev.label = what;
+    currentStep(&ev.step, &ev.accStep);
+    trace::Scope recorded(ev);
     auto deadline = Deadline::after(timeout);
     try {
       store->add("arrived/" + std::to_string(rank), 1);

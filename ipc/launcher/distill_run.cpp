@@ -30,8 +30,16 @@
 // otherwise a plain status line every --status-every-s seconds and one at the
 // end.
 //
+// Watchdog: when no process of the node begins or ends an event (flight
+// recorder, ipc/hang_report.h) for run.hang_timeout_s, the hang table — every
+// rank's state, current wait (on whom, for which tag, since when) or "busy in
+// user code since", and its last 5 events — goes to the console and to
+// <log_dir>/hang_report.txt; then per run.on_hang the job is torn down
+// (teardown) or left running (wait). SIGUSR1 prints the same table at any
+// time and changes nothing.
+//
 // Single-threaded: one poll() loop over the ranks' output pipes and a
-// signalfd (SIGCHLD, SIGINT, SIGTERM), so no signal handler touches state.
+// signalfd (SIGCHLD, SIGINT, SIGTERM, SIGUSR1), so no signal handler touches state.
 
 #include <fcntl.h>
 #include <poll.h>
@@ -63,6 +71,7 @@
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
 #include "distill/core/topology.h"
+#include "distill/ipc/hang_report.h"
 #include "distill/ipc/segment.h"
 
 extern char** environ;
@@ -263,6 +272,7 @@ class Launcher {
     blockSignals();
     seg_ = ipc::Segment::create(segment, ipc::SegmentLayout::fromOptions(cfg_.transport, nproc - 1), jobId);
     segmentName_ = segment;
+    node_ = node;
     seg_->setTeacherMaxRestarts(cfg_.teacher.max_restarts);
     logDir_ = logDir;
     DISTILL_LOG(kInfo) << "job " << jobId << ": " << nproc - 1 << " student(s) + 1 teacher on node "
@@ -292,6 +302,7 @@ class Launcher {
     sigaddset(&set, SIGCHLD);
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGUSR1);
     ::sigprocmask(SIG_BLOCK, &set, &oldMask_);
     sigfd_ = ::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
     DISTILL_CHECK_T(IpcError, sigfd_ >= 0, "signalfd: ", errnoString(errno));
@@ -417,6 +428,7 @@ class Launcher {
   void tick() {
     if (!seg_ || nextSample_.when() > Clock::now()) return;
     nextSample_ = Deadline::after(kSampleEvery);
+    watchdog();
     if (!statusSeen_) return;
     if (!teacherAttached_) {
       for (auto& p : seg_->processes()) teacherAttached_ |= p.role == "teacher" && p.pid != 0;
@@ -502,6 +514,7 @@ class Launcher {
         signalfd_siginfo si{};
         while (::read(sigfd_, &si, sizeof si) == sizeof si) {
           if (si.ssi_signo == SIGINT || si.ssi_signo == SIGTERM) onSignal(static_cast<int>(si.ssi_signo));
+          if (si.ssi_signo == SIGUSR1) reportHang("hang table (SIGUSR1): node " + std::to_string(node_) + ", segment /dev/shm/" + segmentName_);
         }
         reap();
       }
@@ -576,6 +589,58 @@ class Launcher {
            " times (" + deathsText() + ")";
   }
 
+  // Progress is any event begun or ended by any process (its flight recorder),
+  // an attach, a clean detach or a rank's exit; heartbeats are not. No
+  // progress for run.hang_timeout_s is a hang: the table, then per
+  // run.on_hang a teardown or another period of waiting.
+  void watchdog() {
+    uint64_t progress = ipc::progressCount(*seg_);
+    for (auto& r : ranks_) progress += r.exited ? 1 : 0;
+    const auto now = Clock::now();
+    if (progress != lastProgress_) {
+      lastProgress_ = progress;
+      lastProgressAt_ = now;
+      return;
+    }
+    const auto idle = now - lastProgressAt_;
+    if (teardownDeadline_ || idle < std::chrono::duration<double>(cfg_.run.hang_timeout_s)) return;
+    char title[200];
+    std::snprintf(title, sizeof title, "hang: no rank made progress for %.1f s (run.hang_timeout_s=%g, on_hang=%s)",
+                  std::chrono::duration<double>(idle).count(), cfg_.run.hang_timeout_s, cfg_.run.on_hang.c_str());
+    reportHang(title);
+    if (cfg_.run.on_hang == "teardown") {
+      hung_ = true;
+      if (reason_.empty()) reason_ = title;
+      teardown(title);
+    } else {
+      logLine(LogLevel::kWarning, "on_hang=wait: the job keeps running; the next report after another " +
+                                      std::to_string(static_cast<int64_t>(cfg_.run.hang_timeout_s)) + " s without progress");
+      lastProgressAt_ = now;
+    }
+  }
+
+  // Prints the hang table (every process: state, current wait or activity,
+  // last events) to the console and appends it to <log_dir>/hang_report.txt.
+  void reportHang(const std::string& title) {
+    if (!seg_) return;
+    std::map<int, std::string> notes;
+    const auto procs = seg_->processes();
+    for (auto& r : ranks_) {
+      const int local = r.topo.localRank;
+      if (r.exited) {
+        notes[local] = "exited: " + describeStatus(r.status);
+      } else if (local < static_cast<int>(procs.size()) && procs[size_t(local)].pid != r.pid) {
+        notes[local] = "pid " + std::to_string(r.pid) + " running, never attached (global rank " +
+                       std::to_string(r.topo.globalRank) + ")";
+      }
+    }
+    const std::string table = ipc::formatHangTable(*seg_, title, notes);
+    if (liveShown_) console("");
+    console(table);
+    std::ofstream f(logDir_ + "/hang_report.txt", std::ios::app);
+    f << table << "\n";
+  }
+
   void teardown(const std::string& why) {
     if (teardownDeadline_) return;
     DISTILL_LOG(kError) << "tearing the job down: " << why;
@@ -586,7 +651,7 @@ class Launcher {
 
   void summary() {
     std::ostringstream os;
-    os << "\n==== distill-run: job " << (failedRank_ ? "failed" : "stopped") << ": " << reason_ << "\n";
+    os << "\n==== distill-run: job " << (failedRank_ || hung_ ? "failed" : "stopped") << ": " << reason_ << "\n";
     for (auto& r : ranks_) {
       os << "  " << r.prefix << (r.exited ? describeStatus(r.status) : "still running");
       auto step = r.reported.find("step");
@@ -625,6 +690,11 @@ class Launcher {
   std::optional<Deadline> teardownDeadline_;
   bool killed_ = false;
   Rank* failedRank_ = nullptr;
+  // Watchdog.
+  bool hung_ = false;                   // torn down for a hang
+  uint64_t lastProgress_ = ~uint64_t(0);
+  Clock::time_point lastProgressAt_ = Clock::now();
+  int node_ = 0;
   // Status line.
   bool tty_ = false, liveShown_ = false, statusSeen_ = false;
   std::string live_;  // the live line on the terminal

@@ -33,6 +33,8 @@ EndpointOptions EndpointOptions::fromOptions(const TransportOptions& t, int rank
 
 namespace {
 
+int64_t toNs(Clock::duration d) { return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count(); }
+
 wire::DType toWire(at::ScalarType t, const std::string& name) {
   switch (t) {
     case at::kInt: return wire::DType::kInt32;
@@ -238,6 +240,14 @@ class ChannelCore : public std::enable_shared_from_this<ChannelCore> {
     wire::sealHeader(hdr);
     std::memcpy(ring.slot(ring.writeSeq()), &hdr, wire::headerBytes(hdr));
     ring.publish(peerOf(r));
+    port_.recorder().complete(port_.isTeacher() ? trace::Op::kReply : trace::Op::kSend,
+                              port_.seg().process(peerOf(r)).rank.load(std::memory_order_relaxed), hdr.step,
+                              hdr.accStep, hdr.seq, 0, kindLabel(hdr.kind));
+  }
+
+  // Flight-recorder label of a message kind: only the unusual ones get one.
+  static const char* kindLabel(uint32_t kind) {
+    return kind == uint32_t(wire::Kind::kFinish) ? "finish" : kind == uint32_t(wire::Kind::kError) ? "error" : "";
   }
 
   void send(int r, const OutMessage& msg, Deadline deadline) {
@@ -317,8 +327,10 @@ class ChannelCore : public std::enable_shared_from_this<ChannelCore> {
 
   // ---- consuming ---------------------------------------------------------------------------------
 
-  // Takes the message at the read cursor of in ring r (which must be readable).
-  ReceivedMessage take(int r) {
+  // Takes the message at the read cursor of in ring r (which must be readable);
+  // the flight recorder notes it as begun at `startNs` (when the wait for it
+  // began; 0 = it was already there).
+  ReceivedMessage take(int r, int64_t startNs = 0) {
     auto& ring = in_[r];
     uint64_t seq;
     wire::SlotHeader h;
@@ -385,6 +397,8 @@ class ChannelCore : public std::enable_shared_from_this<ChannelCore> {
       desc.device = device;
     }
     m.ntensors_ = int(h.ntensors);
+    port_.recorder().complete(port_.isTeacher() ? trace::Op::kRequest : trace::Op::kReceive, h.senderRank, h.step,
+                              h.accStep, h.seq, startNs, kindLabel(h.kind));
     return m;
   }
 
@@ -432,6 +446,7 @@ class ChannelCore : public std::enable_shared_from_this<ChannelCore> {
       WaitDesc d{wire::WaitWhat::kResponse, peerOf(r), expect.has_value(), expect ? expect->step : 0,
                  expect ? expect->accStep : 0, expect ? expect->seq : 0};
       const auto start = Clock::now();
+      const int64_t startNs = monotonicNs();
       if (!port_.waitUntil([&] { return canRead(r); }, d, {peerOf(r)}, true, deadline)) {
         ErrorWhere w = expect ? at(expect->step, expect->accStep) : ErrorWhere{};
         w.awaited = distill::detail::str("response from ", port_.describeProcess(peerOf(r)));
@@ -440,7 +455,7 @@ class ChannelCore : public std::enable_shared_from_this<ChannelCore> {
                       expect ? distill::detail::str(" (awaiting seq ", expect->seq, ")") : std::string(), ", segment '",
                       port_.seg().name, "'");
       }
-      return take(r);
+      return take(r, startNs);
     });
   }
 
@@ -465,12 +480,13 @@ class ChannelCore : public std::enable_shared_from_this<ChannelCore> {
       std::vector<int> peers;
       for (int i = 0; i < n; ++i) peers.push_back(i);
       const auto start = Clock::now();
+      const int64_t startNs = monotonicNs();
       if (!port_.waitUntil(any, WaitDesc{wire::WaitWhat::kRequest}, peers, false, deadline))
         DISTILL_THROW(TimeoutError, awaiting("request from any student"), port_.describeSelf(),
                       ": no request from any of ", n, " students after ", toMs(Clock::now() - start),
                       " ms (segment '", port_.seg().name, "')");
       lastAny_ = found;
-      return take(found);
+      return take(found, startNs);
     });
   }
 
@@ -510,6 +526,7 @@ class ChannelCore : public std::enable_shared_from_this<ChannelCore> {
       }
       s.control().admitted.store(port_.self().incarnation.load(std::memory_order_relaxed),
                                  std::memory_order_release);
+      port_.recorder().complete(trace::Op::kAdmission, -1, -1, -1, 0, monotonicNs() - toNs(Clock::now() - start));
       port_.setState(wire::ProcState::kServing);
       s.notifyAll();
     });
@@ -524,14 +541,15 @@ class ChannelCore : public std::enable_shared_from_this<ChannelCore> {
         return a != 0 && a == s.process(t).incarnation.load(std::memory_order_relaxed);
       };
       const auto start = Clock::now();
+      const auto& e = s.process(t);
       if (!port_.waitUntil(admitted, WaitDesc{wire::WaitWhat::kAdmission, t}, {t}, true, deadline)) {
-        const auto& e = s.process(t);
         DISTILL_THROW(TimeoutError, awaiting("admission by the teacher"), port_.describeSelf(),
                       ": not admitted by the teacher (local ", t, ", state ",
                       wire::stateName(e.state.load(std::memory_order_relaxed)),
                       e.pid.load(std::memory_order_relaxed) ? "" : ", never attached", ") of segment '", s.name,
                       "' within ", toMs(Clock::now() - start), " ms");
       }
+      port_.recorder().complete(trace::Op::kAdmission, e.rank.load(std::memory_order_relaxed), -1, -1, 0, monotonicNs() - toNs(Clock::now() - start));
     });
   }
 

@@ -17,10 +17,18 @@ namespace distill::ipc {
 
 using wire::ProcState;
 
+namespace {
+// The recorder area of local index `index`, after checking the index (the
+// recorder is built before the constructor body runs).
+wire::RecorderArea* checkedRecorder(const SegmentImpl& seg, int index) {
+  DISTILL_CHECK_T(IpcError, index >= 0 && index < seg.numProcesses(), "segment '", seg.name, "': local index ", index,
+                  " outside 0..", seg.numProcesses() - 1);
+  return &seg.recorder(index);
+}
+}  // namespace
+
 Port::Port(std::shared_ptr<SegmentImpl> seg, int index, int rank, int spinUs)
-    : seg_(std::move(seg)), index_(index), rank_(rank), spinUs_(spinUs) {
-  DISTILL_CHECK_T(IpcError, index_ >= 0 && index_ < seg_->numProcesses(), "segment '", seg_->name, "': local index ",
-                  index_, " outside 0..", seg_->numProcesses() - 1);
+    : seg_(std::move(seg)), index_(index), rank_(rank), recorder_(checkedRecorder(*seg_, index)), spinUs_(spinUs) {
   auto& e = self();
   const int old = e.pid.load(std::memory_order_acquire);
   const auto oldState = ProcState(e.state.load(std::memory_order_acquire));
@@ -28,6 +36,7 @@ Port::Port(std::shared_ptr<SegmentImpl> seg, int index, int rank, int spinUs)
       sys::pidState(old) != sys::PidState::kGone)
     DISTILL_THROW(IpcError, "segment '", seg_->name, "': local ", roleName(), " ", index_,
                   " is already attached by live pid ", old);
+  recorder_.reset();  // before the new pid is published: no reader pairs it with the old history
   e.heartbeatNs.store(monotonicNs(), std::memory_order_relaxed);
   e.rank.store(rank_, std::memory_order_relaxed);
   e.waitWhat.store(0, std::memory_order_relaxed);
@@ -35,10 +44,13 @@ Port::Port(std::shared_ptr<SegmentImpl> seg, int index, int rank, int spinUs)
   e.pid.store(::getpid(), std::memory_order_relaxed);
   e.state.store(uint32_t(ProcState::kAttached), std::memory_order_release);
   heartbeat_ = std::thread([this] { heartbeatLoop(); });
+  recorder_.complete(trace::Op::kAttach, -1, -1, -1, 0);
+  trace::setSink(&recorder_);
   seg_->notify(seg_->teacherIndex());
 }
 
 Port::~Port() {
+  trace::clearSink(&recorder_);
   {
     std::lock_guard<std::mutex> lock(hbMutex_);
     hbStop_ = true;

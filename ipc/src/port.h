@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "distill/core/clock.h"
+#include "recorder.h"
 #include "segment_impl.h"
 
 namespace distill::ipc {
@@ -68,6 +69,9 @@ class Port {
   const char* roleName() const { return isTeacher() ? "teacher" : "student"; }
   wire::ProcessEntry& self() const { return seg_->process(index_); }
   void setState(wire::ProcState s) { self().state.store(uint32_t(s), std::memory_order_release); }
+  // This process's flight recorder (installed as the process's trace sink
+  // while the port lives, so collectives and the teacher's forward land in it too).
+  Recorder& recorder() { return recorder_; }
   void markFinished() { finished_ = true; }
 
   // Waits until cond() (which must load what it tests with acquire) is true.
@@ -96,6 +100,7 @@ class Port {
   std::shared_ptr<SegmentImpl> seg_;
   int index_;
   int rank_;
+  Recorder recorder_;
   int spinUs_;
   bool finished_ = false;
   std::mutex hbMutex_;

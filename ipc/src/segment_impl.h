@@ -34,6 +34,9 @@ struct SegmentImpl {
   wire::ProcessEntry& process(int index) const {
     return reinterpret_cast<wire::ProcessEntry*>(base + off.processTable)[index];
   }
+  wire::RecorderArea& recorder(int index) const {
+    return *reinterpret_cast<wire::RecorderArea*>(base + off.recorder + uint64_t(index) * wire::kRecorderBytesPerProcess);
+  }
   uint64_t ringOffset(int student, bool response) const {
     return off.rings + uint64_t(student) * off.ringPairStride + (response ? off.requestRingBytes : 0);
   }

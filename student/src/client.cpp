@@ -73,7 +73,7 @@ struct Client::Impl {
   std::map<uint64_t, ipc::ReceivedMessage> received;  // received, not yet taken by get()
   bool finished = false;
 
-  Deadline responseDeadline() const { return Deadline::after(ms(cfg.run.hang_timeout_s)); }
+  Deadline responseDeadline() const { return Deadline::after(ms(cfg.run.peerWaitS())); }
 
   // Receives the answer to the oldest request in flight and checks its tag.
   void receiveOldest() {

@@ -14,6 +14,7 @@
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
 #include "distill/core/protocol.h"
+#include "distill/core/trace.h"
 #include "distill/ipc/channel.h"
 
 namespace distill {
@@ -109,9 +110,9 @@ class Server {
         // surfaces here as PeerLostError; a quiet period is no error (students
         // may evaluate or checkpoint), so an expired deadline only warns.
         try {
-          take(endpoint_->waitAny(Deadline::after(ms(cfg_.run.hang_timeout_s))));
+          take(endpoint_->waitAny(Deadline::after(ms(cfg_.run.peerWaitS()))));
         } catch (const TimeoutError&) {
-          DISTILL_LOG(kWarning) << "no request from any student for " << cfg_.run.hang_timeout_s
+          DISTILL_LOG(kWarning) << "no request from any student for " << cfg_.run.peerWaitS()
                                 << " s; still waiting (students are alive)";
           continue;
         }
@@ -248,6 +249,10 @@ class Server {
         p.inputs.clear();
       }
       AutocastScope autocast(cfg_.teacher);
+      trace::Event ev;  // the model is user code: a stall here shows as "busy in the model's forward"
+      ev.op = trace::Op::kForward;
+      ev.label = std::to_string(batch.size()) + " request(s), " + std::to_string(tokens) + " tokens";
+      trace::Scope recorded(ev);
       out = shape(model_->forward(inputs), inputs[0].size(0));
     } catch (const std::exception& e) {
       std::string what = e.what();
@@ -267,7 +272,7 @@ class Server {
       reply.tag = batch[b].msg.tag();
       for (auto& [name, t] : out) reply.tensors.emplace_back(name, t.narrow(0, offset, sizes[b]));
       offset += sizes[b];
-      endpoint_->reply(batch[b].student, reply, Deadline::after(ms(cfg_.run.hang_timeout_s)));
+      endpoint_->reply(batch[b].student, reply, Deadline::after(ms(cfg_.run.peerWaitS())));
       batch[b].msg.release();  // answered: only now may the slot be reused
       ++stats_.requests;
       ++stats_.perStudent[batch[b].student];
@@ -314,7 +319,7 @@ class Server {
     reply.kind = MsgKind::kError;
     reply.tag = tag;
     reply.errorText = text;
-    endpoint_->reply(student, reply, Deadline::after(ms(cfg_.run.hang_timeout_s)));
+    endpoint_->reply(student, reply, Deadline::after(ms(cfg_.run.peerWaitS())));
     ++stats_.errors;
   }
 

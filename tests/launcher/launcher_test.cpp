@@ -19,12 +19,11 @@
 
 #include "distill/distill.h"
 #include "distill/ipc/segment.h"
+#include "launch.h"
 #include "support/process.h"
 #include "support/roles.h"
 
 using namespace distill::testing;
-using Ms = std::chrono::milliseconds;
-using SteadyClock = std::chrono::steady_clock;
 
 namespace {
 
@@ -74,10 +73,6 @@ int serveDoublerThatDies(distill::Session& s, int killAt, bool always) {
   auto stats = distill::serve(*s.teacher, doubler);
   std::printf("teacher served %lld requests\n", static_cast<long long>(stats.requests));
   return 0;
-}
-
-int64_t msSince(SteadyClock::time_point t0) {
-  return std::chrono::duration_cast<Ms>(SteadyClock::now() - t0).count();
 }
 
 }  // namespace
@@ -192,136 +187,7 @@ DISTILL_TEST_ROLE(job) {
 
 namespace {
 
-// One distill-run with its console (stdout + stderr) read through a pipe, or
-// through a pseudo-terminal when `tty`.
-class Launch {
- public:
-  explicit Launch(const std::vector<std::string>& args, bool tty = false) {
-    std::vector<std::string> argv{binPath("distill-run")};
-    argv.insert(argv.end(), args.begin(), args.end());
-    int fds[2];
-    if (tty) {
-      EXPECT_EQ(::openpty(&fds[0], &fds[1], nullptr, nullptr, nullptr), 0);
-      ::fcntl(fds[0], F_SETFD, FD_CLOEXEC);
-      ::fcntl(fds[1], F_SETFD, FD_CLOEXEC);
-    } else {
-      EXPECT_EQ(::pipe2(fds, O_CLOEXEC), 0);
-    }
-    std::vector<char*> cargv;
-    for (auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-    cargv.push_back(nullptr);
-    pid_t pid = ::fork();
-    if (pid == 0) {
-      ::dup2(fds[1], STDOUT_FILENO);
-      ::dup2(fds[1], STDERR_FILENO);
-      ::execv(cargv[0], cargv.data());
-      ::_exit(127);
-    }
-    ::close(fds[1]);
-    out_ = fds[0];
-    child_ = Child(pid);
-    started_ = SteadyClock::now();
-  }
-  ~Launch() {
-    if (out_ >= 0) ::close(out_);
-  }
-
-  // Reads until the console contains `needle` (true) or EOF / `timeout` (false).
-  bool waitFor(const std::string& needle, Ms timeout = Ms(30000)) {
-    const auto deadline = SteadyClock::now() + timeout;
-    while (text_.find(needle) == std::string::npos) {
-      if (!readSome(deadline)) return false;
-    }
-    return true;
-  }
-
-  // Reads to EOF, then reaps distill-run; both within `timeout`.
-  ExitStatus finish(Ms timeout = Ms(40000)) {
-    const auto deadline = SteadyClock::now() + timeout;
-    while (readSome(deadline)) {
-    }
-    auto left = std::chrono::duration_cast<Ms>(deadline - SteadyClock::now());
-    auto st = child_.waitFor(std::max(left, Ms(0)));
-    if (!st) {
-      ADD_FAILURE() << "distill-run still running; console so far:\n" << text_;
-      return child_.join(Ms(1));
-    }
-    elapsed_ = msSince(started_);
-    return *st;
-  }
-
-  void kill(int sig) { child_.kill(sig); }
-  const std::string& text() const { return text_; }
-  int64_t elapsedMs() const { return elapsed_; }
-
-  // The node's segment, from distill-run's log line.
-  std::string segment() const {
-    std::smatch m;
-    return std::regex_search(text_, m, std::regex("segment /dev/shm/(distill-[0-9a-f]+-n[0-9]+)")) ? m[1].str()
-                                                                                                   : "";
-  }
-
- private:
-  bool readSome(SteadyClock::time_point deadline) {
-    if (out_ < 0) return false;
-    auto left = std::chrono::duration_cast<Ms>(deadline - SteadyClock::now()).count();
-    if (left <= 0) return false;
-    pollfd p{out_, POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(left)) <= 0) return false;
-    char buf[65536];
-    ssize_t n = ::read(out_, buf, sizeof buf);
-    if (n <= 0) {  // EOF (pipe) or EIO (terminal whose last writer left)
-      ::close(out_);
-      out_ = -1;
-      return false;
-    }
-    text_.append(buf, static_cast<size_t>(n));
-    return true;
-  }
-
-  Child child_;
-  int out_ = -1;
-  std::string text_;
-  SteadyClock::time_point started_;
-  int64_t elapsed_ = -1;
-};
-
-class LauncherTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/distill-launcher-XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
-
-  // A config for the `job` role: teacher.kind self, short timeouts.
-  std::string config(int nproc = 3) {
-    std::string path = dir_ + "/job.yaml";
-    std::ofstream(path) << "run:\n  name: launcher-test\n  nproc_per_node: " << nproc << "\n  log_dir: " << dir_
-                        << "/logs\n  startup_timeout_s: 30\n  collective_timeout_s: 30\n  hang_timeout_s: 30\n"
-                        << "teacher:\n  kind: self\n";
-    return path;
-  }
-  // distill-run arguments for this test binary in the `job` role.
-  std::vector<std::string> jobArgs(const std::vector<std::string>& options, const std::vector<std::string>& roleArgs) {
-    std::vector<std::string> a = options;
-    a.insert(a.end(), {"--config", config(), "--master-port", std::to_string(freePort()), "--", selfExe(),
-                       "--distill-role=job"});
-    a.insert(a.end(), roleArgs.begin(), roleArgs.end());
-    return a;
-  }
-  static void expectSegmentGone(const Launch& l) {
-    const std::string seg = l.segment();
-    ASSERT_FALSE(seg.empty()) << l.text();
-    EXPECT_FALSE(distill::ipc::Segment::exists(seg)) << seg << " left in /dev/shm";
-  }
-  std::string log(int rank) const { return readFile(dir_ + "/logs/rank_" + std::to_string(rank) + ".log"); }
-
-  std::string dir_;
-};
-
-bool has(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
+using LauncherTest = LauncherFixture;
 
 TEST_F(LauncherTest, HelloEndsCleanlyWithLogsPerRank) {
   Launch l({"--config", sourcePath("configs/hello.yaml"), "--log-dir", dir_ + "/logs", "--master-port",

@@ -26,6 +26,12 @@ struct RunOptions {
   std::string on_hang = "teardown";       // teardown | wait: what the watchdog does on a hang
   int64_t seed = 0;                       // base RNG seed; rank r uses seed + r
   int64_t steps = 0;                      // training steps the trainer runs (0: trainer decides)
+
+  // How long a rank waits for a peer over the rings (a response, a free slot)
+  // before it gives up with TimeoutError: twice hang_timeout_s, so that under
+  // distill-run the watchdog reports the hang (who waits on whom) first, and
+  // without it the wait still ends.
+  double peerWaitS() const { return 2 * hang_timeout_s; }
 };
 
 // teacher: the model served by the teacher process.

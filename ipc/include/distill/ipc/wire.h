@@ -10,9 +10,9 @@
 //
 //   0                      ControlBlock            (kControlBytes)
 //   processTableOffset     ProcessEntry[numStudents + 1]   students 0..L-2, then the teacher
-//   recorderOffset         (numStudents + 1) x kRecorderBytesPerProcess, zero-filled,
-//                          reserved for the flight recorder (one event ring per process,
-//                          written only by the owning process; format owned by the recorder)
+//   recorderOffset         (numStudents + 1) x RecorderArea (kRecorderBytesPerProcess): the
+//                          flight recorder, one event ring per process, written only by
+//                          the owning process (ipc/src/recorder.h)
 //   ringsOffset            per student i: request ring (i -> teacher), then response ring
 //                          (teacher -> i); each ring = RingHeader + slots x slot stride
 //   slot                   SlotHeader (kSlotHeaderBytes) + payload (capacity rounded up to 64)
@@ -27,7 +27,7 @@
 namespace distill::ipc::wire {
 
 constexpr uint64_t kSegmentMagic = 0x314D48534C495444ull;  // "DTILSHM1", little endian
-constexpr uint32_t kLayoutVersion = 4;  // 3: checksum over the used prefix; 4: teacherMaxRestarts
+constexpr uint32_t kLayoutVersion = 5;  // 3: checksum over the used prefix; 4: teacherMaxRestarts; 5: recorder
 constexpr uint32_t kSlotMagic = 0x544F4C53u;  // "SLOT"
 
 constexpr int kMaxTensors = 4;        // tensors per message
@@ -211,6 +211,38 @@ struct alignas(kCacheLine) ProcessEntry {
   std::atomic<uint32_t> sleepers;                      // owner threads inside FUTEX_WAIT on doorbell
 };
 static_assert(sizeof(ProcessEntry) == 128, "ProcessEntry layout");
+
+// ---- Flight recorder (ipc/src/recorder.h) ---------------------------------------------------------
+// Per process: its recent events, written only by the owner, read by anyone
+// (the launcher's watchdog and hang table). Each event is a seqlock: `number`
+// is 0 while the owner rewrites it, then the event's 1-based number (release).
+// Every field is a relaxed atomic so concurrent reads are race-free.
+
+constexpr int kRecorderLabelWords = 7;  // label: 56 bytes incl. NUL
+struct alignas(kCacheLine) RecorderEvent {
+  std::atomic<uint64_t> number;  // 1-based event number; 0 = being written / empty
+  std::atomic<uint32_t> op;      // trace::Op
+  std::atomic<int32_t> peer;     // global rank of the peer, -1 = none / any
+  std::atomic<int64_t> step;     // -1 = unknown
+  std::atomic<int64_t> accStep;
+  std::atomic<uint64_t> seq;     // message seq, or collective number
+  std::atomic<int64_t> startNs;  // CLOCK_MONOTONIC
+  std::atomic<int64_t> endNs;    // 0 = still open
+  std::atomic<uint64_t> label[kRecorderLabelWords];  // NUL-terminated bytes
+};
+static_assert(sizeof(RecorderEvent) == 128, "RecorderEvent layout");
+
+struct alignas(kCacheLine) RecorderHeader {
+  std::atomic<uint64_t> begun;     // events begun so far (release; the newest is number == begun)
+  std::atomic<uint64_t> progress;  // +1 at every begin and end (release): the watchdog's progress
+  std::atomic<int64_t> lastEndNs;  // when the newest event ended (or the recorder started): user code since
+};
+constexpr int kRecorderEvents = int((kRecorderBytesPerProcess - sizeof(RecorderHeader)) / sizeof(RecorderEvent));
+struct RecorderArea : RecorderHeader {
+  RecorderEvent events[kRecorderEvents];
+};
+static_assert(sizeof(RecorderArea) <= kRecorderBytesPerProcess, "RecorderArea too big");
+static_assert(kRecorderEvents == 127, "RecorderArea layout");
 
 // One SPSC ring. head: next sequence the producer publishes (producer writes,
 // release; consumer reads, acquire). tail: next sequence the consumer frees

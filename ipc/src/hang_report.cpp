@@ -1,0 +1,212 @@
+#include "distill/ipc/hang_report.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+#include "distill/core/clock.h"
+#include "recorder.h"
+#include "segment_impl.h"
+
+namespace distill::ipc {
+namespace {
+
+using trace::Op;
+using wire::ProcState;
+
+std::string seconds(int64_t ns) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f s", double(ns) / 1e9);
+  return buf;
+}
+
+std::string duration(int64_t ns) {
+  char buf[32];
+  if (ns < 1000000000) {
+    std::snprintf(buf, sizeof buf, "%.2f ms", double(ns) / 1e6);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f s", double(ns) / 1e9);
+  }
+  return buf;
+}
+
+std::string tag(int64_t step, int64_t accStep, uint64_t seq) {
+  std::ostringstream os;
+  os << "(step " << step << ", acc_step " << accStep << ", seq " << seq << ")";
+  return os.str();
+}
+
+std::string peerName(const SegmentImpl& s, int rank) {
+  if (rank < 0) return "any student";
+  for (int i = 0; i < s.numProcesses(); ++i) {
+    if (s.process(i).pid.load(std::memory_order_relaxed) != 0 &&
+        s.process(i).rank.load(std::memory_order_relaxed) == rank)
+      return std::string(i == s.teacherIndex() ? "teacher" : "student") + " rank " + std::to_string(rank);
+  }
+  return "rank " + std::to_string(rank);
+}
+
+std::string eventText(const SegmentImpl& s, const RecordedEvent& e, int64_t now) {
+  std::ostringstream os;
+  os << seconds(now - e.startNs) << " ago: " << trace::opName(e.op);
+  if (!e.label.empty()) os << " '" << e.label << "'";
+  switch (e.op) {
+    case Op::kSend:
+    case Op::kReply: os << " to " << peerName(s, e.peer); break;
+    case Op::kReceive:
+    case Op::kRequest: os << " from " << peerName(s, e.peer); break;
+    default: break;
+  }
+  if (e.op == Op::kCollective) {
+    os << " #" << e.seq;
+    if (e.step >= 0) os << " (step " << e.step << ", acc_step " << e.accStep << ")";
+  } else if (e.step >= 0) {
+    os << " " << tag(e.step, e.accStep, e.seq);
+  }
+  os << (e.open() ? ", still open" : ", took " + duration(e.endNs - e.startNs));
+  return os.str();
+}
+
+// The number of the newest collective `events` show (0 if none).
+uint64_t lastCollective(const std::vector<RecordedEvent>& events) {
+  for (auto it = events.rbegin(); it != events.rend(); ++it)
+    if (it->op == Op::kCollective) return it->seq;
+  return 0;
+}
+
+const RecordedEvent* innermostOpen(const std::vector<RecordedEvent>& events) {
+  for (auto it = events.rbegin(); it != events.rend(); ++it)
+    if (it->open()) return &*it;
+  return nullptr;
+}
+
+}  // namespace
+
+uint64_t progressCount(const Segment& seg) {
+  const SegmentImpl& s = *seg.impl();
+  uint64_t sum = 0;
+  for (int i = 0; i < s.numProcesses(); ++i) {
+    sum += s.recorder(i).progress.load(std::memory_order_acquire);
+    sum += s.process(i).incarnation.load(std::memory_order_relaxed);
+    sum += s.process(i).state.load(std::memory_order_relaxed) == uint32_t(ProcState::kFinished) ? 1 : 0;
+  }
+  return sum;
+}
+
+std::vector<ProcessActivity> describeActivity(const Segment& seg, int events) {
+  const SegmentImpl& s = *seg.impl();
+  const int64_t now = monotonicNs();
+  // Enough history to find each student's newest collective, even behind ring traffic.
+  std::vector<std::vector<RecordedEvent>> history;
+  for (int i = 0; i < s.numProcesses(); ++i) history.push_back(readEvents(s.recorder(i), wire::kRecorderEvents));
+
+  std::vector<ProcessActivity> out;
+  for (int i = 0; i < s.numProcesses(); ++i) {
+    const auto& e = s.process(i);
+    ProcessActivity a;
+    a.localIndex = i;
+    a.role = i == s.teacherIndex() ? "teacher" : "student";
+    a.pid = e.pid.load(std::memory_order_acquire);
+    const auto state = ProcState(e.state.load(std::memory_order_acquire));
+    a.state = wire::stateName(uint32_t(state));
+    a.rank = a.pid ? e.rank.load(std::memory_order_relaxed) : -1;
+    const auto& ev = history[size_t(i)];
+    const uint32_t what = e.waitWhat.load(std::memory_order_relaxed);
+    std::ostringstream doing;
+    if (a.pid == 0) {
+      doing << "never attached to the segment";
+    } else if (state == ProcState::kFinished) {
+      doing << "finished (detached cleanly)";
+    } else if (state == ProcState::kDead) {
+      doing << "detached abnormally";
+    } else if (state == ProcState::kWaiting && what != 0) {
+      const int peer = e.waitPeer.load(std::memory_order_relaxed);
+      const int64_t since = e.waitSinceNs.load(std::memory_order_relaxed);
+      doing << "waiting for " << wire::waitName(what);
+      if (what == uint32_t(wire::WaitWhat::kAdmission) && i == s.teacherIndex()) {
+        std::string missing;
+        for (int j = 0; j < s.teacherIndex(); ++j) {
+          const auto st = ProcState(s.process(j).state.load(std::memory_order_relaxed));
+          if (s.process(j).pid.load(std::memory_order_relaxed) == 0 || st == ProcState::kDead)
+            missing += (missing.empty() ? "" : ", ") + std::string("local ") + std::to_string(j);
+        }
+        if (!missing.empty()) doing << " (not attached: student " << missing << ")";
+      } else if (what == uint32_t(wire::WaitWhat::kAdmission)) {
+        doing << " by the teacher";
+      } else if (what == uint32_t(wire::WaitWhat::kRequest)) {
+        doing << " from " << peerName(s, peer);
+      } else {
+        doing << (what == uint32_t(wire::WaitWhat::kResponse) ? " from " : " towards ") << peerName(s, peer) << " "
+              << tag(e.waitStep.load(std::memory_order_relaxed), e.waitAccStep.load(std::memory_order_relaxed),
+                     e.waitSeq.load(std::memory_order_relaxed));
+      }
+      doing << " for " << seconds(now - since);
+    } else if (const RecordedEvent* open = innermostOpen(ev)) {
+      if (open->op == Op::kForward) {
+        doing << "busy in user code: the model's forward";
+        if (!open->label.empty()) doing << " (" << open->label << ")";
+        doing << " for " << seconds(now - open->startNs);
+      } else if (open->op == Op::kCollective) {
+        doing << "in student group " << (open->label.empty() ? "collective" : open->label) << " #" << open->seq;
+        if (open->step >= 0) doing << " at step " << open->step << " acc_step " << open->accStep;
+        doing << " for " << seconds(now - open->startNs);
+        std::string behind;
+        for (int j = 0; j < s.teacherIndex(); ++j) {
+          if (j == i || s.process(j).pid.load(std::memory_order_relaxed) == 0) continue;
+          const uint64_t theirs = lastCollective(history[size_t(j)]);
+          if (theirs < open->seq)
+            behind += (behind.empty() ? "" : ", ") + std::string("student rank ") +
+                      std::to_string(s.process(j).rank.load(std::memory_order_relaxed)) + " (its last: #" +
+                      std::to_string(theirs) + ")";
+        }
+        if (!behind.empty()) doing << "; not entered by " << behind;
+      } else {
+        doing << "in " << trace::opName(open->op) << " for " << seconds(now - open->startNs);
+      }
+    } else {
+      const int64_t since = s.recorder(i).lastEndNs.load(std::memory_order_relaxed);
+      doing << "busy in user code for " << seconds(now - since);
+      if (!ev.empty()) {
+        const auto& l = ev.back();
+        doing << " (since its last distill call ended: " << trace::opName(l.op);
+        if (l.op == Op::kCollective) doing << " #" << l.seq;
+        if (l.step >= 0) doing << " at step " << l.step << " acc_step " << l.accStep;
+        doing << ")";
+      } else {
+        doing << " (since it attached)";
+      }
+    }
+    a.doing = doing.str();
+    const size_t from = ev.size() > size_t(events) ? ev.size() - size_t(events) : 0;
+    for (size_t k = from; k < ev.size(); ++k) a.lastEvents.push_back(eventText(s, ev[k], now));
+    out.push_back(std::move(a));
+  }
+  return out;
+}
+
+std::string formatHangTable(const Segment& seg, const std::string& title, const std::map<int, std::string>& notes,
+                            int events) {
+  auto acts = describeActivity(seg, events);
+  std::ostringstream os;
+  os << title << "\n";
+  char row[160];
+  std::snprintf(row, sizeof row, "  %-6s %-8s %-8s %-9s %s\n", "rank", "role", "pid", "state", "doing");
+  os << row;
+  for (auto& a : acts) {
+    const std::string rank = a.rank >= 0 ? "r" + std::to_string(a.rank) : "local" + std::to_string(a.localIndex);
+    std::snprintf(row, sizeof row, "  %-6s %-8s %-8d %-9s ", rank.c_str(), a.role.c_str(), a.pid, a.state.c_str());
+    os << row << a.doing;
+    auto n = notes.find(a.localIndex);
+    if (n != notes.end() && !n->second.empty()) os << " [" << n->second << "]";
+    os << "\n";
+  }
+  for (auto& a : acts) {
+    if (a.lastEvents.empty()) continue;
+    const std::string rank = a.rank >= 0 ? "r" + std::to_string(a.rank) : "local" + std::to_string(a.localIndex);
+    os << "  last " << a.lastEvents.size() << " events of " << rank << " " << a.role << ":\n";
+    for (auto& l : a.lastEvents) os << "    " << l << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace distill::ipc
