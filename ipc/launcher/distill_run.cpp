@@ -270,6 +270,9 @@ class Launcher {
 
     mkdirs(logDir);
     blockSignals();
+    // A distill-run that was SIGKILLed could not remove its segment: the next run does.
+    for (auto& stale : ipc::Segment::removeStale("distill-"))
+      DISTILL_LOG(kWarning) << "removed stale segment /dev/shm/" << stale << ": its distill-run is gone";
     seg_ = ipc::Segment::create(segment, ipc::SegmentLayout::fromOptions(cfg_.transport, nproc - 1), jobId);
     segmentName_ = segment;
     node_ = node;

@@ -1,5 +1,6 @@
 #include "distill/ipc/segment.h"
 
+#include <dirent.h>
 #include <unistd.h>
 
 #include <boost/interprocess/mapped_region.hpp>
@@ -119,6 +120,34 @@ std::shared_ptr<SegmentImpl> makeImpl(const std::string& name, std::shared_ptr<M
 }
 
 }  // namespace
+
+std::vector<std::string> Segment::removeStale(const std::string& prefix) {
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir("/dev/shm")) {
+    while (const dirent* e = ::readdir(d)) {
+      const std::string n = e->d_name;
+      if (n.compare(0, prefix.size(), prefix) == 0) names.push_back(n);
+    }
+    ::closedir(d);
+  }
+  std::vector<std::string> removed;
+  for (auto& n : names) {
+    int pid = 0;
+    try {
+      auto m = openExisting(n);
+      if (!m) continue;
+      // creatorPid sits at the same offset in every layout version.
+      auto& c = *static_cast<const wire::ControlBlock*>(m->region.get_address());
+      if (c.magic.load(std::memory_order_acquire) != wire::kSegmentMagic) continue;  // not (yet) a segment
+      pid = c.creatorPid;
+    } catch (const Error&) {
+      continue;  // not ours to open (another user's, mode 0600)
+    }
+    if (pid <= 0 || pid == ::getpid() || sys::pidState(pid) != sys::PidState::kGone) continue;
+    if (bip::shared_memory_object::remove(n.c_str())) removed.push_back(n + " (creator pid " + std::to_string(pid) + ")");
+  }
+  return removed;
+}
 
 Segment Segment::create(const std::string& name, const SegmentLayout& layout, const std::string& jobId) {
   checkLayout(layout, name);

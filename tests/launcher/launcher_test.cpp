@@ -384,7 +384,23 @@ TEST_F(LauncherTest, TwoNodesFormOneJobWithAgreeingGradients) {
   expectSegmentGone(n1);
 }
 
-// distill-run SIGKILLed leaves its segment; Segment::create recreates a stale
-// segment (creator dead): tests/ipc/ring_test.cpp covers it.
+// distill-run SIGKILLed cannot remove its segment; its ranks go with it
+// (PDEATHSIG), and the next distill-run on the node removes the segment.
+TEST_F(LauncherTest, SegmentOfAKilledLauncherIsRemovedByTheNextRun) {
+  Launch l(jobArgs({}, {"ignore"}));
+  ASSERT_TRUE(l.waitFor("READY student 0") && l.waitFor("READY student 1")) << l.text();
+  const std::string seg = l.segment();
+  l.kill(SIGKILL);
+  auto st = l.finish();
+  EXPECT_TRUE(!st.exited && st.signal == SIGKILL) << st.describe();
+  ASSERT_TRUE(distill::ipc::Segment::exists(seg)) << "a SIGKILLed distill-run cannot remove " << seg;
+  Launch next({"--config", sourcePath("configs/hello.yaml"), "--log-dir", dir_ + "/logs2", "--master-port",
+               std::to_string(freePort()), "--", binPath("distill-hello")});
+  auto st2 = next.finish();
+  EXPECT_TRUE(st2.exited && st2.code == 0) << st2.describe() << "\n" << next.text();
+  EXPECT_TRUE(has(next.text(), "removed stale segment /dev/shm/" + seg + " (creator pid")) << next.text();
+  EXPECT_FALSE(distill::ipc::Segment::exists(seg)) << seg << " left in /dev/shm";
+  expectSegmentGone(next);
+}
 
 }  // namespace

@@ -68,6 +68,12 @@ class Segment {
   // Launcher only. Removes the name (mappings stay valid); false if it did not exist.
   static bool remove(const std::string& name);
   static bool exists(const std::string& name);
+  // Launcher only, before it creates its own: removes every segment in
+  // /dev/shm whose name starts with `prefix` and whose creator pid is gone
+  // (left by a distill-run that was SIGKILLed). Segments not yet initialised,
+  // not ours to open, or whose creator lives are left alone. Returns what it
+  // removed, with the dead creator's pid: "distill-ab12-n0 (creator pid 4242)".
+  static std::vector<std::string> removeStale(const std::string& prefix);
 
   const std::string& name() const;
   SegmentLayout layout() const;
