@@ -6,6 +6,7 @@
 
 #include "distill/ckpt/checkpoint.h"
 #include "distill/core/errors.h"
+#include "distill/core/strings.h"
 
 #if defined(__x86_64__)
 #include <nmmintrin.h>
@@ -53,23 +54,6 @@ std::string hex(uint64_t v, int digits) {
   char buf[24];
   std::snprintf(buf, sizeof buf, "%0*" PRIx64, digits, v);
   return buf;
-}
-
-std::string quote(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
 }
 
 // A JSON value, enough for the manifest: objects, arrays, strings, integers.
@@ -167,6 +151,8 @@ class Parser {
         out += static_cast<char>(cp);
       } else if (e == '"' || e == '\\' || e == '/') {
         out += e;
+      } else if (e == 'n' || e == 't') {
+        out += e == 'n' ? '\n' : '\t';
       } else {
         bad("bad escape");
       }
@@ -219,11 +205,11 @@ std::string formatManifest(const Manifest& m) {
   s += "  \"step\": " + std::to_string(m.step) + ",\n";
   s += "  \"student_world_size\": " + std::to_string(m.studentWorldSize) + ",\n";
   s += "  \"config_hash\": \"" + hex(m.configHash, 16) + "\",\n";
-  s += "  \"teacher_fingerprint\": " + quote(m.teacherFingerprint) + ",\n";
+  s += "  \"teacher_fingerprint\": " + jsonQuote(m.teacherFingerprint) + ",\n";
   s += "  \"checksum\": \"crc32c\",\n  \"files\": [";
   for (size_t i = 0; i < m.files.size(); ++i) {
     const auto& f = m.files[i];
-    s += std::string(i ? "," : "") + "\n    {\"name\": " + quote(f.name) +
+    s += std::string(i ? "," : "") + "\n    {\"name\": " + jsonQuote(f.name) +
          ", \"size\": " + std::to_string(f.size) + ", \"crc32c\": \"" + hex(f.crc32c, 8) + "\"}";
   }
   s += "\n  ],\n";

@@ -14,6 +14,7 @@
 #include <stdexcept>
 
 #include "distill/core/errors.h"
+#include "distill/core/strings.h"
 
 namespace distill::examples {
 
@@ -115,27 +116,6 @@ double learningRate(double peak, int64_t step, int64_t steps, int64_t warmup, do
 }
 
 // ---- JSON ----
-
-std::string jsonQuote(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char ch : s) {
-    switch (ch) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (ch < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", ch);
-          out += buf;
-        } else {
-          out += static_cast<char>(ch);
-        }
-    }
-  }
-  return out + "\"";
-}
 
 JsonLine& JsonLine::add(const std::string& key, const std::string& value) {
   body_ += (body_.empty() ? "" : ",") + jsonQuote(key) + ":" + jsonQuote(value);
@@ -280,17 +260,8 @@ void writeTextAtomic(const std::string& path, const std::string& text) {
 }
 
 void makeDirs(const std::string& dir) {
-  std::string cur;
-  std::stringstream ss(dir);
-  std::string part;
-  if (!dir.empty() && dir[0] == '/') cur = "/";
-  while (std::getline(ss, part, '/')) {
-    if (part.empty()) continue;
-    cur += part + "/";
-    if (::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) {
-      throw std::runtime_error("cannot create " + cur + ": " + std::strerror(errno));
-    }
-  }
+  std::string at;
+  if (const int err = distill::makeDirs(dir, &at)) throw std::runtime_error("cannot create " + at + ": " + std::strerror(err));
 }
 
 bool fileExists(const std::string& path) {

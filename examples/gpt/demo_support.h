@@ -58,7 +58,6 @@ double learningRate(double peak, int64_t step, int64_t steps, int64_t warmup, do
 
 // ---- flat JSON: one object, string / number / boolean values ----
 
-std::string jsonQuote(const std::string& s);
 
 class JsonLine {
  public:

@@ -70,6 +70,7 @@
 #include "distill/core/config.h"
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
+#include "distill/core/strings.h"
 #include "distill/core/topology.h"
 #include "distill/ipc/hang_report.h"
 #include "distill/ipc/segment.h"
@@ -161,17 +162,8 @@ std::string exeDir() {
 }
 
 void mkdirs(const std::string& dir) {
-  std::string cur;
-  std::stringstream ss(dir);
-  std::string part;
-  if (!dir.empty() && dir[0] == '/') cur = "/";
-  while (std::getline(ss, part, '/')) {
-    if (part.empty()) continue;
-    cur += part + "/";
-    if (::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) {
-      DISTILL_THROW(ConfigError, "run.log_dir: cannot create '", cur, "': ", errnoString(errno));
-    }
-  }
+  std::string at;
+  if (const int err = makeDirs(dir, &at)) DISTILL_THROW(ConfigError, "run.log_dir: cannot create '", at, "': ", errnoString(err));
 }
 
 struct Rank {
