@@ -12,6 +12,8 @@
 #include <string>
 #include <thread>
 
+#include <ATen/ATen.h>
+
 #include "distill/core/clock.h"
 #include "distill/ipc/channel.h"
 #include "distill/ipc/segment.h"
@@ -61,6 +63,33 @@ inline EndpointOptions opts(int rank) {
   EndpointOptions o;
   o.rank = rank;
   return o;
+}
+
+// A request (or `kind`) tagged from `seq`: step seq / 3, acc_step seq % 3, one
+// int64 tensor "x" holding seq twice.
+inline OutMessage msgWith(uint64_t seq, MsgKind kind = MsgKind::kRequest) {
+  OutMessage m;
+  m.tag = Tag{seq, int64_t(seq / 3), int64_t(seq % 3)};
+  m.kind = kind;
+  m.tensors.push_back({"x", at::full({2}, int64_t(seq), at::kLong)});
+  return m;
+}
+
+// A teacher child: attach, admit, echo every request as a response until a finish.
+inline int echoTeacher(const std::string& name, const std::string& job, int rank) {
+  using namespace std::chrono_literals;
+  auto seg = Segment::attach(name, job, std::nullopt, Deadline::after(10s));
+  TeacherEndpoint t(seg, opts(rank));
+  t.waitAdmission(Deadline::after(10s));
+  for (;;) {
+    auto m = t.waitAny(Deadline::after(30s));
+    if (m.kind() == MsgKind::kFinish) return 0;
+    OutMessage r;
+    r.tag = m.tag();
+    r.kind = MsgKind::kResponse;
+    r.tensors.push_back({"x", m.view("x")});
+    t.reply(m.student(), r, Deadline::after(30s));
+  }
 }
 
 }  // namespace distill::ipc::test

@@ -24,29 +24,6 @@ namespace {
 
 const std::string kJob = "job-recorder-test";
 
-OutMessage msgWith(uint64_t seq) {
-  OutMessage m;
-  m.tag = Tag{seq, int64_t(seq / 3), int64_t(seq % 3)};
-  m.kind = MsgKind::kRequest;
-  m.tensors.push_back({"x", at::full({2}, int64_t(seq), at::kLong)});
-  return m;
-}
-
-int echoTeacher(const std::string& name, int rank) {
-  auto seg = Segment::attach(name, kJob, std::nullopt, Deadline::after(10s));
-  TeacherEndpoint t(seg, opts(rank));
-  t.waitAdmission(Deadline::after(10s));
-  for (;;) {
-    auto m = t.waitAny(Deadline::after(30s));
-    if (m.kind() == MsgKind::kFinish) return 0;
-    OutMessage r;
-    r.tag = m.tag();
-    r.kind = MsgKind::kResponse;
-    r.tensors.push_back({"x", m.view("x")});
-    t.reply(m.student(), r, Deadline::after(30s));
-  }
-}
-
 bool anyContains(const std::vector<std::string>& lines, const std::string& part) {
   for (auto& l : lines)
     if (contains(l, part)) return true;
@@ -58,7 +35,7 @@ bool anyContains(const std::vector<std::string>& lines, const std::string& part)
 TEST(IpcRecorder, RingTrafficCollectivesAndUserCodeAsSeenByAnotherProcess) {
   ScopedName sn;
   auto seg = Segment::create(sn.name, smallLayout(1, 4), kJob);
-  auto teacher = forkChild([&] { return echoTeacher(sn.name, 1); });
+  auto teacher = forkChild([&] { return echoTeacher(sn.name, kJob, 1); });
   StudentEndpoint s(seg, 0, opts(0));
   s.waitAdmission(Deadline::after(10s));
   const uint64_t before = progressCount(seg);

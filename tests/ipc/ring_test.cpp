@@ -25,37 +25,12 @@ namespace {
 
 const std::string kJob = "job-ring-test";
 
-
-OutMessage msgWith(uint64_t seq, MsgKind kind = MsgKind::kRequest) {
-  OutMessage m;
-  m.tag = Tag{seq, int64_t(seq / 3), int64_t(seq % 3)};
-  m.kind = kind;
-  m.tensors.push_back({"x", at::full({2}, int64_t(seq), at::kLong)});
-  return m;
-}
-
-// A teacher child: attach, admit, echo every request as a response until a finish.
-int echoTeacher(const std::string& name, int rank) {
-  auto seg = Segment::attach(name, kJob, std::nullopt, Deadline::after(10s));
-  TeacherEndpoint t(seg, opts(rank));
-  t.waitAdmission(Deadline::after(10s));
-  for (;;) {
-    auto m = t.waitAny(Deadline::after(30s));
-    if (m.kind() == MsgKind::kFinish) return 0;
-    OutMessage r;
-    r.tag = m.tag();
-    r.kind = MsgKind::kResponse;
-    r.tensors.push_back({"x", m.view("x")});
-    t.reply(m.student(), r, Deadline::after(30s));
-  }
-}
-
 }  // namespace
 
 TEST(IpcRing, OrderAndWrapAround100kMessages) {
   ScopedName sn;
   auto seg = Segment::create(sn.name, smallLayout(1, 4), kJob);
-  auto teacher = forkChild([&] { return echoTeacher(sn.name, 1); });
+  auto teacher = forkChild([&] { return echoTeacher(sn.name, kJob, 1); });
   {
     StudentEndpoint s(seg, 0, opts(0));
     s.waitAdmission(Deadline::after(10s));
@@ -193,7 +168,7 @@ TEST(IpcRing, TeacherKilledWhileStudentWaits) {
   ScopedName sn;
   const int hb = 100;
   auto seg = Segment::create(sn.name, smallLayout(1, 4, hb), kJob);
-  auto teacher = forkChild([&] { return echoTeacher(sn.name, 9); });
+  auto teacher = forkChild([&] { return echoTeacher(sn.name, kJob, 9); });
   StudentEndpoint s(seg, 0, opts(0));
   s.waitAdmission(Deadline::after(10s));
   auto [what, elapsed] = lossDetected(seg, 0, teacher, SIGKILL, [&] { s.receive(Deadline::after(20s), Tag{1, 2, 0}); });
@@ -238,7 +213,7 @@ TEST(IpcRing, StoppedPeerIsDetectedAsStalled) {
   ScopedName sn;
   const int hb = 100;
   auto seg = Segment::create(sn.name, smallLayout(1, 4, hb), kJob);
-  auto teacher = forkChild([&] { return echoTeacher(sn.name, 9); });
+  auto teacher = forkChild([&] { return echoTeacher(sn.name, kJob, 9); });
   StudentEndpoint s(seg, 0, opts(0));
   s.waitAdmission(Deadline::after(10s));
   auto [what, elapsed] = lossDetected(seg, 0, teacher, SIGSTOP, [&] { s.receive(Deadline::after(20s)); });
