@@ -16,6 +16,7 @@
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
 #include "distill/core/student_group.h"
+#include "distill/core/trace.h"
 
 namespace distill {
 namespace {
@@ -159,6 +160,17 @@ struct Writer {
     return cv.wait_until(lock, d.when(), [&] { return !busy; });
   }
 };
+
+// The flight recorder's event for a save (at `step`) or a load (step < 0).
+trace::Event checkpointEvent(const char* what, int64_t step) {
+  trace::Event e;
+  e.op = trace::Op::kCheckpoint;
+  e.label = what;
+  e.step = step;
+  e.accStep = 0;
+  if (step < 0) currentStep(&e.step, &e.accStep);
+  return e;
+}
 
 }  // namespace
 
@@ -594,6 +606,7 @@ bool CheckpointManager::save(int64_t step, torch::nn::Module& model, torch::opti
   auto& s = *impl_;
   if (!enabled()) return false;
   DISTILL_CHECK_T(CheckpointError, step >= 0, "checkpoint step must be >= 0, got ", step);
+  trace::Scope recorded(checkpointEvent("save", step));  // the hang table shows a stuck save
   bool previousOk = s.finishPending();
   const std::string tmpDir = s.path(stepName(step) + ".tmp");
   auto start = Clock::now();
@@ -657,6 +670,7 @@ std::optional<LoadedState> CheckpointManager::loadLatest(torch::nn::Module& mode
                                                          std::mt19937_64* rng) {
   auto& s = *impl_;
   if (!enabled()) return std::nullopt;
+  trace::Scope recorded(checkpointEvent("load", -1));
   s.finishPending();
   // Rank 0 chooses; [status (0 none, 1 found, 2 error), step, saved world size].
   auto choice = torch::zeros({3}, torch::kLong);

@@ -161,7 +161,10 @@ std::vector<ProcessActivity> describeActivity(const Segment& seg, int events) {
         }
         if (!behind.empty()) doing << "; not entered by " << behind;
       } else {
-        doing << "in " << trace::opName(open->op) << " for " << seconds(now - open->startNs);
+        doing << "in " << trace::opName(open->op);
+        if (!open->label.empty()) doing << " " << open->label;
+        if (open->step >= 0) doing << " at step " << open->step;
+        doing << " for " << seconds(now - open->startNs);
       }
     } else {
       const int64_t since = s.recorder(i).lastEndNs.load(std::memory_order_relaxed);

@@ -75,6 +75,35 @@ TEST(IpcRecorder, RingTrafficCollectivesAndUserCodeAsSeenByAnotherProcess) {
     EXPECT_TRUE(anyContains(now[0].lastEvents, "collective 'grads' #7 (step 4, acc_step 0), still open"))
         << formatHangTable(seg, "t");
   }
+  // A checkpoint save (ckpt records it so): shown while open, and the
+  // collective inside it is what the table names (the innermost open event).
+  {
+    trace::Event save;
+    save.op = trace::Op::kCheckpoint;
+    save.label = "save";
+    save.step = 9;
+    save.accStep = 0;
+    trace::Scope saving(save);
+    EXPECT_TRUE(contains(describeActivity(seg)[0].doing, "in checkpoint save at step 9 for"))
+        << describeActivity(seg)[0].doing;
+    trace::Event barrier;
+    barrier.op = trace::Op::kCollective;
+    barrier.seq = 8;
+    barrier.label = "checkpoint barrier";
+    trace::Scope inside(barrier);
+    EXPECT_TRUE(contains(describeActivity(seg)[0].doing, "in student group checkpoint barrier #8"))
+        << describeActivity(seg)[0].doing;
+  }
+  // The collective of step 4 stays the newest one in the history.
+  {
+    trace::Event ev;
+    ev.op = trace::Op::kCollective;
+    ev.seq = 7;
+    ev.step = 4;
+    ev.accStep = 0;
+    ev.label = "grads";
+    trace::Scope again(ev);
+  }
   auto after = describeActivity(seg, 5);
   EXPECT_TRUE(contains(after[0].doing, "since its last distill call ended: collective #7 at step 4")) << after[0].doing;
 
