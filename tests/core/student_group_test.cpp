@@ -55,6 +55,7 @@ DISTILL_TEST_ROLE(student) {
     const int64_t n = g.size();
     for (int i = 1; i <= iterations; ++i) {
       start = steady_clock::now();
+      distill::setCurrentStep(i, 0);  // as the student client does per request
       g.barrier("checkpoint barrier");
       auto t = torch::full({4}, static_cast<double>((g.rank() + 1) * i), torch::kFloat64);
       g.allReduce(t, distill::ReduceOp::kSum, "loss all_reduce");
@@ -127,7 +128,10 @@ TEST_F(StudentGroupTest, StudentThatNeverEntersTheBarrierIsNamed) {
     std::string out = dt::readFile(logs[r]);
     EXPECT_TRUE(st.exited && st.code == 3) << "rank " << r << ": " << st.describe() << "\n" << out;
     EXPECT_NE(out.find("student rank(s) 2 never entered it"), std::string::npos) << out;
-    EXPECT_NE(out.find("checkpoint barrier"), std::string::npos) << out;
+    // The collective, its number, the step it was entered at.
+    EXPECT_NE(out.find("student group checkpoint barrier #1 timed out"), std::string::npos) << out;
+    EXPECT_NE(out.find("[step=1 acc_step=0 awaiting: student group checkpoint barrier #1]"), std::string::npos)
+        << out;
     EXPECT_NE(out.find(" r" + std::to_string(r) + " student]"), std::string::npos) << out;
     // Detected within the deadline (plus slack), measured by the waiter itself.
     auto pos = out.find("ERROR after ");
