@@ -39,6 +39,7 @@ struct Problem {
   at::ScalarType compute = at::kFloat;  // arithmetic dtype of the chunks
   at::Tensor labels;                    // [N] int64
   at::Tensor valid;                     // [Nv] int64: rows whose label is not ignored
+  bool allValid = false;                // valid == 0..N-1: chunks are plain row ranges (views, no gathers)
   at::Tensor tLogits;                   // [N, V] or undefined
   at::Tensor tValues, tIndices, tLse;   // [N, k], [N, k] int64, [N] or undefined
 };
@@ -103,10 +104,63 @@ Divergence divergence(Kind kind, double beta, at::Tensor& logq, at::Tensor& logp
   return out;
 }
 
+// The valid rows of one chunk: `rows` (indices into the N tokens), or when
+// every token is valid the range [first, first + count) taken as views.
+struct Rows {
+  at::Tensor index;
+  int64_t first = 0, count = 0;
+  bool range = false;
+  at::Tensor of(const at::Tensor& t) const { return range ? t.narrow(0, first, count) : t.index_select(0, index); }
+  void write(at::Tensor& grad, const at::Tensor& g) const {
+    if (range) {
+      grad.narrow(0, first, count).copy_(g);
+    } else {
+      grad.index_copy_(0, index, g.to(grad.scalar_type()));
+    }
+  }
+};
+
+// Dense teacher logits: the log-softmaxes come from ATen's fused kernels (one
+// pass each, no logsumexp temporaries), and nothing is gathered when the rows
+// are a plain range. The divergence and the gradient assembly are those of
+// the top-k path (lossChunk); tests/losses checks both against a reference.
+void denseChunk(const Problem& pb, const at::Tensor& z, const Rows& rows, at::Tensor& grad, at::Tensor& kdSum,
+                at::Tensor& ceSum) {
+  const bool needGrad = grad.defined();
+  const double t = pb.temperature;
+  at::Tensor lab = rows.of(pb.labels).unsqueeze(1);  // [C, 1]
+  at::Tensor zc = rows.of(z);
+  at::Tensor logp1 = at::log_softmax(zc, 1, pb.compute);  // temperature 1: the hard-label CE
+  ceSum.add_(logp1.gather(1, lab).sum().neg().to(at::kDouble));
+  at::Tensor gce;
+  if (needGrad && pb.alpha < 1) {
+    gce = logp1.exp();
+    gce.scatter_add_(1, lab, at::full({lab.size(0), 1}, -1.0, gce.options()));
+    gce.mul_((1 - pb.alpha) / pb.normalizer);
+  }
+  const bool kdGrad = needGrad && pb.alpha > 0;
+  at::Tensor logp = t == 1 ? std::move(logp1) : at::log_softmax(zc.to(pb.compute).div(t), 1);
+  at::Tensor tc = rows.of(pb.tLogits);
+  at::Tensor logq = t == 1 ? at::log_softmax(tc, 1, pb.compute) : at::log_softmax(tc.to(pb.compute).div(t), 1);
+  Divergence dv = divergence(pb.kind, pb.beta, logq, logp, kdGrad);
+  kdSum.add_(dv.kd.sum().to(at::kDouble));
+  if (!needGrad) return;
+  at::Tensor g;
+  if (kdGrad) {
+    g = dv.grad.mul_(pb.alpha * t / pb.normalizer);  // d(T^2 kd)/dz = T * d kd / ds
+    if (gce.defined()) g.add_(gce);
+  } else {
+    g = gce;
+  }
+  if (g.defined()) rows.write(grad, g);
+}
+
 // One chunk of valid rows: adds the kd and ce sums to the accumulators and, when
 // `grad` is defined, writes the gradient of loss w.r.t. those rows into it.
-void lossChunk(const Problem& pb, const at::Tensor& z, const at::Tensor& rows, at::Tensor& grad,
-               at::Tensor& kdSum, at::Tensor& ceSum) {
+void lossChunk(const Problem& pb, const at::Tensor& z, const Rows& chunk, at::Tensor& grad, at::Tensor& kdSum,
+               at::Tensor& ceSum) {
+  if (pb.tLogits.defined()) return denseChunk(pb, z, chunk, grad, kdSum, ceSum);
+  const at::Tensor rows = chunk.range ? pb.valid.narrow(0, chunk.first, chunk.count) : chunk.index;
   const bool needGrad = grad.defined();
   const double t = pb.temperature;
   at::Tensor lab = pb.labels.index_select(0, rows).unsqueeze(1);  // [C, 1]
@@ -128,15 +182,7 @@ void lossChunk(const Problem& pb, const at::Tensor& z, const at::Tensor& rows, a
   lse1.reset();
   at::Tensor gs;  // d kd / d s, unscaled
 
-  if (pb.tLogits.defined()) {
-    at::Tensor logq = pb.tLogits.index_select(0, rows).to(pb.compute);
-    if (t != 1) logq.div_(t);
-    logq.sub_(at::logsumexp(logq, 1, true));
-    x.sub_(lseS.unsqueeze(1));  // log p
-    Divergence dv = divergence(pb.kind, pb.beta, logq, x, kdGrad);
-    kdSum.add_(dv.kd.sum().to(at::kDouble));
-    gs = std::move(dv.grad);
-  } else {
+  {
     // k + 1 buckets: the teacher's top-k tokens and the tail (see losses.h).
     at::Tensor idx = pb.tIndices.index_select(0, rows);
     at::Tensor vals = pb.tValues.index_select(0, rows).to(pb.compute).div_(t);
@@ -192,7 +238,11 @@ Sums runChunks(const Problem& pb, const at::Tensor& z2, at::Tensor grad2) {
   Sums s{at::zeros({}, dopt), at::zeros({}, dopt)};
   const int64_t nv = pb.valid.size(0);
   for (int64_t c0 = 0; c0 < nv; c0 += pb.chunk) {
-    at::Tensor rows = pb.valid.narrow(0, c0, std::min(pb.chunk, nv - c0));
+    Rows rows;
+    rows.first = c0;
+    rows.count = std::min(pb.chunk, nv - c0);
+    rows.range = pb.allValid;
+    if (!rows.range) rows.index = pb.valid.narrow(0, c0, rows.count);
     lossChunk(pb, z2, rows, grad2, s.kd, s.ce);
   }
   return s;
@@ -216,7 +266,9 @@ class DistillFunction : public torch::autograd::Function<DistillFunction> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
                                                 const at::Tensor& z, const Problem* pb) {
-    at::Tensor grad = at::zeros_like(z, at::MemoryFormat::Contiguous);
+    // Every valid row's gradient is written by its chunk; ignored rows stay 0.
+    at::Tensor grad = pb->allValid ? at::empty_like(z, at::MemoryFormat::Contiguous)
+                                   : at::zeros_like(z, at::MemoryFormat::Contiguous);
     Sums s = runChunks(*pb, z.reshape({-1, pb->v}), grad.view({-1, pb->v}));
     LossResult r = finish(*pb, s);
     ctx->saved_data["grad"] = grad;
@@ -340,6 +392,7 @@ Problem prepare(const at::Tensor& z, const at::Tensor& labels, const TeacherOutp
                     "within a token's top-k");
   }
   pb.valid = keep.nonzero().squeeze(1);
+  pb.allValid = pb.valid.size(0) == pb.n;
   return pb;
 }
 
