@@ -24,6 +24,17 @@ namespace {
 
 const std::string kJob = "job-recorder-test";
 
+// An event as the student group (collectives) or ckpt (saves) records it.
+trace::Event event(trace::Op op, uint64_t seq, int64_t step, const std::string& label) {
+  trace::Event e;
+  e.op = op;
+  e.seq = seq;
+  e.step = step;
+  e.accStep = step >= 0 ? 0 : -1;
+  e.label = label;
+  return e;
+}
+
 bool anyContains(const std::vector<std::string>& lines, const std::string& part) {
   for (auto& l : lines)
     if (contains(l, part)) return true;
@@ -63,13 +74,7 @@ TEST(IpcRecorder, RingTrafficCollectivesAndUserCodeAsSeenByAnotherProcess) {
 
   // A collective recorded through the process's trace sink (as the student group does).
   {
-    trace::Event ev;
-    ev.op = trace::Op::kCollective;
-    ev.seq = 7;
-    ev.step = 4;
-    ev.accStep = 0;
-    ev.label = "grads";
-    trace::Scope open(ev);
+    trace::Scope open(event(trace::Op::kCollective, 7, 4, "grads"));
     auto now = describeActivity(seg, 5);
     EXPECT_TRUE(contains(now[0].doing, "in student group grads #7 at step 4 acc_step 0 for")) << now[0].doing;
     EXPECT_TRUE(anyContains(now[0].lastEvents, "collective 'grads' #7 (step 4, acc_step 0), still open"))
@@ -78,32 +83,15 @@ TEST(IpcRecorder, RingTrafficCollectivesAndUserCodeAsSeenByAnotherProcess) {
   // A checkpoint save (ckpt records it so): shown while open, and the
   // collective inside it is what the table names (the innermost open event).
   {
-    trace::Event save;
-    save.op = trace::Op::kCheckpoint;
-    save.label = "save";
-    save.step = 9;
-    save.accStep = 0;
-    trace::Scope saving(save);
+    trace::Scope saving(event(trace::Op::kCheckpoint, 0, 9, "save"));
     EXPECT_TRUE(contains(describeActivity(seg)[0].doing, "in checkpoint save at step 9 for"))
         << describeActivity(seg)[0].doing;
-    trace::Event barrier;
-    barrier.op = trace::Op::kCollective;
-    barrier.seq = 8;
-    barrier.label = "checkpoint barrier";
-    trace::Scope inside(barrier);
+    trace::Scope inside(event(trace::Op::kCollective, 8, -1, "checkpoint barrier"));
     EXPECT_TRUE(contains(describeActivity(seg)[0].doing, "in student group checkpoint barrier #8"))
         << describeActivity(seg)[0].doing;
   }
   // The collective of step 4 stays the newest one in the history.
-  {
-    trace::Event ev;
-    ev.op = trace::Op::kCollective;
-    ev.seq = 7;
-    ev.step = 4;
-    ev.accStep = 0;
-    ev.label = "grads";
-    trace::Scope again(ev);
-  }
+  { trace::Scope again(event(trace::Op::kCollective, 7, 4, "grads")); }
   auto after = describeActivity(seg, 5);
   EXPECT_TRUE(contains(after[0].doing, "since its last distill call ended: collective #7 at step 4")) << after[0].doing;
 
