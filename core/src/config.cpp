@@ -46,6 +46,7 @@ struct KeySpec {
   KeySpec& byteSize() { bytes = true; return *this; }
   KeySpec& mandatory() { required = true; return *this; }
   KeySpec& nonEmpty() { notEmpty = true; return *this; }
+  KeySpec& runtime() { runtimeOnly = true; return *this; }
 
   std::string section() const { return path.substr(0, path.find('.')); }
   std::string name() const { return path.substr(path.find('.') + 1); }
@@ -57,6 +58,8 @@ struct KeySpec {
   bool bytes = false;                // an int64 that also takes "64MiB"
   bool required = false;             // no default: the file must set it
   bool notEmpty = false;             // strings and lists
+  bool runtimeOnly = false;          // cannot change what is trained (paths, ports, timeouts,
+                                     // transport sizes): left out of configHash
 };
 
 // The path and the field come from one spelling, so they cannot drift apart.
@@ -66,17 +69,17 @@ struct KeySpec {
 // The schema, in the order of options.h; ranges are its comments.
 const std::vector<KeySpec>& schema() {
   static const std::vector<KeySpec> keys = {
-      DISTILL_KEY(run, name).nonEmpty(),
+      DISTILL_KEY(run, name).nonEmpty().runtime(),
       DISTILL_KEY(run, nproc_per_node).min(2),
       DISTILL_KEY(run, nnodes).min(1),
       DISTILL_KEY(run, node_rank).min(0),  // and < run.nnodes, checked across fields
-      DISTILL_KEY(run, master_addr).nonEmpty(),
-      DISTILL_KEY(run, master_port).min(1).max(65535),
-      DISTILL_KEY(run, log_dir).nonEmpty(),
-      DISTILL_KEY(run, startup_timeout_s).above(0),
-      DISTILL_KEY(run, collective_timeout_s).above(0),
-      DISTILL_KEY(run, hang_timeout_s).above(0),
-      DISTILL_KEY(run, on_hang).oneOf({"teardown", "wait"}),
+      DISTILL_KEY(run, master_addr).nonEmpty().runtime(),
+      DISTILL_KEY(run, master_port).min(1).max(65535).runtime(),
+      DISTILL_KEY(run, log_dir).nonEmpty().runtime(),
+      DISTILL_KEY(run, startup_timeout_s).above(0).runtime(),
+      DISTILL_KEY(run, collective_timeout_s).above(0).runtime(),
+      DISTILL_KEY(run, hang_timeout_s).above(0).runtime(),
+      DISTILL_KEY(run, on_hang).oneOf({"teardown", "wait"}).runtime(),
       DISTILL_KEY(run, seed),
       DISTILL_KEY(run, steps).min(0),
 
@@ -91,23 +94,23 @@ const std::vector<KeySpec>& schema() {
       DISTILL_KEY(teacher, hidden_states),
       DISTILL_KEY(teacher, device).oneOf({"cpu", "cuda", "cuda:N"}),
       DISTILL_KEY(teacher, autocast).oneOf({"none", "float16", "bfloat16"}),
-      DISTILL_KEY(teacher, max_batch_tokens).min(1),
+      DISTILL_KEY(teacher, max_batch_tokens).min(1).runtime(),
       DISTILL_KEY(teacher, topk).min(0),
-      DISTILL_KEY(teacher, max_restarts).min(0),
-      DISTILL_KEY(teacher, threads).min(0),
+      DISTILL_KEY(teacher, max_restarts).min(0).runtime(),
+      DISTILL_KEY(teacher, threads).min(0).runtime(),
 
       DISTILL_KEY(student, grad_acc_steps).min(1),
-      DISTILL_KEY(student, in_flight).min(1),  // and <= transport.slots, checked across fields
+      DISTILL_KEY(student, in_flight).min(1).runtime(),  // and <= transport.slots, checked across fields
       DISTILL_KEY(student, device).oneOf({"cpu", "cuda", "cuda:N"}),
       DISTILL_KEY(student, backend).oneOf({"auto", "gloo", "nccl"}),
-      DISTILL_KEY(student, bucket_mb).above(0),
+      DISTILL_KEY(student, bucket_mb).above(0).runtime(),
 
-      DISTILL_KEY(transport, slots).min(1),
-      DISTILL_KEY(transport, max_request_bytes).byteSize().min(1),
-      DISTILL_KEY(transport, max_response_bytes).byteSize().min(1),
-      DISTILL_KEY(transport, heartbeat_ms).min(1),
-      DISTILL_KEY(transport, spin_us).min(0),
-      DISTILL_KEY(transport, cuda_ipc).oneOf({"auto", "on", "off"}),
+      DISTILL_KEY(transport, slots).min(1).runtime(),
+      DISTILL_KEY(transport, max_request_bytes).byteSize().min(1).runtime(),
+      DISTILL_KEY(transport, max_response_bytes).byteSize().min(1).runtime(),
+      DISTILL_KEY(transport, heartbeat_ms).min(1).runtime(),
+      DISTILL_KEY(transport, spin_us).min(0).runtime(),
+      DISTILL_KEY(transport, cuda_ipc).oneOf({"auto", "on", "off"}).runtime(),
 
       DISTILL_KEY(loss, kind).oneOf({"forward_kl", "reverse_kl", "jsd"}),
       DISTILL_KEY(loss, temperature).above(0),
@@ -116,12 +119,12 @@ const std::vector<KeySpec>& schema() {
       DISTILL_KEY(loss, ignore_index),
       DISTILL_KEY(loss, chunk_tokens).min(1),
 
-      DISTILL_KEY(checkpoint, dir),
-      DISTILL_KEY(checkpoint, every_steps).min(0),
-      DISTILL_KEY(checkpoint, keep_last).min(1),
-      DISTILL_KEY(checkpoint, async),
-      DISTILL_KEY(checkpoint, resume),
-      DISTILL_KEY(checkpoint, on_error).oneOf({"stop", "continue"}),
+      DISTILL_KEY(checkpoint, dir).runtime(),
+      DISTILL_KEY(checkpoint, every_steps).min(0).runtime(),
+      DISTILL_KEY(checkpoint, keep_last).min(1).runtime(),
+      DISTILL_KEY(checkpoint, async).runtime(),
+      DISTILL_KEY(checkpoint, resume).runtime(),
+      DISTILL_KEY(checkpoint, on_error).oneOf({"stop", "continue"}).runtime(),
   };
   return keys;
 }
@@ -779,11 +782,49 @@ std::string dumpConfig(const Config& config) {
   return out;
 }
 
+std::vector<ConfigEntry> configEntries(const Config& config) {
+  Config copy = config;  // the schema's accessors take a mutable Config
+  std::vector<ConfigEntry> out;
+  for (const KeySpec& k : schema()) out.push_back({k.path, formatValue(k.field(copy)), !k.runtimeOnly});
+  for (const auto& [key, value] : config.trainer.values) {
+    out.push_back({kTrainerSection + "." + key, quote(value), true});
+  }
+  return out;
+}
+
+std::vector<std::string> configDiff(const Config& a, const Config& b, bool trainingOnly) {
+  std::map<std::string, ConfigEntry> left;
+  for (ConfigEntry& e : configEntries(a)) left.emplace(e.key, std::move(e));
+  std::vector<std::string> out;
+  for (const ConfigEntry& e : configEntries(b)) {
+    auto it = left.find(e.key);
+    if (trainingOnly && !e.training) {
+      if (it != left.end()) left.erase(it);
+      continue;
+    }
+    if (it == left.end() || it->second.value != e.value) out.push_back(e.key);
+    if (it != left.end()) left.erase(it);
+  }
+  for (const auto& [key, e] : left) {  // trainer keys only a has
+    if (!trainingOnly || e.training) out.push_back(key);
+  }
+  return out;
+}
+
 uint64_t configHash(const Config& config) {
-  uint64_t h = 14695981039346656037ull;
-  for (unsigned char ch : dumpConfig(config)) {
-    h ^= ch;
+  uint64_t h = 14695981039346656037ull;  // FNV-1a 64
+  auto mix = [&h](const std::string& s) {
+    for (unsigned char ch : s) {
+      h ^= ch;
+      h *= 1099511628211ull;
+    }
+    h ^= 0xff;  // separator: ("ab","c") and ("a","bc") differ
     h *= 1099511628211ull;
+  };
+  for (const ConfigEntry& e : configEntries(config)) {
+    if (!e.training) continue;
+    mix(e.key);
+    mix(e.value);
   }
   return h;
 }

@@ -42,7 +42,26 @@ std::vector<std::string> configKeys();
 // by parseConfig into an equal Config. `source` is not part of it.
 std::string dumpConfig(const Config& config);
 
-// FNV-1a 64 of dumpConfig(config): what a checkpoint manifest records.
+// One key of a Config with its value as dumpConfig writes it. `training` is
+// false for keys that cannot change what is trained (names, paths, ports,
+// timeouts, transport sizes, checkpoint schedule): see the schema in config.cpp.
+struct ConfigEntry {
+  std::string key;    // "section.key"; the trainer's own keys as "trainer.<key>"
+  std::string value;  // canonical text (strings quoted, doubles exact)
+  bool training = true;
+};
+
+// Every key in schema order, then the trainer section's keys in key order.
+std::vector<ConfigEntry> configEntries(const Config& config);
+
+// The keys whose values differ between `a` and `b` (a trainer key set in only
+// one of them counts), in schema order; with `trainingOnly`, only keys that
+// can change what is trained.
+std::vector<std::string> configDiff(const Config& a, const Config& b, bool trainingOnly = false);
+
+// FNV-1a 64 over the keys and values of the training keys only (configEntries
+// with training == true): what a checkpoint manifest records. Changing a log
+// directory, a port or a timeout keeps the hash.
 uint64_t configHash(const Config& config);
 
 // Removes every `--set k=v` and `--set=k=v` from argv (updating argc, keeping
