@@ -76,9 +76,9 @@ const std::vector<KeySpec>& schema() {
       DISTILL_KEY(run, master_addr).nonEmpty().runtime(),
       DISTILL_KEY(run, master_port).min(1).max(65535).runtime(),
       DISTILL_KEY(run, log_dir).nonEmpty().runtime(),
-      DISTILL_KEY(run, startup_timeout_s).above(0).runtime(),
-      DISTILL_KEY(run, collective_timeout_s).above(0).runtime(),
-      DISTILL_KEY(run, hang_timeout_s).above(0).runtime(),
+      DISTILL_KEY(run, startup_timeout_s).min(kMinTimeoutS).max(kMaxTimeoutS).runtime(),
+      DISTILL_KEY(run, collective_timeout_s).min(kMinTimeoutS).max(kMaxTimeoutS).runtime(),
+      DISTILL_KEY(run, hang_timeout_s).min(kMinTimeoutS).max(kMaxTimeoutS).runtime(),
       DISTILL_KEY(run, on_hang).oneOf({"teardown", "wait"}).runtime(),
       DISTILL_KEY(run, seed),
       DISTILL_KEY(run, steps).min(0),
@@ -108,8 +108,8 @@ const std::vector<KeySpec>& schema() {
       DISTILL_KEY(transport, slots).min(1).runtime(),
       DISTILL_KEY(transport, max_request_bytes).byteSize().min(1).runtime(),
       DISTILL_KEY(transport, max_response_bytes).byteSize().min(1).runtime(),
-      DISTILL_KEY(transport, heartbeat_ms).min(1).runtime(),
-      DISTILL_KEY(transport, spin_us).min(0).runtime(),
+      DISTILL_KEY(transport, heartbeat_ms).min(1).max(60000).runtime(),
+      DISTILL_KEY(transport, spin_us).min(0).max(1000000).runtime(),
       DISTILL_KEY(transport, cuda_ipc).oneOf({"auto", "on", "off"}).runtime(),
 
       DISTILL_KEY(loss, kind).oneOf({"forward_kl", "reverse_kl", "jsd"}),
@@ -310,18 +310,26 @@ std::string formatNumber(double v) {
   return std::string(buf, res.ptr);
 }
 
+// A bound as a reader writes it: 1000000, not 1e+06.
+std::string formatBound(double v) {
+  if (v > -1e15 && v < 1e15 && v == static_cast<double>(static_cast<int64_t>(v))) {
+    return std::to_string(static_cast<int64_t>(v));
+  }
+  return formatNumber(v);
+}
+
 std::optional<std::string> checkRange(const Range& r, double v, const std::string& text) {
   // Written so that NaN fails.
   const bool ok = (r.loOpen ? v > r.lo : v >= r.lo) && (r.hiOpen ? v < r.hi : v <= r.hi);
   if (ok) return std::nullopt;
   std::string bound;
   if (r.lo > -kInf && r.hi < kInf) {
-    bound = std::string("in ") + (r.loOpen ? "(" : "[") + formatNumber(r.lo) + ", " +
-            formatNumber(r.hi) + (r.hiOpen ? ")" : "]");
+    bound = std::string("in ") + (r.loOpen ? "(" : "[") + formatBound(r.lo) + ", " +
+            formatBound(r.hi) + (r.hiOpen ? ")" : "]");
   } else if (r.lo > -kInf) {
-    bound = (r.loOpen ? "> " : ">= ") + formatNumber(r.lo);
+    bound = (r.loOpen ? "> " : ">= ") + formatBound(r.lo);
   } else {
-    bound = (r.hiOpen ? "< " : "<= ") + formatNumber(r.hi);
+    bound = (r.hiOpen ? "< " : "<= ") + formatBound(r.hi);
   }
   return "must be " + bound + ", found " + text;
 }

@@ -23,7 +23,6 @@ namespace {
 using ipc::MsgKind;
 using ipc::ReceivedMessage;
 
-Millis ms(double seconds) { return Millis(static_cast<int64_t>(seconds * 1000.0)); }
 
 std::string describe(const at::Tensor& t) {
   std::ostringstream os;
@@ -82,7 +81,7 @@ class Server {
     DISTILL_CHECK_T(ConfigError, cfg_.teacher.autocast == "none" || cfg_.teacher.device.rfind("cuda", 0) == 0,
                     "teacher.autocast: ", cfg_.teacher.autocast, " needs teacher.device cuda, found ",
                     cfg_.teacher.device);
-    auto startup = Deadline::after(ms(cfg_.run.startup_timeout_s));
+    auto startup = Deadline::afterSeconds(cfg_.run.startup_timeout_s);
     auto layout = ipc::SegmentLayout::fromOptions(cfg_.transport, students);
     segment_ = ipc::Segment::attach(topo.segment, topo.jobId, layout, startup);
     endpoint_.emplace(*segment_, ipc::EndpointOptions::fromOptions(cfg_.transport, topo.globalRank));
@@ -110,7 +109,7 @@ class Server {
         // surfaces here as PeerLostError; a quiet period is no error (students
         // may evaluate or checkpoint), so an expired deadline only warns.
         try {
-          take(endpoint_->waitAny(Deadline::after(ms(cfg_.run.peerWaitS()))));
+          take(endpoint_->waitAny(Deadline::afterSeconds(cfg_.run.peerWaitS())));
         } catch (const TimeoutError&) {
           DISTILL_LOG(kWarning) << "no request from any student for " << cfg_.run.peerWaitS()
                                 << " s; still waiting (students are alive)";
@@ -272,7 +271,7 @@ class Server {
       reply.tag = batch[b].msg.tag();
       for (auto& [name, t] : out) reply.tensors.emplace_back(name, t.narrow(0, offset, sizes[b]));
       offset += sizes[b];
-      endpoint_->reply(batch[b].student, reply, Deadline::after(ms(cfg_.run.peerWaitS())));
+      endpoint_->reply(batch[b].student, reply, Deadline::afterSeconds(cfg_.run.peerWaitS()));
       batch[b].msg.release();  // answered: only now may the slot be reused
       ++stats_.requests;
       ++stats_.perStudent[batch[b].student];
@@ -319,7 +318,7 @@ class Server {
     reply.kind = MsgKind::kError;
     reply.tag = tag;
     reply.errorText = text;
-    endpoint_->reply(student, reply, Deadline::after(ms(cfg_.run.peerWaitS())));
+    endpoint_->reply(student, reply, Deadline::afterSeconds(cfg_.run.peerWaitS()));
     ++stats_.errors;
   }
 
