@@ -184,27 +184,70 @@ size_t levenshtein(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
+// Is `a` a subsequence of `b` (every character of a, in order, in b)?
+bool isSubsequence(const std::string& a, const std::string& b) {
+  size_t i = 0;
+  for (size_t j = 0; i < a.size() && j < b.size(); ++j) i += a[i] == b[j] ? 1 : 0;
+  return i == a.size();
+}
+
+// How near a mistyped name is to a known one: (tier, edit distance), lower is
+// nearer; nullopt when they are unrelated. One name extending the other
+// ("lrate" for "lr", "slot" for "slots") comes first, then one spelled inside
+// the other ("temprature" for "temperature"), then any name within 3 edits.
+// Plain edit distance alone ranks "lrate" as near "data" as "lr" (3 edits
+// each): what a user who abbreviates means is the name they started to write.
+// Both of the first two need the shorter name to have 2+ characters and the
+// longer at most 4 times as many, so that "d" or "lr" do not match everything.
+std::optional<std::pair<int, size_t>> nearness(const std::string& typo, const std::string& known) {
+  const size_t d = levenshtein(typo, known);
+  const std::string& shorter = typo.size() <= known.size() ? typo : known;
+  const std::string& longer = typo.size() <= known.size() ? known : typo;
+  if (shorter.size() >= 2 && longer.size() <= 4 * shorter.size()) {
+    if (longer.compare(0, shorter.size(), shorter) == 0) return std::make_pair(0, d);
+    if (isSubsequence(shorter, longer)) return std::make_pair(1, d);
+  }
+  if (d < 4) return std::make_pair(2, d);
+  return std::nullopt;
+}
+
+// The nearest of `known` to `typo` (the first of equals), "" if none is near.
+std::string nearest(const std::string& typo, const std::vector<std::string>& known) {
+  std::string best;
+  std::optional<std::pair<int, size_t>> bestScore;
+  for (const std::string& k : known) {
+    const auto score = nearness(typo, k);
+    if (score && (!bestScore || *score < *bestScore)) {
+      bestScore = score;
+      best = k;
+    }
+  }
+  return best;
+}
+
 std::string unknownKey(const std::string& path) {
   const std::string section = path.substr(0, path.find('.'));
-  // Nearest key of the same section first: a typo rarely changes the section.
-  std::string best;
-  size_t bestDist = 4;
-  for (bool sameSection : {true, false}) {
-    for (const KeySpec& k : schema()) {
-      if (sameSection && k.section() != section) continue;
-      const size_t d = levenshtein(path, k.path);
-      if (d < bestDist) {
-        bestDist = d;
-        best = k.path;
-      }
-    }
-    if (!best.empty()) return path + ": unknown key; did you mean " + best + "?";
-  }
-  if (!isSection(section)) return path + ": unknown key; valid sections: " + join(sectionNames());
+  const std::string name = path.substr(std::min(path.size(), section.size() + 1));
+  // A key of the same section first: a typo rarely changes the section.
   std::vector<std::string> names;
   for (const KeySpec& k : schema()) {
     if (k.section() == section) names.push_back(k.name());
   }
+  const std::string same = nearest(name, names);
+  if (!same.empty()) return path + ": unknown key; did you mean " + section + "." + same + "?";
+  // Another section's key only when the whole path is a few edits away: the same
+  // name in another section ("student.temperature") is no typo of it.
+  std::string best;
+  size_t bestDist = 4;
+  for (const KeySpec& k : schema()) {
+    const size_t d = levenshtein(path, k.path);
+    if (d < bestDist) {
+      bestDist = d;
+      best = k.path;
+    }
+  }
+  if (!best.empty()) return path + ": unknown key; did you mean " + best + "?";
+  if (!isSection(section)) return path + ": unknown key; valid sections: " + join(sectionNames());
   return path + ": unknown key; valid keys in " + section + ": " + join(names);
 }
 
@@ -655,15 +698,7 @@ void TrainerOptions::expectOnly(const std::vector<std::string>& known) const {
   for (const auto& kv : values) {
     const std::string& key = kv.first;
     if (std::find(known.begin(), known.end(), key) != known.end()) continue;
-    std::string best;
-    size_t bestDist = 4;
-    for (const std::string& k : known) {
-      const size_t d = levenshtein(key, k);
-      if (d < bestDist) {
-        bestDist = d;
-        best = k;
-      }
-    }
+    const std::string best = nearest(key, known);
     const std::string path = kTrainerSection + "." + key;
     problems.push_back(best.empty()
                            ? path + ": unknown key; valid keys in " + kTrainerSection + ": " + join(known)

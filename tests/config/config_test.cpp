@@ -492,3 +492,31 @@ TEST(Config, ReferenceFileSetsEveryKeyToItsDefault) {
 }
 
 }  // namespace
+
+namespace {
+
+// Issue 14 item 15: `trainer.lrate` suggested `trainer.data` (3 edits, as many
+// as to `lr`): a name that starts the typo, or is spelled inside it, is what
+// the user meant.
+TEST(Config, SuggestionsPreferPrefixesAndSubsequences) {
+  const Config c = parseConfig(kSelf + "trainer: {lrate: 1, studnet_dim: 2, bsz: 3, warmup_step: 4}\n", {}, "x.yaml");
+  try {
+    c.trainer.expectOnly({"data", "lr", "student_dim", "batch_size", "warmup_steps", "eval_every"});
+    ADD_FAILURE() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.message(),
+              "config x.yaml: 4 problem(s):\n"
+              "trainer.bsz: unknown key; did you mean trainer.batch_size?\n"
+              "trainer.lrate: unknown key; did you mean trainer.lr?\n"
+              "trainer.studnet_dim: unknown key; did you mean trainer.student_dim?\n"
+              "trainer.warmup_step: unknown key; did you mean trainer.warmup_steps?");
+  }
+  EXPECT_EQ(problemsOf(kSelf + "loss:\n  temp: 2\n"),
+            std::vector<std::string>{"loss.temp: unknown key; did you mean loss.temperature?"});
+  EXPECT_EQ(problemsOf(kSelf + "student:\n  grad_acc: 2\n"),
+            std::vector<std::string>{"student.grad_acc: unknown key; did you mean student.grad_acc_steps?"});
+  EXPECT_EQ(problemsOf(kSelf + "run:\n  timeout_s: 2\n"),
+            std::vector<std::string>{"run.timeout_s: unknown key; did you mean run.hang_timeout_s?"});
+}
+
+}  // namespace

@@ -404,4 +404,53 @@ TEST_F(LauncherTest, SegmentOfAKilledLauncherIsRemovedByTheNextRun) {
   expectSegmentGone(next);
 }
 
+// ---- config handling (issue 14) ----
+
+// A config for distill-test-trainer in `dir`: teacher.kind self unless `teacher` says otherwise.
+std::string trainerConfig(const std::string& dir, const std::string& extra, const std::string& teacher = "kind: self") {
+  const std::string path = dir + "/trainer.yaml";
+  std::ofstream(path) << "run:\n  name: config-test\n  nproc_per_node: 3\n  log_dir: " << dir
+                      << "/logs\n  startup_timeout_s: 30\n  collective_timeout_s: 30\n  hang_timeout_s: 30\n"
+                      << "teacher:\n  " << teacher << "\n"
+                      << extra;
+  return path;
+}
+
+// Item 15: a typo in the trainer's own section, with the trainer's keys given
+// to init: every rank ends at init, before any waits on another, with exit
+// code 2 and the message (the nearest key is `lr`, not `data`).
+TEST_F(LauncherTest, TrainerKeyTypoEndsEveryRankBeforeAdmission) {
+  Launch l({"--config", trainerConfig(dir_, "trainer:\n  lrate: 0.1\n"), "--master-port", std::to_string(freePort()),
+            "--", binPath("distill-test-trainer"), "strict"});
+  auto st = l.finish();
+  EXPECT_TRUE(st.exited && st.code == 1) << st.describe() << "\n" << l.text();
+  EXPECT_LT(l.elapsedMs(), 15000) << l.text();
+  const std::string& t = l.text();
+  EXPECT_TRUE(has(t, "job failed: [r") && has(t, "exit code 2\n")) << t;
+  EXPECT_TRUE(has(t, "    | ") && has(t, "trainer.lrate: unknown key; did you mean trainer.lr?")) << t;
+  for (int r = 0; r < 3; ++r) {
+    // No rank got as far as waiting for another (attach, admission).
+    EXPECT_FALSE(has(log(r), "admission")) << log(r);
+  }
+  EXPECT_FALSE(has(t, "SIGABRT")) << t;
+  expectSegmentGone(l);
+}
+
+// Item 15: a ConfigError the trainer does not catch (a bad value read after
+// admission) ends the rank with exit code 2 and its message in the summary's
+// last lines; before, std::terminate made it SIGABRT.
+TEST_F(LauncherTest, UncaughtErrorEndsTheRankWithExitCode2AndItsMessage) {
+  Launch l({"--config", trainerConfig(dir_, "trainer:\n  steps: many\n"), "--master-port",
+            std::to_string(freePort()), "--", binPath("distill-test-trainer"), "value"});
+  auto st = l.finish();
+  EXPECT_TRUE(st.exited && st.code == 1) << st.describe() << "\n" << l.text();
+  const std::string& t = l.text();
+  EXPECT_TRUE(has(t, "job failed: [r0 student] exit code 2")) << t;
+  EXPECT_TRUE(has(t, "last lines of [r0 student]:")) << t;
+  EXPECT_TRUE(has(t, "uncaught ConfigError (exit code 2): config " + dir_ + "/trainer.yaml: 1 problem(s):")) << t;
+  EXPECT_TRUE(has(t, "    | trainer.steps: expected an integer, found \"many\"")) << t;
+  EXPECT_FALSE(has(t, "SIGABRT")) << t;
+  expectSegmentGone(l);
+}
+
 }  // namespace

@@ -120,7 +120,9 @@ struct TrainerOptions {
   double getDouble(const std::string& key) const;
   bool getBool(const std::string& key) const;
   // ConfigError listing every key set that is not in `known` (with the nearest
-  // known key as a suggestion), all at once, in the format of parseConfig.
+  // known key as a suggestion: one that begins the typo or is spelled inside
+  // it first, `lrate` -> `lr`, then by edit distance), all at once, in the
+  // format of parseConfig. distill::init calls it with InitOptions::trainerKeys.
   void expectOnly(const std::vector<std::string>& known) const;
 };
 
