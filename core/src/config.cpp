@@ -21,7 +21,6 @@ namespace distill {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr const char* kFromSet = " (from --set)";
 
 // Where a key's value lives in a Config; the alternative held is also its type.
 using Field =
@@ -70,9 +69,11 @@ struct KeySpec {
 const std::vector<KeySpec>& schema() {
   static const std::vector<KeySpec> keys = {
       DISTILL_KEY(run, name).nonEmpty().runtime(),
-      DISTILL_KEY(run, nproc_per_node).min(2),
-      DISTILL_KEY(run, nnodes).min(1),
-      DISTILL_KEY(run, node_rank).min(0),  // and < run.nnodes, checked across fields
+      DISTILL_KEY(run, nproc_per_node).min(2).max(kMaxProcsPerNode),
+      DISTILL_KEY(run, nnodes).min(1),  // and nnodes x nproc_per_node fits an int, checked across fields
+      // Each node's distill-run passes its own --node-rank: it differs between
+      // nodes, so it cannot be part of the hash every rank compares on resume.
+      DISTILL_KEY(run, node_rank).min(0).runtime(),  // and < run.nnodes, checked across fields
       DISTILL_KEY(run, master_addr).nonEmpty().runtime(),
       DISTILL_KEY(run, master_port).min(1).max(65535).runtime(),
       DISTILL_KEY(run, log_dir).nonEmpty().runtime(),
@@ -80,6 +81,8 @@ const std::vector<KeySpec>& schema() {
       DISTILL_KEY(run, collective_timeout_s).min(kMinTimeoutS).max(kMaxTimeoutS).runtime(),
       DISTILL_KEY(run, hang_timeout_s).min(kMinTimeoutS).max(kMaxTimeoutS).runtime(),
       DISTILL_KEY(run, on_hang).oneOf({"teardown", "wait"}).runtime(),
+      DISTILL_KEY(run, stop_grace_s).min(0).max(kMaxTimeoutS).runtime(),
+      DISTILL_KEY(run, status_every_s).min(1).max(kMaxTimeoutS).runtime(),
       DISTILL_KEY(run, seed),
       DISTILL_KEY(run, steps).min(0),
 
@@ -505,11 +508,14 @@ std::string formatValue(const Field& field) {
   return std::visit(format, field);
 }
 
-// The value a key was given, and whether by --set.
+// The value a key was given, and by which override ("" = the file).
 struct Setting {
   YAML::Node node;
-  bool fromSet = false;
+  std::string origin;
 };
+
+// " (from --set)" after a problem of an override; "" for the file's.
+std::string fromText(const std::string& origin) { return origin.empty() ? "" : " (from " + origin + ")"; }
 
 // A value of the trainer section: a scalar, kept as written. Returns the problem, if any.
 std::optional<std::string> trainerValue(const YAML::Node& n, std::string& out) {
@@ -575,51 +581,77 @@ bool readDocument(const YAML::Node& doc, std::vector<std::optional<Setting>>& va
       }
       // yaml-cpp keeps both entries of a repeated key; the later one wins.
       if (values[i]) problems.push_back(path + ": duplicate key");
-      values[i] = Setting{kv.second, false};
+      values[i] = Setting{kv.second, ""};
     }
   }
   return true;
 }
 
-void readOverrides(const std::vector<std::string>& overrides,
+// `s` with its control characters as YAML escapes ("a\nb"), for messages.
+std::string escaped(const std::string& s) {
+  const std::string q = quote(s);
+  return q.substr(1, q.size() - 2);
+}
+
+// The first control character of `s` as "\n at byte 5"; "" if there is none.
+std::string controlCharacter(const std::string& s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned char ch = static_cast<unsigned char>(s[i]);
+    if (ch < 0x20 || ch == 0x7f) return escaped(s.substr(i, 1)) + " at byte " + std::to_string(i);
+  }
+  return "";
+}
+
+void readOverrides(const std::vector<ConfigOverride>& overrides,
                    std::vector<std::optional<Setting>>& values,
                    std::map<std::string, std::string>& trainer,
                    std::vector<std::string>& problems) {
   const std::string trainerPrefix = kTrainerSection + ".";
-  for (const std::string& o : overrides) {
+  for (const ConfigOverride& over : overrides) {
+    const std::string& o = over.setting;
+    const std::string from = fromText(over.origin.empty() ? "--set" : over.origin);
     const size_t eq = o.find('=');
-    if (eq == std::string::npos || eq == 0) {
-      problems.push_back((o.empty() ? "(empty)" : o) + ": expected key=value" + kFromSet);
+    const std::string path = o.substr(0, eq);
+    // An override is one line of text: distill-run hands them to the ranks one
+    // per line (DISTILL_SET), and a YAML scalar on one line carries no control
+    // character; refused, not encoded, so that every process reads the same.
+    if (const std::string bad = controlCharacter(o); !bad.empty()) {
+      problems.push_back((path.empty() ? std::string("(empty)") : escaped(path)) +
+                         ": an override must be one line of printable text, found the control character " + bad +
+                         " (a double-quoted YAML value can carry it escaped)" + from);
       continue;
     }
-    const std::string path = o.substr(0, eq);
+    if (eq == std::string::npos || eq == 0) {
+      problems.push_back((o.empty() ? "(empty)" : o) + ": expected key=value" + from);
+      continue;
+    }
     if (path == kTrainerSection || path.compare(0, trainerPrefix.size(), trainerPrefix) == 0) {
       const std::string key = path.substr(std::min(path.size(), trainerPrefix.size()));
       if (key.empty()) {
-        problems.push_back(path + ": expected trainer.KEY=value" + kFromSet);
+        problems.push_back(path + ": expected trainer.KEY=value" + from);
         continue;
       }
       try {
         std::string value;
         if (auto problem = trainerValue(YAML::Load(o.substr(eq + 1)), value)) {
-          problems.push_back(path + ": " + *problem + kFromSet);
+          problems.push_back(path + ": " + *problem + from);
         } else {
           trainer[key] = value;
         }
       } catch (const YAML::Exception& e) {
-        problems.push_back(path + ": not a YAML value: " + e.msg + kFromSet);
+        problems.push_back(path + ": not a YAML value: " + e.msg + from);
       }
       continue;
     }
     const int i = keyIndex(path);
     if (i < 0) {
-      problems.push_back(unknownKey(path) + kFromSet);
+      problems.push_back(unknownKey(path) + from);
       continue;
     }
     try {
-      values[i] = Setting{YAML::Load(o.substr(eq + 1)), true};
+      values[i] = Setting{YAML::Load(o.substr(eq + 1)), over.origin.empty() ? "--set" : over.origin};
     } catch (const YAML::Exception& e) {
-      problems.push_back(path + ": not a YAML value: " + e.msg + kFromSet);
+      problems.push_back(path + ": not a YAML value: " + e.msg + from);
     }
   }
 }
@@ -711,11 +743,22 @@ void TrainerOptions::expectOnly(const std::vector<std::string>& known) const {
   DISTILL_THROW(ConfigError, msg);
 }
 
-Config parseConfig(const std::string& yamlText, const std::vector<std::string>& overrides,
-                   const std::string& sourceName) {
+namespace {
+
+Config parseWith(const std::string& yamlText, const std::vector<ConfigOverride>& overrides,
+                 const std::string& sourceName) {
   YAML::Node doc;
   try {
-    doc = YAML::Load(yamlText);
+    // All documents, to refuse a second one: YAML::Load would read the first
+    // and silently drop the rest (two configs pasted into one file).
+    std::vector<YAML::Node> docs = YAML::LoadAll(yamlText);
+    if (docs.size() > 1) {
+      const YAML::Mark mark = docs[1].Mark();
+      DISTILL_THROW(ConfigError, "config ", sourceName, ": holds ", docs.size(), " YAML documents",
+                    mark.is_null() ? std::string() : " (the second from line " + std::to_string(mark.line + 1) + ")",
+                    "; a config is one document: remove the '---' line(s) or split the file");
+    }
+    if (!docs.empty()) doc = docs[0];
   } catch (const YAML::Exception& e) {
     DISTILL_THROW(ConfigError, "config ", sourceName, ": YAML syntax error at line ",
                   e.mark.line + 1, ", column ", e.mark.column + 1, ": ", e.msg);
@@ -739,7 +782,7 @@ Config parseConfig(const std::string& yamlText, const std::vector<std::string>& 
       continue;
     }
     if (auto problem = assign(keys[i], values[i]->node, config)) {
-      problems.push_back(keys[i].path + ": " + *problem + (values[i]->fromSet ? kFromSet : ""));
+      problems.push_back(keys[i].path + ": " + *problem + fromText(values[i]->origin));
       valid[i] = false;
     }
   }
@@ -748,7 +791,7 @@ Config parseConfig(const std::string& yamlText, const std::vector<std::string>& 
   const auto ok = [&](const char* path) { return valid[knownKey(path)]; };
   const auto suffix = [&](const char* path) {
     const auto& v = values[knownKey(path)];
-    return std::string(v && v->fromSet ? kFromSet : "");
+    return v ? fromText(v->origin) : std::string();
   };
   const auto needs = [&](const char* path, const std::string& value) {
     if (value.empty() && ok(path)) {
@@ -769,6 +812,13 @@ Config parseConfig(const std::string& yamlText, const std::vector<std::string>& 
                        std::to_string(config.transport.slots) + "), found " +
                        std::to_string(config.student.in_flight) + suffix("student.in_flight"));
   }
+  if (ok("run.nnodes") && ok("run.nproc_per_node") &&
+      static_cast<int64_t>(config.run.nnodes) * config.run.nproc_per_node > INT_MAX) {
+    // Ranks and world sizes are ints (RANK, WORLD_SIZE, c10d): a job must number its processes in one.
+    problems.push_back("run.nnodes: run.nnodes x run.nproc_per_node must be <= " + std::to_string(INT_MAX) +
+                       " (every rank of the job is an int), found " + std::to_string(config.run.nnodes) + " x " +
+                       std::to_string(config.run.nproc_per_node) + suffix("run.nnodes"));
+  }
   if (ok("run.node_rank") && ok("run.nnodes") && config.run.node_rank >= config.run.nnodes) {
     problems.push_back("run.node_rank: must be < run.nnodes (" +
                        std::to_string(config.run.nnodes) + "), found " +
@@ -784,7 +834,20 @@ Config parseConfig(const std::string& yamlText, const std::vector<std::string>& 
   return config;
 }
 
-Config loadConfig(const std::string& path, const std::vector<std::string>& overrides) {
+std::vector<ConfigOverride> fromSet(const std::vector<std::string>& overrides) {
+  std::vector<ConfigOverride> out;
+  for (const std::string& o : overrides) out.push_back({o, "--set"});
+  return out;
+}
+
+}  // namespace
+
+Config parseConfig(const std::string& yamlText, const std::vector<std::string>& overrides,
+                   const std::string& sourceName) {
+  return parseWith(yamlText, fromSet(overrides), sourceName);
+}
+
+Config loadConfig(const std::string& path, const std::vector<ConfigOverride>& overrides) {
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "rb"),
                                                         &std::fclose);
   if (!file) DISTILL_THROW(ConfigError, "config ", path, ": cannot open: ", errnoString(errno));
@@ -795,10 +858,16 @@ Config loadConfig(const std::string& path, const std::vector<std::string>& overr
   if (std::ferror(file.get())) {
     DISTILL_THROW(ConfigError, "config ", path, ": cannot read: ", errnoString(errno));
   }
-  Config config = parseConfig(text, overrides, path);
+  Config config = parseWith(text, overrides, path);
   config.source = path;
   return config;
 }
+
+Config loadConfig(const std::string& path, const std::vector<std::string>& overrides) {
+  return loadConfig(path, fromSet(overrides));
+}
+
+std::string stringOverride(const std::string& key, const std::string& value) { return key + "=" + quote(value); }
 
 std::vector<std::string> configKeys() {
   std::vector<std::string> out;

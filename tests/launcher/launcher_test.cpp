@@ -404,7 +404,7 @@ TEST_F(LauncherTest, SegmentOfAKilledLauncherIsRemovedByTheNextRun) {
   expectSegmentGone(next);
 }
 
-// ---- config handling (issue 14) ----
+// ---- config handling (issue 14 items 12, 13, 15) ----
 
 // A config for distill-test-trainer in `dir`: teacher.kind self unless `teacher` says otherwise.
 std::string trainerConfig(const std::string& dir, const std::string& extra, const std::string& teacher = "kind: self") {
@@ -414,6 +414,68 @@ std::string trainerConfig(const std::string& dir, const std::string& extra, cons
                       << "teacher:\n  " << teacher << "\n"
                       << extra;
   return path;
+}
+
+// Item 12: each option stands for its config key and is refused as the key
+// would be, naming the option; before, --nproc-per-node 2000000000 allocated
+// until bad_alloc, --nnodes 2147483647 gave WORLD_SIZE -2 and --master-port
+// 70000 wrapped to 4464. Refused before anything starts.
+TEST_F(LauncherTest, OptionsAreValidatedAsTheirConfigKeys) {
+  struct Case {
+    std::vector<std::string> options;
+    std::string problem;
+  };
+  const std::vector<Case> cases = {
+      {{"--nproc-per-node", "2000000000"},
+       "run.nproc_per_node: must be in [2, 256], found 2000000000 (from --nproc-per-node)"},
+      {{"--nnodes", "2147483647"},
+       "run.nnodes: run.nnodes x run.nproc_per_node must be <= 2147483647 (every rank of the job is an int), "
+       "found 2147483647 x 3 (from --nnodes)"},
+      {{"--master-port", "70000"}, "run.master_port: must be in [1, 65535], found 70000 (from --master-port)"},
+      {{"--node-rank", "2", "--nnodes", "2"}, "run.node_rank: must be < run.nnodes (2), found 2 (from --node-rank)"},
+      {{"--stop-grace-s", "1e300"}, "run.stop_grace_s: must be in [0, 2592000], found 1e300 (from --stop-grace-s)"},
+      {{"--status-every-s", "soon"}, "run.status_every_s: expected a number, found string \"soon\" (from --status-every-s)"},
+      {{"--set", "run.hang_timeout_s=5e9"}, "run.hang_timeout_s: must be in [0.001, 2592000], found 5e9 (from --set)"},
+      {{"--set", "run.name=a\nrun.seed=3"},
+       "run.name: an override must be one line of printable text, found the control character \\n at byte 10 "
+       "(a double-quoted YAML value can carry it escaped) (from --set)"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.problem);
+    std::vector<std::string> args = {"--config", config()};
+    args.insert(args.end(), c.options.begin(), c.options.end());
+    args.insert(args.end(), {"--dry-run", "--", binPath("distill-test-trainer")});
+    Launch l(args);
+    auto st = l.finish(Ms(10000));
+    EXPECT_TRUE(st.exited && st.code == 2) << st.describe() << "\n" << l.text();
+    EXPECT_TRUE(has(l.text(), c.problem)) << l.text();
+    EXPECT_FALSE(has(l.text(), "distill-run plan")) << l.text();
+  }
+  // The ones in range reach the plan, and the ranks through DISTILL_SET.
+  Launch ok({"--config", config(), "--nproc-per-node", "4", "--master-port", "29999", "--log-dir", dir_ + "/a: b",
+             "--dry-run", "--", binPath("distill-test-trainer")});
+  auto st = ok.finish(Ms(10000));
+  ASSERT_TRUE(st.exited && st.code == 0) << st.describe() << "\n" << ok.text();
+  EXPECT_TRUE(has(ok.text(), "4 processes") && has(ok.text(), "[r3 teacher]")) << ok.text();
+  EXPECT_TRUE(has(ok.text(), "MASTER_PORT=29999")) << ok.text();
+  EXPECT_TRUE(has(ok.text(), "run.nproc_per_node=4\nrun.master_port=29999\nrun.log_dir=\"" + dir_ + "/a: b\"\n"))
+      << ok.text();
+}
+
+// Item 13: --log-dir is run.log_dir for every rank (two runs given different
+// --log-dir once wrote one metrics.jsonl: the ranks kept the file's log_dir).
+TEST_F(LauncherTest, LogDirReachesEveryRank) {
+  const std::string other = dir_ + "/elsewhere";
+  Launch l({"--config", trainerConfig(dir_, ""), "--master-port", std::to_string(freePort()), "--log-dir", other,
+            "--", binPath("distill-test-trainer"), "logdir"});
+  auto st = l.finish();
+  ASSERT_TRUE(st.exited && st.code == 0) << st.describe() << "\n" << l.text();
+  for (int r = 0; r < 3; ++r) {
+    const std::string rankLog = readFile(other + "/rank_" + std::to_string(r) + ".log");
+    EXPECT_TRUE(has(rankLog, "LOG_DIR=" + other + "\n")) << "rank " << r << ":\n" << rankLog;
+  }
+  EXPECT_TRUE(readFile(dir_ + "/logs/rank_0.log").empty());
+  expectSegmentGone(l);
 }
 
 // Item 15: a typo in the trainer's own section, with the trainer's keys given

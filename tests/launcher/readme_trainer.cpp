@@ -8,6 +8,7 @@
 // MODE:
 //   serve    students send 2 requests each to the teacher and finish; a self
 //            teacher doubles them
+//   logdir   every rank prints LOG_DIR=<run.log_dir>, then as serve
 //   strict   init with the trainer keys {lr, data}: a typo in the trainer
 //            section ends every rank before any waits on another
 //   value    student 0 reads trainer.steps as an integer after admission (a bad
@@ -24,6 +25,7 @@ int main(int argc, char** argv) {
   distill::InitOptions checks;
   if (mode == "strict") checks = distill::InitOptions{"lr", "data"};
   distill::Session s = distill::init(argc, argv, checks);
+  if (mode == "logdir") std::printf("LOG_DIR=%s\n", s.config.run.log_dir.c_str());
   if (s.isTeacher()) {
     distill::serve(*s.teacher, distill::teacherFromFunction([](const std::vector<at::Tensor>& in) {
       return in.at(0).to(torch::kFloat) * 2;

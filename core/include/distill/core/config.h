@@ -26,14 +26,32 @@ namespace distill {
 // Reads and validates the YAML file at `path`, then applies `overrides`
 // ("section.key=value", as given to --set; later ones win). The result's
 // `source` is `path`. Throws ConfigError (unreadable file: path and strerror;
-// YAML syntax error: path, line and column; otherwise the problem list).
+// YAML syntax error: path, line and column; a second YAML document after a
+// `---` line: path and line; otherwise the problem list).
 Config loadConfig(const std::string& path, const std::vector<std::string>& overrides = {});
 
 // As loadConfig, on YAML text; `sourceName` only names it in messages. An
 // override value is parsed as a YAML scalar or flow value ("[a, b]") and
-// validated exactly like a value of the file. The result's `source` is "".
+// validated exactly like a value of the file. An override is one line of
+// printable text: a control character (a newline, a tab) in it is a problem
+// naming its key. The result's `source` is "".
 Config parseConfig(const std::string& yamlText, const std::vector<std::string>& overrides = {},
                    const std::string& sourceName = "<string>");
+
+// An override and where it came from, for messages: {"run.master_port=70000",
+// "--master-port"} is reported as "run.master_port: must be in [1, 65535],
+// found 70000 (from --master-port)". distill-run turns each of its options into
+// one, so that an option is validated exactly as its config key.
+struct ConfigOverride {
+  std::string setting;           // "section.key=value"
+  std::string origin = "--set";  // what the user typed it as
+};
+Config loadConfig(const std::string& path, const std::vector<ConfigOverride>& overrides);
+
+// `value` as an override of `key` that reads back exactly that string: a YAML
+// double-quoted scalar ("run.log_dir=\"/tmp/a: b\""), control characters
+// escaped. For string options (distill-run's --log-dir, --master-addr).
+std::string stringOverride(const std::string& key, const std::string& value);
 
 // Every dotted key of the schema ("run.name", ...), in schema order.
 std::vector<std::string> configKeys();
@@ -72,8 +90,9 @@ std::vector<std::string> extractSetOverrides(int& argc, char** argv);
 
 // The config of a job as each of its processes sees it: the file named by
 // `--config FILE` / `--config=FILE` (removed from argv) or else DISTILL_CONFIG;
-// then overrides from DISTILL_SET (one `key=value` per line; distill-run passes
-// its --set options this way so that the trainer's argv stays its own), then
+// then overrides from DISTILL_SET (one `key=value` per line: an override holds
+// no control character; distill-run passes its --set and its other options
+// this way so that the trainer's argv stays its own), then
 // the process's own --set options (removed from argv). ConfigError if no file.
 Config jobConfig(int& argc, char** argv);
 
