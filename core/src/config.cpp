@@ -923,16 +923,75 @@ std::vector<std::string> configDiff(const Config& a, const Config& b, bool train
   return out;
 }
 
-uint64_t configHash(const Config& config) {
-  uint64_t h = 14695981039346656037ull;  // FNV-1a 64
-  auto mix = [&h](const std::string& s) {
-    for (unsigned char ch : s) {
-      h ^= ch;
-      h *= 1099511628211ull;
-    }
-    h ^= 0xff;  // separator: ("ab","c") and ("a","bc") differ
+namespace {
+
+// FNV-1a 64 of `s`, then a 0xff separator byte: ("ab","c") and ("a","bc") differ.
+void fnvMix(uint64_t& h, const std::string& s) {
+  for (unsigned char ch : s) {
+    h ^= ch;
     h *= 1099511628211ull;
-  };
+  }
+  h ^= 0xff;
+  h *= 1099511628211ull;
+}
+constexpr uint64_t kFnvBasis = 14695981039346656037ull;
+
+// A value as a description carries it: as is, or its digest when long.
+std::string describedValue(const std::string& value) {
+  constexpr size_t kLongValue = 200;
+  if (value.size() <= kLongValue) return value;
+  uint64_t h = kFnvBasis;
+  fnvMix(h, value);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "#fnv1a64:%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+}  // namespace
+
+std::string configDescription(const Config& config) {
+  std::string out;
+  for (const ConfigEntry& e : configEntries(config)) out += quote(e.key) + ": " + quote(describedValue(e.value)) + "\n";
+  return out;
+}
+
+std::vector<ConfigMismatch> compareConfig(const Config& config, const std::string& description) {
+  // Theirs, in their order (yaml-cpp keeps a map's order).
+  std::vector<std::pair<std::string, std::string>> theirs;
+  try {
+    const YAML::Node doc = YAML::Load(description);
+    DISTILL_CHECK_T(ConfigError, doc.IsMap() || doc.IsNull(), "a config description must be a map, found ",
+                    describe(doc));
+    for (const auto& kv : doc) {
+      DISTILL_CHECK_T(ConfigError, kv.first.IsScalar() && kv.second.IsScalar(),
+                      "a config description maps keys to scalars");
+      theirs.emplace_back(kv.first.Scalar(), kv.second.Scalar());
+    }
+  } catch (const YAML::Exception& e) {
+    DISTILL_THROW(ConfigError, "not a config description: ", e.msg);
+  }
+  std::map<std::string, std::string> left(theirs.begin(), theirs.end());
+  std::vector<ConfigMismatch> out;
+  const std::string notSet = "(not set)";
+  for (const ConfigEntry& e : configEntries(config)) {
+    const std::string mine = describedValue(e.value);
+    auto it = left.find(e.key);
+    if (it == left.end()) {
+      out.push_back({e.key, mine, notSet});
+      continue;
+    }
+    if (it->second != mine) out.push_back({e.key, mine, it->second});
+    left.erase(it);
+  }
+  for (const auto& [key, value] : theirs) {
+    if (left.count(key)) out.push_back({key, notSet, value});
+  }
+  return out;
+}
+
+uint64_t configHash(const Config& config) {
+  uint64_t h = kFnvBasis;  // FNV-1a 64
+  auto mix = [&h](const std::string& s) { fnvMix(h, s); };
   for (const ConfigEntry& e : configEntries(config)) {
     if (!e.training) continue;
     mix(e.key);

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "distill/core/clock.h"
+#include "distill/core/config.h"
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
 #include "distill/core/protocol.h"
@@ -110,8 +111,9 @@ Client::Client(const Topology& topo, const Config& config) : impl_(std::make_uni
   auto startup = Deadline::afterSeconds(config.run.startup_timeout_s);
   auto layout = ipc::SegmentLayout::fromOptions(config.transport, topo.studentsPerNode());
   s.segment = ipc::Segment::attach(topo.segment, topo.jobId, layout, startup);
-  s.endpoint.emplace(*s.segment, topo.studentLocalRank,
-                     ipc::EndpointOptions::fromOptions(config.transport, topo.globalRank));
+  auto options = ipc::EndpointOptions::fromOptions(config.transport, topo.globalRank);
+  options.config = configDescription(config);  // the teacher compares it with its own before admitting us
+  s.endpoint.emplace(*s.segment, topo.studentLocalRank, options);
   s.endpoint->waitAdmission(startup);
 }
 

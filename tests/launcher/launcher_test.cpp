@@ -478,6 +478,40 @@ TEST_F(LauncherTest, LogDirReachesEveryRank) {
   expectSegmentGone(l);
 }
 
+// Item 13: a --set after `--` reaches the trainer's processes only, here the
+// students (the teacher is distill-teacher): the teacher compares each
+// student's config with its own before admitting it, and the job fails at
+// once naming the key, on the teacher and on every student, instead of
+// running with teacher.topk silently ignored.
+TEST_F(LauncherTest, ConfigReachingTheStudentsOnlyIsRefusedAtAdmission) {
+  const std::string cfg = trainerConfig(
+      dir_, "", "kind: registered\n  library: " DISTILL_TEST_TEACHER_LIB "\n  module: tiny_mlp\n  inputs: [x]");
+  Launch l({"--config", cfg, "--master-port", std::to_string(freePort()), "--", binPath("distill-test-trainer"),
+            "serve", "--set", "teacher.topk=8", "--set", "student.grad_acc_steps=2"});
+  auto st = l.finish();
+  std::printf("student-only --set -> distill-run exit: %lld ms\n", static_cast<long long>(l.elapsedMs()));
+  EXPECT_TRUE(st.exited && st.code == 1) << st.describe() << "\n" << l.text();
+  EXPECT_LT(l.elapsedMs(), 15000) << "refused after a timeout (run.startup_timeout_s is 30 s), not at admission\n"
+                                  << l.text();
+  const std::string diff =
+      "runs a config that differs from its teacher's in 2 key(s): teacher.topk (teacher 0, student 8); "
+      "student.grad_acc_steps (teacher 1, student 2); every process of a job must run one config";
+  const std::string teacherLog = log(2);
+  EXPECT_TRUE(has(teacherLog, diff)) << teacherLog;
+  int refused = 0;
+  for (int r = 0; r < 2; ++r) {
+    const std::string studentLog = log(r);
+    if (has(studentLog, "uncaught ConfigError (exit code 2): admission refused by the teacher (teacher rank 2") &&
+        has(studentLog, diff)) {
+      ++refused;
+    }
+  }
+  // Both read the refusal, unless the teardown reached one first.
+  EXPECT_GE(refused, 1) << log(0) << "\n" << log(1);
+  EXPECT_FALSE(has(l.text(), "SIGABRT")) << l.text();
+  expectSegmentGone(l);
+}
+
 // Item 15: a typo in the trainer's own section, with the trainer's keys given
 // to init: every rank ends at init, before any waits on another, with exit
 // code 2 and the message (the nearest key is `lr`, not `data`).

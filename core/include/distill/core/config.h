@@ -77,6 +77,28 @@ std::vector<ConfigEntry> configEntries(const Config& config);
 // can change what is trained.
 std::vector<std::string> configDiff(const Config& a, const Config& b, bool trainingOnly = false);
 
+// What a process publishes of its config for another to compare with its own
+// (a student's, at attach; the teacher compares before admitting it): every
+// configEntries() key with its value, one `"key": "value"` YAML line each, a
+// value longer than 200 bytes as "#fnv1a64:<hex>" of it. Deterministic: equal
+// configs give equal text; a config with few trainer keys takes ~3 KiB.
+std::string configDescription(const Config& config);
+
+// One key whose value differs between two processes' configs.
+struct ConfigMismatch {
+  std::string key;     // "teacher.topk", "trainer.lr"
+  std::string mine;    // its value here as configEntries writes it; "(not set)" for a trainer key set only there
+  std::string theirs;  // its value in the description; "(not set)" likewise
+};
+
+// Every key whose value in `config` differs from the one `description` (another
+// process's configDescription) gives: schema order, then trainer keys. Every
+// key is compared, runtime ones too: under distill-run all processes of a node
+// run one config (the node's distill-run hands its overrides to each), so no
+// key may differ, and none is left out. ConfigError if `description` is no
+// description at all.
+std::vector<ConfigMismatch> compareConfig(const Config& config, const std::string& description);
+
 // FNV-1a 64 over the keys and values of the training keys only (configEntries
 // with training == true): what a checkpoint manifest records. Changing a log
 // directory, a port or a timeout keeps the hash.
