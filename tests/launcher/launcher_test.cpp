@@ -541,10 +541,19 @@ TEST_F(LauncherTest, UncaughtErrorEndsTheRankWithExitCode2AndItsMessage) {
   auto st = l.finish();
   EXPECT_TRUE(st.exited && st.code == 1) << st.describe() << "\n" << l.text();
   const std::string& t = l.text();
-  EXPECT_TRUE(has(t, "job failed: [r0 student] exit code 2")) << t;
-  EXPECT_TRUE(has(t, "last lines of [r0 student]:")) << t;
-  EXPECT_TRUE(has(t, "uncaught ConfigError (exit code 2): config " + dir_ + "/trainer.yaml: 1 problem(s):")) << t;
-  EXPECT_TRUE(has(t, "    | trainer.steps: expected an integer, found \"many\"")) << t;
+  EXPECT_TRUE(has(t, "\n  [r0 student] exit code 2\n")) << t;
+  EXPECT_TRUE(has(log(0), "uncaught ConfigError (exit code 2): config " + dir_ + "/trainer.yaml: 1 problem(s):\n"
+                          "trainer.steps: expected an integer, found \"many\""))
+      << log(0);
+  // The summary headlines the first failure it reaps: usually r0, with the
+  // message in its last lines. The teacher (it sees r0 die) can be reaped
+  // first, while r0's threads are still exiting: which failure to headline
+  // then is the summary's business (issue 14 item 23), not this test's.
+  if (has(t, "job failed: [r0 student] exit code 2")) {
+    EXPECT_TRUE(has(t, "last lines of [r0 student]:\n") &&
+                has(t, "    | trainer.steps: expected an integer, found \"many\""))
+        << t;
+  }
   EXPECT_FALSE(has(t, "SIGABRT")) << t;
   expectSegmentGone(l);
 }
