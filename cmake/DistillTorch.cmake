@@ -1,19 +1,26 @@
 # Defines the imported target distill_torch (LibTorch with the include
 # directories our public headers need). Used by the build and by the installed
-# package (distillConfig.cmake), so a consumer gets the same LibTorch.
+# package (distillConfig.cmake): there it runs when the consumer configures, so
+# torch is looked up on the consumer's machine, never at a path baked in here.
+# Order: a Torch_DIR already set (the consumer's -DTorch_DIR or cache), else
+# torch.utils.cmake_prefix_path of DISTILL_PYTHON (default: python3 on PATH).
 if(TARGET distill_torch)
   return()
 endif()
 if(NOT TARGET torch)
   if(NOT Torch_DIR)
-    find_program(_distill_python NAMES python3)
+    if(DISTILL_PYTHON)
+      set(_distill_python ${DISTILL_PYTHON})
+    else()
+      find_program(_distill_python NAMES python3)
+    endif()
     execute_process(
       COMMAND ${_distill_python} -c "import torch; print(torch.utils.cmake_prefix_path)"
       OUTPUT_VARIABLE _torch_prefix OUTPUT_STRIP_TRAILING_WHITESPACE
       RESULT_VARIABLE _torch_rc ERROR_QUIET)
     if(NOT _torch_rc EQUAL 0)
-      message(FATAL_ERROR "distill: 'python3 -c import torch' failed; pip install torch==2.11.0 "
-                          "or set Torch_DIR")
+      message(FATAL_ERROR "distill: '${_distill_python} -c \"import torch\"' failed; pip install torch==2.11.0 "
+                          "or set Torch_DIR to LibTorch's share/cmake/Torch")
     endif()
     list(APPEND CMAKE_PREFIX_PATH ${_torch_prefix})
   endif()

@@ -21,7 +21,6 @@ namespace distill {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr const char* kFromSet = " (from --set)";
 
 // Where a key's value lives in a Config; the alternative held is also its type.
 using Field =
@@ -70,16 +69,20 @@ struct KeySpec {
 const std::vector<KeySpec>& schema() {
   static const std::vector<KeySpec> keys = {
       DISTILL_KEY(run, name).nonEmpty().runtime(),
-      DISTILL_KEY(run, nproc_per_node).min(2),
-      DISTILL_KEY(run, nnodes).min(1),
-      DISTILL_KEY(run, node_rank).min(0),  // and < run.nnodes, checked across fields
+      DISTILL_KEY(run, nproc_per_node).min(2).max(kMaxProcsPerNode),
+      DISTILL_KEY(run, nnodes).min(1),  // and nnodes x nproc_per_node fits an int, checked across fields
+      // Each node's distill-run passes its own --node-rank: it differs between
+      // nodes, so it cannot be part of the hash every rank compares on resume.
+      DISTILL_KEY(run, node_rank).min(0).runtime(),  // and < run.nnodes, checked across fields
       DISTILL_KEY(run, master_addr).nonEmpty().runtime(),
       DISTILL_KEY(run, master_port).min(1).max(65535).runtime(),
       DISTILL_KEY(run, log_dir).nonEmpty().runtime(),
-      DISTILL_KEY(run, startup_timeout_s).above(0).runtime(),
-      DISTILL_KEY(run, collective_timeout_s).above(0).runtime(),
-      DISTILL_KEY(run, hang_timeout_s).above(0).runtime(),
+      DISTILL_KEY(run, startup_timeout_s).min(kMinTimeoutS).max(kMaxTimeoutS).runtime(),
+      DISTILL_KEY(run, collective_timeout_s).min(kMinTimeoutS).max(kMaxTimeoutS).runtime(),
+      DISTILL_KEY(run, hang_timeout_s).min(kMinTimeoutS).max(kMaxTimeoutS).runtime(),
       DISTILL_KEY(run, on_hang).oneOf({"teardown", "wait"}).runtime(),
+      DISTILL_KEY(run, stop_grace_s).min(0).max(kMaxTimeoutS).runtime(),
+      DISTILL_KEY(run, status_every_s).min(1).max(kMaxTimeoutS).runtime(),
       DISTILL_KEY(run, seed),
       DISTILL_KEY(run, steps).min(0),
 
@@ -108,8 +111,8 @@ const std::vector<KeySpec>& schema() {
       DISTILL_KEY(transport, slots).min(1).runtime(),
       DISTILL_KEY(transport, max_request_bytes).byteSize().min(1).runtime(),
       DISTILL_KEY(transport, max_response_bytes).byteSize().min(1).runtime(),
-      DISTILL_KEY(transport, heartbeat_ms).min(1).runtime(),
-      DISTILL_KEY(transport, spin_us).min(0).runtime(),
+      DISTILL_KEY(transport, heartbeat_ms).min(1).max(60000).runtime(),
+      DISTILL_KEY(transport, spin_us).min(0).max(1000000).runtime(),
       DISTILL_KEY(transport, cuda_ipc).oneOf({"auto", "on", "off"}).runtime(),
 
       DISTILL_KEY(loss, kind).oneOf({"forward_kl", "reverse_kl", "jsd"}),
@@ -184,27 +187,70 @@ size_t levenshtein(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
+// Is `a` a subsequence of `b` (every character of a, in order, in b)?
+bool isSubsequence(const std::string& a, const std::string& b) {
+  size_t i = 0;
+  for (size_t j = 0; i < a.size() && j < b.size(); ++j) i += a[i] == b[j] ? 1 : 0;
+  return i == a.size();
+}
+
+// How near a mistyped name is to a known one: (tier, edit distance), lower is
+// nearer; nullopt when they are unrelated. One name extending the other
+// ("lrate" for "lr", "slot" for "slots") comes first, then one spelled inside
+// the other ("temprature" for "temperature"), then any name within 3 edits.
+// Plain edit distance alone ranks "lrate" as near "data" as "lr" (3 edits
+// each): what a user who abbreviates means is the name they started to write.
+// Both of the first two need the shorter name to have 2+ characters and the
+// longer at most 4 times as many, so that "d" or "lr" do not match everything.
+std::optional<std::pair<int, size_t>> nearness(const std::string& typo, const std::string& known) {
+  const size_t d = levenshtein(typo, known);
+  const std::string& shorter = typo.size() <= known.size() ? typo : known;
+  const std::string& longer = typo.size() <= known.size() ? known : typo;
+  if (shorter.size() >= 2 && longer.size() <= 4 * shorter.size()) {
+    if (longer.compare(0, shorter.size(), shorter) == 0) return std::make_pair(0, d);
+    if (isSubsequence(shorter, longer)) return std::make_pair(1, d);
+  }
+  if (d < 4) return std::make_pair(2, d);
+  return std::nullopt;
+}
+
+// The nearest of `known` to `typo` (the first of equals), "" if none is near.
+std::string nearest(const std::string& typo, const std::vector<std::string>& known) {
+  std::string best;
+  std::optional<std::pair<int, size_t>> bestScore;
+  for (const std::string& k : known) {
+    const auto score = nearness(typo, k);
+    if (score && (!bestScore || *score < *bestScore)) {
+      bestScore = score;
+      best = k;
+    }
+  }
+  return best;
+}
+
 std::string unknownKey(const std::string& path) {
   const std::string section = path.substr(0, path.find('.'));
-  // Nearest key of the same section first: a typo rarely changes the section.
-  std::string best;
-  size_t bestDist = 4;
-  for (bool sameSection : {true, false}) {
-    for (const KeySpec& k : schema()) {
-      if (sameSection && k.section() != section) continue;
-      const size_t d = levenshtein(path, k.path);
-      if (d < bestDist) {
-        bestDist = d;
-        best = k.path;
-      }
-    }
-    if (!best.empty()) return path + ": unknown key; did you mean " + best + "?";
-  }
-  if (!isSection(section)) return path + ": unknown key; valid sections: " + join(sectionNames());
+  const std::string name = path.substr(std::min(path.size(), section.size() + 1));
+  // A key of the same section first: a typo rarely changes the section.
   std::vector<std::string> names;
   for (const KeySpec& k : schema()) {
     if (k.section() == section) names.push_back(k.name());
   }
+  const std::string same = nearest(name, names);
+  if (!same.empty()) return path + ": unknown key; did you mean " + section + "." + same + "?";
+  // Another section's key only when the whole path is a few edits away: the same
+  // name in another section ("student.temperature") is no typo of it.
+  std::string best;
+  size_t bestDist = 4;
+  for (const KeySpec& k : schema()) {
+    const size_t d = levenshtein(path, k.path);
+    if (d < bestDist) {
+      bestDist = d;
+      best = k.path;
+    }
+  }
+  if (!best.empty()) return path + ": unknown key; did you mean " + best + "?";
+  if (!isSection(section)) return path + ": unknown key; valid sections: " + join(sectionNames());
   return path + ": unknown key; valid keys in " + section + ": " + join(names);
 }
 
@@ -310,18 +356,26 @@ std::string formatNumber(double v) {
   return std::string(buf, res.ptr);
 }
 
+// A bound as a reader writes it: 1000000, not 1e+06.
+std::string formatBound(double v) {
+  if (v > -1e15 && v < 1e15 && v == static_cast<double>(static_cast<int64_t>(v))) {
+    return std::to_string(static_cast<int64_t>(v));
+  }
+  return formatNumber(v);
+}
+
 std::optional<std::string> checkRange(const Range& r, double v, const std::string& text) {
   // Written so that NaN fails.
   const bool ok = (r.loOpen ? v > r.lo : v >= r.lo) && (r.hiOpen ? v < r.hi : v <= r.hi);
   if (ok) return std::nullopt;
   std::string bound;
   if (r.lo > -kInf && r.hi < kInf) {
-    bound = std::string("in ") + (r.loOpen ? "(" : "[") + formatNumber(r.lo) + ", " +
-            formatNumber(r.hi) + (r.hiOpen ? ")" : "]");
+    bound = std::string("in ") + (r.loOpen ? "(" : "[") + formatBound(r.lo) + ", " +
+            formatBound(r.hi) + (r.hiOpen ? ")" : "]");
   } else if (r.lo > -kInf) {
-    bound = (r.loOpen ? "> " : ">= ") + formatNumber(r.lo);
+    bound = (r.loOpen ? "> " : ">= ") + formatBound(r.lo);
   } else {
-    bound = (r.hiOpen ? "< " : "<= ") + formatNumber(r.hi);
+    bound = (r.hiOpen ? "< " : "<= ") + formatBound(r.hi);
   }
   return "must be " + bound + ", found " + text;
 }
@@ -454,11 +508,14 @@ std::string formatValue(const Field& field) {
   return std::visit(format, field);
 }
 
-// The value a key was given, and whether by --set.
+// The value a key was given, and by which override ("" = the file).
 struct Setting {
   YAML::Node node;
-  bool fromSet = false;
+  std::string origin;
 };
+
+// " (from --set)" after a problem of an override; "" for the file's.
+std::string fromText(const std::string& origin) { return origin.empty() ? "" : " (from " + origin + ")"; }
 
 // A value of the trainer section: a scalar, kept as written. Returns the problem, if any.
 std::optional<std::string> trainerValue(const YAML::Node& n, std::string& out) {
@@ -524,51 +581,77 @@ bool readDocument(const YAML::Node& doc, std::vector<std::optional<Setting>>& va
       }
       // yaml-cpp keeps both entries of a repeated key; the later one wins.
       if (values[i]) problems.push_back(path + ": duplicate key");
-      values[i] = Setting{kv.second, false};
+      values[i] = Setting{kv.second, ""};
     }
   }
   return true;
 }
 
-void readOverrides(const std::vector<std::string>& overrides,
+// `s` with its control characters as YAML escapes ("a\nb"), for messages.
+std::string escaped(const std::string& s) {
+  const std::string q = quote(s);
+  return q.substr(1, q.size() - 2);
+}
+
+// The first control character of `s` as "\n at byte 5"; "" if there is none.
+std::string controlCharacter(const std::string& s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned char ch = static_cast<unsigned char>(s[i]);
+    if (ch < 0x20 || ch == 0x7f) return escaped(s.substr(i, 1)) + " at byte " + std::to_string(i);
+  }
+  return "";
+}
+
+void readOverrides(const std::vector<ConfigOverride>& overrides,
                    std::vector<std::optional<Setting>>& values,
                    std::map<std::string, std::string>& trainer,
                    std::vector<std::string>& problems) {
   const std::string trainerPrefix = kTrainerSection + ".";
-  for (const std::string& o : overrides) {
+  for (const ConfigOverride& over : overrides) {
+    const std::string& o = over.setting;
+    const std::string from = fromText(over.origin.empty() ? "--set" : over.origin);
     const size_t eq = o.find('=');
-    if (eq == std::string::npos || eq == 0) {
-      problems.push_back((o.empty() ? "(empty)" : o) + ": expected key=value" + kFromSet);
+    const std::string path = o.substr(0, eq);
+    // An override is one line of text: distill-run hands them to the ranks one
+    // per line (DISTILL_SET), and a YAML scalar on one line carries no control
+    // character; refused, not encoded, so that every process reads the same.
+    if (const std::string bad = controlCharacter(o); !bad.empty()) {
+      problems.push_back((path.empty() ? std::string("(empty)") : escaped(path)) +
+                         ": an override must be one line of printable text, found the control character " + bad +
+                         " (a double-quoted YAML value can carry it escaped)" + from);
       continue;
     }
-    const std::string path = o.substr(0, eq);
+    if (eq == std::string::npos || eq == 0) {
+      problems.push_back((o.empty() ? "(empty)" : o) + ": expected key=value" + from);
+      continue;
+    }
     if (path == kTrainerSection || path.compare(0, trainerPrefix.size(), trainerPrefix) == 0) {
       const std::string key = path.substr(std::min(path.size(), trainerPrefix.size()));
       if (key.empty()) {
-        problems.push_back(path + ": expected trainer.KEY=value" + kFromSet);
+        problems.push_back(path + ": expected trainer.KEY=value" + from);
         continue;
       }
       try {
         std::string value;
         if (auto problem = trainerValue(YAML::Load(o.substr(eq + 1)), value)) {
-          problems.push_back(path + ": " + *problem + kFromSet);
+          problems.push_back(path + ": " + *problem + from);
         } else {
           trainer[key] = value;
         }
       } catch (const YAML::Exception& e) {
-        problems.push_back(path + ": not a YAML value: " + e.msg + kFromSet);
+        problems.push_back(path + ": not a YAML value: " + e.msg + from);
       }
       continue;
     }
     const int i = keyIndex(path);
     if (i < 0) {
-      problems.push_back(unknownKey(path) + kFromSet);
+      problems.push_back(unknownKey(path) + from);
       continue;
     }
     try {
-      values[i] = Setting{YAML::Load(o.substr(eq + 1)), true};
+      values[i] = Setting{YAML::Load(o.substr(eq + 1)), over.origin.empty() ? "--set" : over.origin};
     } catch (const YAML::Exception& e) {
-      problems.push_back(path + ": not a YAML value: " + e.msg + kFromSet);
+      problems.push_back(path + ": not a YAML value: " + e.msg + from);
     }
   }
 }
@@ -647,15 +730,7 @@ void TrainerOptions::expectOnly(const std::vector<std::string>& known) const {
   for (const auto& kv : values) {
     const std::string& key = kv.first;
     if (std::find(known.begin(), known.end(), key) != known.end()) continue;
-    std::string best;
-    size_t bestDist = 4;
-    for (const std::string& k : known) {
-      const size_t d = levenshtein(key, k);
-      if (d < bestDist) {
-        bestDist = d;
-        best = k;
-      }
-    }
+    const std::string best = nearest(key, known);
     const std::string path = kTrainerSection + "." + key;
     problems.push_back(best.empty()
                            ? path + ": unknown key; valid keys in " + kTrainerSection + ": " + join(known)
@@ -668,11 +743,22 @@ void TrainerOptions::expectOnly(const std::vector<std::string>& known) const {
   DISTILL_THROW(ConfigError, msg);
 }
 
-Config parseConfig(const std::string& yamlText, const std::vector<std::string>& overrides,
-                   const std::string& sourceName) {
+namespace {
+
+Config parseWith(const std::string& yamlText, const std::vector<ConfigOverride>& overrides,
+                 const std::string& sourceName) {
   YAML::Node doc;
   try {
-    doc = YAML::Load(yamlText);
+    // All documents, to refuse a second one: YAML::Load would read the first
+    // and silently drop the rest (two configs pasted into one file).
+    std::vector<YAML::Node> docs = YAML::LoadAll(yamlText);
+    if (docs.size() > 1) {
+      const YAML::Mark mark = docs[1].Mark();
+      DISTILL_THROW(ConfigError, "config ", sourceName, ": holds ", docs.size(), " YAML documents",
+                    mark.is_null() ? std::string() : " (the second from line " + std::to_string(mark.line + 1) + ")",
+                    "; a config is one document: remove the '---' line(s) or split the file");
+    }
+    if (!docs.empty()) doc = docs[0];
   } catch (const YAML::Exception& e) {
     DISTILL_THROW(ConfigError, "config ", sourceName, ": YAML syntax error at line ",
                   e.mark.line + 1, ", column ", e.mark.column + 1, ": ", e.msg);
@@ -696,7 +782,7 @@ Config parseConfig(const std::string& yamlText, const std::vector<std::string>& 
       continue;
     }
     if (auto problem = assign(keys[i], values[i]->node, config)) {
-      problems.push_back(keys[i].path + ": " + *problem + (values[i]->fromSet ? kFromSet : ""));
+      problems.push_back(keys[i].path + ": " + *problem + fromText(values[i]->origin));
       valid[i] = false;
     }
   }
@@ -705,7 +791,7 @@ Config parseConfig(const std::string& yamlText, const std::vector<std::string>& 
   const auto ok = [&](const char* path) { return valid[knownKey(path)]; };
   const auto suffix = [&](const char* path) {
     const auto& v = values[knownKey(path)];
-    return std::string(v && v->fromSet ? kFromSet : "");
+    return v ? fromText(v->origin) : std::string();
   };
   const auto needs = [&](const char* path, const std::string& value) {
     if (value.empty() && ok(path)) {
@@ -726,6 +812,13 @@ Config parseConfig(const std::string& yamlText, const std::vector<std::string>& 
                        std::to_string(config.transport.slots) + "), found " +
                        std::to_string(config.student.in_flight) + suffix("student.in_flight"));
   }
+  if (ok("run.nnodes") && ok("run.nproc_per_node") &&
+      static_cast<int64_t>(config.run.nnodes) * config.run.nproc_per_node > INT_MAX) {
+    // Ranks and world sizes are ints (RANK, WORLD_SIZE, c10d): a job must number its processes in one.
+    problems.push_back("run.nnodes: run.nnodes x run.nproc_per_node must be <= " + std::to_string(INT_MAX) +
+                       " (every rank of the job is an int), found " + std::to_string(config.run.nnodes) + " x " +
+                       std::to_string(config.run.nproc_per_node) + suffix("run.nnodes"));
+  }
   if (ok("run.node_rank") && ok("run.nnodes") && config.run.node_rank >= config.run.nnodes) {
     problems.push_back("run.node_rank: must be < run.nnodes (" +
                        std::to_string(config.run.nnodes) + "), found " +
@@ -741,7 +834,20 @@ Config parseConfig(const std::string& yamlText, const std::vector<std::string>& 
   return config;
 }
 
-Config loadConfig(const std::string& path, const std::vector<std::string>& overrides) {
+std::vector<ConfigOverride> fromSet(const std::vector<std::string>& overrides) {
+  std::vector<ConfigOverride> out;
+  for (const std::string& o : overrides) out.push_back({o, "--set"});
+  return out;
+}
+
+}  // namespace
+
+Config parseConfig(const std::string& yamlText, const std::vector<std::string>& overrides,
+                   const std::string& sourceName) {
+  return parseWith(yamlText, fromSet(overrides), sourceName);
+}
+
+Config loadConfig(const std::string& path, const std::vector<ConfigOverride>& overrides) {
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "rb"),
                                                         &std::fclose);
   if (!file) DISTILL_THROW(ConfigError, "config ", path, ": cannot open: ", errnoString(errno));
@@ -752,10 +858,16 @@ Config loadConfig(const std::string& path, const std::vector<std::string>& overr
   if (std::ferror(file.get())) {
     DISTILL_THROW(ConfigError, "config ", path, ": cannot read: ", errnoString(errno));
   }
-  Config config = parseConfig(text, overrides, path);
+  Config config = parseWith(text, overrides, path);
   config.source = path;
   return config;
 }
+
+Config loadConfig(const std::string& path, const std::vector<std::string>& overrides) {
+  return loadConfig(path, fromSet(overrides));
+}
+
+std::string stringOverride(const std::string& key, const std::string& value) { return key + "=" + quote(value); }
 
 std::vector<std::string> configKeys() {
   std::vector<std::string> out;
@@ -811,16 +923,75 @@ std::vector<std::string> configDiff(const Config& a, const Config& b, bool train
   return out;
 }
 
-uint64_t configHash(const Config& config) {
-  uint64_t h = 14695981039346656037ull;  // FNV-1a 64
-  auto mix = [&h](const std::string& s) {
-    for (unsigned char ch : s) {
-      h ^= ch;
-      h *= 1099511628211ull;
-    }
-    h ^= 0xff;  // separator: ("ab","c") and ("a","bc") differ
+namespace {
+
+// FNV-1a 64 of `s`, then a 0xff separator byte: ("ab","c") and ("a","bc") differ.
+void fnvMix(uint64_t& h, const std::string& s) {
+  for (unsigned char ch : s) {
+    h ^= ch;
     h *= 1099511628211ull;
-  };
+  }
+  h ^= 0xff;
+  h *= 1099511628211ull;
+}
+constexpr uint64_t kFnvBasis = 14695981039346656037ull;
+
+// A value as a description carries it: as is, or its digest when long.
+std::string describedValue(const std::string& value) {
+  constexpr size_t kLongValue = 200;
+  if (value.size() <= kLongValue) return value;
+  uint64_t h = kFnvBasis;
+  fnvMix(h, value);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "#fnv1a64:%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+}  // namespace
+
+std::string configDescription(const Config& config) {
+  std::string out;
+  for (const ConfigEntry& e : configEntries(config)) out += quote(e.key) + ": " + quote(describedValue(e.value)) + "\n";
+  return out;
+}
+
+std::vector<ConfigMismatch> compareConfig(const Config& config, const std::string& description) {
+  // Theirs, in their order (yaml-cpp keeps a map's order).
+  std::vector<std::pair<std::string, std::string>> theirs;
+  try {
+    const YAML::Node doc = YAML::Load(description);
+    DISTILL_CHECK_T(ConfigError, doc.IsMap() || doc.IsNull(), "a config description must be a map, found ",
+                    describe(doc));
+    for (const auto& kv : doc) {
+      DISTILL_CHECK_T(ConfigError, kv.first.IsScalar() && kv.second.IsScalar(),
+                      "a config description maps keys to scalars");
+      theirs.emplace_back(kv.first.Scalar(), kv.second.Scalar());
+    }
+  } catch (const YAML::Exception& e) {
+    DISTILL_THROW(ConfigError, "not a config description: ", e.msg);
+  }
+  std::map<std::string, std::string> left(theirs.begin(), theirs.end());
+  std::vector<ConfigMismatch> out;
+  const std::string notSet = "(not set)";
+  for (const ConfigEntry& e : configEntries(config)) {
+    const std::string mine = describedValue(e.value);
+    auto it = left.find(e.key);
+    if (it == left.end()) {
+      out.push_back({e.key, mine, notSet});
+      continue;
+    }
+    if (it->second != mine) out.push_back({e.key, mine, it->second});
+    left.erase(it);
+  }
+  for (const auto& [key, value] : theirs) {
+    if (left.count(key)) out.push_back({key, notSet, value});
+  }
+  return out;
+}
+
+uint64_t configHash(const Config& config) {
+  uint64_t h = kFnvBasis;  // FNV-1a 64
+  auto mix = [&h](const std::string& s) { fnvMix(h, s); };
   for (const ConfigEntry& e : configEntries(config)) {
     if (!e.training) continue;
     mix(e.key);

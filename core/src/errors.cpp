@@ -1,6 +1,12 @@
 #include "distill/core/errors.h"
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstring>
+#include <exception>
+#include <iostream>
+#include <mutex>
 
 #include "distill/core/logging.h"
 
@@ -47,6 +53,49 @@ Error::Error(std::string msg, ErrorWhere where, const char* file, int line)
       where_(withCurrentStep(std::move(where))),
       file_(file),
       line_(line) {}
+
+const char* errorTypeName(const Error& e) {
+  if (dynamic_cast<const ConfigError*>(&e)) return "ConfigError";
+  if (dynamic_cast<const IpcError*>(&e)) return "IpcError";
+  if (dynamic_cast<const TimeoutError*>(&e)) return "TimeoutError";
+  if (dynamic_cast<const PeerLostError*>(&e)) return "PeerLostError";
+  if (dynamic_cast<const ProtocolError*>(&e)) return "ProtocolError";
+  if (dynamic_cast<const CheckpointError*>(&e)) return "CheckpointError";
+  if (dynamic_cast<const InternalError*>(&e)) return "InternalError";
+  return "Error";
+}
+
+namespace {
+
+std::terminate_handler gPreviousTerminate = nullptr;
+
+[[noreturn]] void onTerminate() {
+  if (std::exception_ptr ep = std::current_exception()) {
+    try {
+      std::rethrow_exception(ep);
+    } catch (const Error& e) {
+      // what() starts with this process's identity, which logLine writes too.
+      std::string what = e.what();
+      const std::string prefix = identityPrefix() + " ";
+      if (what.compare(0, prefix.size(), prefix) == 0) what.erase(0, prefix.size());
+      std::cout.flush();
+      std::fflush(nullptr);
+      logLine(LogLevel::kError, std::string("uncaught ") + errorTypeName(e) + " (exit code " +
+                                    std::to_string(kUncaughtErrorExitCode) + "): " + what);
+      ::_exit(kUncaughtErrorExitCode);
+    } catch (...) {
+    }
+  }
+  if (gPreviousTerminate) gPreviousTerminate();
+  std::abort();
+}
+
+}  // namespace
+
+void exitOnUncaughtError() {
+  static std::once_flag once;
+  std::call_once(once, [] { gPreviousTerminate = std::set_terminate(onTerminate); });
+}
 
 std::string errnoString(int err) {
   char buf[256];

@@ -19,8 +19,6 @@
 namespace distill {
 namespace {
 
-Millis secondsToMs(double s) { return Millis(static_cast<int64_t>(s * 1000.0)); }
-
 c10d::ReduceOp toC10d(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum: return c10d::ReduceOp::SUM;
@@ -146,8 +144,8 @@ StudentGroup::StudentGroup(const Topology& topo, const RunOptions& run,
   auto& s = *impl_;
   s.rank = topo.studentRank;
   s.size = topo.studentWorldSize;
-  s.timeout = secondsToMs(run.collective_timeout_s);
-  const Millis startup = secondsToMs(run.startup_timeout_s);
+  s.timeout = secondsToMillis(run.collective_timeout_s);
+  const Millis startup = secondsToMillis(run.startup_timeout_s);
   DISTILL_CHECK_T(ConfigError, topo.masterPort > 0, "student group: MASTER_PORT is not set");
 
   // Under torchrun the agent already serves a store at MASTER_ADDR:MASTER_PORT.

@@ -436,7 +436,10 @@ int main(int argc, char** argv) {
   }
   try {
     if (mode == "distill") {
-      distill::Session session = distill::init(argc, argv);
+      // distill: the trainer's keys and values are checked before any rank waits on another.
+      distill::InitOptions checks(ex::Settings::keys());
+      checks.validate = [](const distill::Config& c) { ex::Settings::fromConfig(c); };
+      distill::Session session = distill::init(argc, argv, checks);
       if (session.isTeacher()) return serveSelf(session);
       return train(Mode::kDistill, session.config, &session);
     }

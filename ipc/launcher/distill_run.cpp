@@ -4,6 +4,12 @@
 //               --master-port P] [--config F] [--set key=value]... [--log-dir D]
 //               [--dry-run] [--stop-grace-s S] [--status-every-s S] -- TRAINER ARGS...
 //
+// Every option but --config, --set and --dry-run stands for a run.* config key
+// (--nproc-per-node N is --set run.nproc_per_node=N, --log-dir D is
+// run.log_dir, ...): validated by the config schema with the file, and handed
+// to every rank with the --set ones in DISTILL_SET, so each rank runs the
+// config checked here.
+//
 // Local ranks 0..N-2 run TRAINER as students; local rank N-1 runs the teacher
 // (bin/distill-teacher, or TRAINER itself when teacher.kind is self). It owns
 // the node's shared-memory segment: created before the first spawn, removed on
@@ -20,14 +26,14 @@
 //
 // SIGINT/SIGTERM: the first sets the segment's stop flag (students poll
 // Client::stopRequested() to checkpoint and leave) and, if ranks are still
-// running --stop-grace-s later (10 s), forwards SIGTERM; a second signal
+// running run.stop_grace_s later (--stop-grace-s, 10 s), forwards SIGTERM; a second signal
 // forwards at once. distill-run then exits 128 + the signal number.
 //
 // Status: ranks print `DISTILL_STATUS step=.. loss=.. tokens_per_s=..` lines
 // (kept in their logs, not echoed). On a terminal one live line shows the
 // slowest student's step, the mean loss, the summed tokens/s and how busy the
 // teacher is (its share of time in forward, published in the segment);
-// otherwise a plain status line every --status-every-s seconds and one at the
+// otherwise a plain status line every run.status_every_s seconds and one at the
 // end.
 //
 // Watchdog: when no process of the node begins or ends an event (flight
@@ -86,27 +92,42 @@ constexpr auto kSampleEvery = std::chrono::milliseconds(100);  // status refresh
 const std::string kStatusTag = "DISTILL_STATUS ";
 
 struct Args {
-  int nproc = -1, nnodes = -1, nodeRank = -1, masterPort = -1;
-  std::string masterAddr, config, logDir;
-  std::vector<std::string> sets;
+  std::string config;
+  // --set and the options that stand for a config key, in the order given
+  // (later ones win). The launcher validates them with the file through the
+  // config schema, and every rank gets them in DISTILL_SET, so that the ranks
+  // run the config the launcher checked.
+  std::vector<ConfigOverride> overrides;
   bool dryRun = false;
-  double stopGraceS = 10;    // stop flag -> SIGTERM forwarded
-  double statusEveryS = 30;  // plain status lines (not a terminal)
   std::vector<std::string> trainer;
+};
+
+// An option that stands for a config key: `--nproc-per-node N` is
+// `--set run.nproc_per_node=N`, validated by the schema like the key (its
+// range, its type), with the option named in a problem.
+struct KeyOption {
+  const char* flag;
+  const char* key;
+  bool text;  // a string key: the value is taken verbatim, not parsed as YAML
+};
+constexpr KeyOption kKeyOptions[] = {
+    {"--nproc-per-node", "run.nproc_per_node", false},
+    {"--nnodes", "run.nnodes", false},
+    {"--node-rank", "run.node_rank", false},
+    {"--master-addr", "run.master_addr", true},
+    {"--master-port", "run.master_port", false},
+    {"--log-dir", "run.log_dir", true},
+    {"--stop-grace-s", "run.stop_grace_s", false},
+    {"--status-every-s", "run.status_every_s", false},
 };
 
 [[noreturn]] void usage(const std::string& why) {
   DISTILL_THROW(ConfigError, why,
                 "\nusage: distill-run [--nproc-per-node N] [--nnodes M --node-rank K "
-                "--master-addr A --master-port P] [--config F] [--set key=value]... "
-                "[--log-dir D] [--dry-run] [--stop-grace-s S] [--status-every-s S] -- TRAINER ARGS...");
-}
-
-int toInt(const std::string& flag, const std::string& v) {
-  char* end = nullptr;
-  long x = std::strtol(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || x < 0 || x > INT_MAX) usage(flag + ": not a number: '" + v + "'");
-  return static_cast<int>(x);
+                "--master-addr A --master-port P] --config F [--set key=value]... "
+                "[--log-dir D] [--dry-run] [--stop-grace-s S] [--status-every-s S] -- TRAINER ARGS...\n"
+                "each option but --config, --set and --dry-run stands for a run.* key of the config "
+                "(--nproc-per-node N is --set run.nproc_per_node=N); later ones win");
 }
 
 Args parseArgs(int argc, char** argv) {
@@ -122,18 +143,22 @@ Args parseArgs(int argc, char** argv) {
       for (++i; i < argc; ++i) a.trainer.push_back(argv[i]);
       break;
     }
-    if (f == "--nproc-per-node") a.nproc = toInt(f, value(f));
-    else if (f == "--nnodes") a.nnodes = toInt(f, value(f));
-    else if (f == "--node-rank") a.nodeRank = toInt(f, value(f));
-    else if (f == "--master-addr") a.masterAddr = value(f);
-    else if (f == "--master-port") a.masterPort = toInt(f, value(f));
-    else if (f == "--config") a.config = value(f);
-    else if (f == "--set") a.sets.push_back(value(f));
-    else if (f == "--log-dir") a.logDir = value(f);
-    else if (f == "--dry-run") a.dryRun = true;
-    else if (f == "--stop-grace-s") a.stopGraceS = toInt(f, value(f));
-    else if (f == "--status-every-s") a.statusEveryS = toInt(f, value(f));
-    else usage("unknown option '" + f + "'");
+    const KeyOption* option = nullptr;
+    for (const KeyOption& o : kKeyOptions) {
+      if (f == o.flag) option = &o;
+    }
+    if (option) {
+      const std::string v = value(f);
+      a.overrides.push_back({option->text ? stringOverride(option->key, v) : option->key + ("=" + v), f});
+    } else if (f == "--config") {
+      a.config = value(f);
+    } else if (f == "--set") {
+      a.overrides.push_back({value(f), "--set"});
+    } else if (f == "--dry-run") {
+      a.dryRun = true;
+    } else {
+      usage("unknown option '" + f + "'");
+    }
   }
   if (a.trainer.empty()) usage("no trainer command after --");
   if (a.config.empty()) usage("--config is required");
@@ -216,24 +241,25 @@ class Launcher {
   Launcher(Args args, Config cfg) : a_(std::move(args)), cfg_(std::move(cfg)) {}
 
   int run() {
+    // Every option reached the config (Args::overrides): the ranks' layout is
+    // the validated config's, in ranges the schema states.
     const RunOptions& run = cfg_.run;
-    const int nproc = a_.nproc >= 0 ? a_.nproc : run.nproc_per_node;
-    const int nnodes = a_.nnodes >= 0 ? a_.nnodes : run.nnodes;
-    const int node = a_.nodeRank >= 0 ? a_.nodeRank : run.node_rank;
-    DISTILL_CHECK_T(ConfigError, nproc >= 2, "--nproc-per-node must be >= 2 (students + teacher), got ", nproc);
-    DISTILL_CHECK_T(ConfigError, node < nnodes, "--node-rank ", node, " is not below --nnodes ", nnodes);
+    const int nproc = run.nproc_per_node;
+    const int nnodes = run.nnodes;
+    const int node = run.node_rank;
     const std::string jobId = randomId();
     const std::string segment = "distill-" + jobId + "-n" + std::to_string(node);
-    const std::string logDir = a_.logDir.empty() ? run.log_dir : a_.logDir;
+    const std::string logDir = run.log_dir;
+    // One override per line: the config refused control characters in them.
     std::string sets;
-    for (auto& s : a_.sets) sets += s + "\n";
+    for (auto& o : a_.overrides) sets += o.setting + "\n";
 
     for (int local = 0; local < nproc; ++local) {
       Rank r;
       Topology& t = r.topo;
       t = Topology::forLocalRank(node, nnodes, local, nproc);
-      t.masterAddr = a_.masterAddr.empty() ? run.master_addr : a_.masterAddr;
-      t.masterPort = a_.masterPort >= 0 ? a_.masterPort : run.master_port;
+      t.masterAddr = run.master_addr;
+      t.masterPort = run.master_port;
       t.segment = segment;
       t.jobId = jobId;
       t.configPath = absolute(a_.config);
@@ -273,8 +299,7 @@ class Launcher {
     DISTILL_LOG(kInfo) << "job " << jobId << ": " << nproc - 1 << " student(s) + 1 teacher on node "
                        << node << "/" << nnodes << ", segment /dev/shm/" << segment << ", logs in " << logDir;
     tty_ = ::isatty(STDOUT_FILENO) == 1;
-    nextStatus_ = Deadline::after(std::chrono::duration_cast<Clock::duration>(
-        std::chrono::duration<double>(a_.statusEveryS)));
+    nextStatus_ = Deadline::afterSeconds(cfg_.run.status_every_s);
     int rc = 1;
     try {
       for (auto& r : ranks_) start(r, logDir);
@@ -441,8 +466,7 @@ class Launcher {
 
   void printStatus() {
     console("[distill-run] status: " + statusText() + "\n");
-    nextStatus_ = Deadline::after(std::chrono::duration_cast<Clock::duration>(
-        std::chrono::duration<double>(a_.statusEveryS)));
+    nextStatus_ = Deadline::afterSeconds(cfg_.run.status_every_s);
   }
 
   void reap() {
@@ -475,9 +499,8 @@ class Launcher {
       stopSignal_ = sig;
       if (reason_.empty()) reason_ = "received " + name;
       seg_->requestStop();
-      stopDeadline_ = Deadline::after(std::chrono::duration_cast<Clock::duration>(
-          std::chrono::duration<double>(a_.stopGraceS)));
-      DISTILL_LOG(kWarning) << name << ": asked the ranks to stop; SIGTERM follows in " << a_.stopGraceS
+      stopDeadline_ = Deadline::afterSeconds(cfg_.run.stop_grace_s);
+      DISTILL_LOG(kWarning) << name << ": asked the ranks to stop; SIGTERM follows in " << cfg_.run.stop_grace_s
                             << " s if they have not exited (again to stop now)";
     } else {
       teardown("received " + name + " twice");
@@ -523,7 +546,7 @@ class Launcher {
       }
       if (allExited()) break;
       if (stopDeadline_ && stopDeadline_->expired() && !teardownDeadline_)
-        teardown("still running " + std::to_string(static_cast<int>(a_.stopGraceS)) + " s after the stop request");
+        teardown("still running " + detail::str(cfg_.run.stop_grace_s) + " s after the stop request");
       if (teardownDeadline_ && teardownDeadline_->expired() && !killed_) {
         DISTILL_LOG(kError) << "ranks still running " << toMs(kGrace) << " ms after SIGTERM: SIGKILL";
         for (auto& r : ranks_) signalRank(r, SIGKILL);
@@ -705,7 +728,7 @@ int main(int argc, char** argv) {
   distill::setIdentity(distill::Identity{-1, -1, distill::Role::kLauncher});
   try {
     distill::Args args = distill::parseArgs(argc, argv);
-    distill::Config cfg = distill::loadConfig(args.config, args.sets);
+    distill::Config cfg = distill::loadConfig(args.config, args.overrides);
     distill::Launcher launcher(std::move(args), std::move(cfg));
     return launcher.run();
   } catch (const std::exception& e) {

@@ -74,7 +74,7 @@ class ChannelCore : public std::enable_shared_from_this<ChannelCore> {
 
  public:
   ChannelCore(const Segment& seg, int index, const EndpointOptions& opt)
-      : segment_(seg), opt_(opt), port_(seg.impl(), index, opt.rank, opt.spinUs) {
+      : segment_(seg), opt_(opt), port_(seg.impl(), index, opt.rank, opt.spinUs, opt.config) {
     const auto& s = port_.seg();
     if (port_.isTeacher()) {
       for (int i = 0; i < s.layout.numStudents; ++i) {
@@ -492,7 +492,7 @@ class ChannelCore : public std::enable_shared_from_this<ChannelCore> {
 
   // ---- admission ---------------------------------------------------------------------------------
 
-  void teacherAdmission(Deadline deadline) {
+  void teacherAdmission(Deadline deadline, const AdmissionCheck& check) {
     guarded([&] {
       auto& s = port_.seg();
       auto attached = [&](int i) {
@@ -510,10 +510,24 @@ class ChannelCore : public std::enable_shared_from_this<ChannelCore> {
       };
       std::vector<int> peers;
       for (int i = 0; i < s.layout.numStudents; ++i) peers.push_back(i);
+      // Each student is checked once, as soon as it is there (its config was
+      // published before its attached state, which present() loaded with
+      // acquire); a refusal ends the wait at once.
+      std::vector<bool> checked(peers.size(), !check);
+      std::string refusal;
       auto all = [&] {
-        for (int i : peers)
-          if (!present(i)) return false;
-        return true;
+        bool every = true;
+        for (int i : peers) {
+          if (!present(i)) {
+            every = false;
+            continue;
+          }
+          if (checked[size_t(i)]) continue;
+          checked[size_t(i)] = true;
+          refusal = check(i, port_.publishedConfig(i));
+          if (!refusal.empty()) return true;
+        }
+        return every;
       };
       const auto start = Clock::now();
       if (!port_.waitUntil(all, WaitDesc{wire::WaitWhat::kAdmission}, peers, !restarted, deadline)) {
@@ -523,6 +537,16 @@ class ChannelCore : public std::enable_shared_from_this<ChannelCore> {
         DISTILL_THROW(TimeoutError, awaiting("all local students to attach"), port_.describeSelf(),
                       ": students [", missing, "] did not attach to segment '", s.name, "' within ",
                       toMs(Clock::now() - start), " ms");
+      }
+      if (!refusal.empty()) {
+        // The text before the flag (release): a student that sees the flag reads it whole.
+        auto& c = s.control();
+        const size_t n = std::min(refusal.size(), size_t(wire::kRefusalBytes) - 1);
+        std::memcpy(c.refusal, refusal.data(), n);
+        c.refusal[n] = '\0';
+        c.refused.store(1, std::memory_order_release);
+        s.notifyAll();
+        DISTILL_THROW(ConfigError, awaiting("all local students to attach"), refusal);
       }
       s.control().admitted.store(port_.self().incarnation.load(std::memory_order_relaxed),
                                  std::memory_order_release);
@@ -536,18 +560,28 @@ class ChannelCore : public std::enable_shared_from_this<ChannelCore> {
     guarded([&] {
       auto& s = port_.seg();
       const int t = s.teacherIndex();
+      auto refused = [&] { return s.control().refused.load(std::memory_order_acquire) != 0; };
       auto admitted = [&] {
         const uint64_t a = s.control().admitted.load(std::memory_order_acquire);
-        return a != 0 && a == s.process(t).incarnation.load(std::memory_order_relaxed);
+        return refused() || (a != 0 && a == s.process(t).incarnation.load(std::memory_order_relaxed));
       };
       const auto start = Clock::now();
       const auto& e = s.process(t);
-      if (!port_.waitUntil(admitted, WaitDesc{wire::WaitWhat::kAdmission, t}, {t}, true, deadline)) {
+      // The refusal is checked before the wait too: a teacher that refused may
+      // be gone (dead) by the time this student attached.
+      if (!refused() &&
+          !port_.waitUntil(admitted, WaitDesc{wire::WaitWhat::kAdmission, t}, {t}, true, deadline)) {
         DISTILL_THROW(TimeoutError, awaiting("admission by the teacher"), port_.describeSelf(),
                       ": not admitted by the teacher (local ", t, ", state ",
                       wire::stateName(e.state.load(std::memory_order_relaxed)),
                       e.pid.load(std::memory_order_relaxed) ? "" : ", never attached", ") of segment '", s.name,
                       "' within ", toMs(Clock::now() - start), " ms");
+      }
+      if (refused()) {
+        const auto& c = s.control();
+        DISTILL_THROW(ConfigError, awaiting("admission by the teacher"), "admission refused by the teacher (",
+                      port_.describeProcess(t), ") of segment '", s.name, "': ",
+                      std::string(c.refusal, strnlen(c.refusal, sizeof c.refusal)));
       }
       port_.recorder().complete(trace::Op::kAdmission, e.rank.load(std::memory_order_relaxed), -1, -1, 0, monotonicNs() - toNs(Clock::now() - start));
     });
@@ -671,7 +705,7 @@ TeacherEndpoint::TeacherEndpoint(TeacherEndpoint&&) noexcept = default;
 TeacherEndpoint::~TeacherEndpoint() {
   if (core_ && std::uncaught_exceptions() == uncaught_) core_->port().markFinished();
 }
-void TeacherEndpoint::waitAdmission(Deadline d) { core_->teacherAdmission(d); }
+void TeacherEndpoint::waitAdmission(Deadline d, const AdmissionCheck& check) { core_->teacherAdmission(d, check); }
 bool TeacherEndpoint::studentDone(int student) {
   DISTILL_CHECK_T(IpcError, student >= 0 && student < numStudents(), "studentDone(", student, "): no such local student");
   return core_->studentDone(student);

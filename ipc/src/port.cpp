@@ -2,6 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
+
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
 #include "sys.h"
@@ -27,8 +30,12 @@ wire::RecorderArea* checkedRecorder(const SegmentImpl& seg, int index) {
 }
 }  // namespace
 
-Port::Port(std::shared_ptr<SegmentImpl> seg, int index, int rank, int spinUs)
+Port::Port(std::shared_ptr<SegmentImpl> seg, int index, int rank, int spinUs, const std::string& config)
     : seg_(std::move(seg)), index_(index), rank_(rank), recorder_(checkedRecorder(*seg_, index)), spinUs_(spinUs) {
+  DISTILL_CHECK_T(ConfigError, config.size() <= wire::kConfigTextBytes, "segment '", seg_->name, "': local ",
+                  roleName(), " ", index_, ": the description of its config is ", config.size(),
+                  " bytes, the segment holds ", wire::kConfigTextBytes,
+                  " per process (a trainer section of that many keys cannot be compared at admission)");
   auto& e = self();
   const int old = e.pid.load(std::memory_order_acquire);
   const auto oldState = ProcState(e.state.load(std::memory_order_acquire));
@@ -37,6 +44,10 @@ Port::Port(std::shared_ptr<SegmentImpl> seg, int index, int rank, int spinUs)
     DISTILL_THROW(IpcError, "segment '", seg_->name, "': local ", roleName(), " ", index_,
                   " is already attached by live pid ", old);
   recorder_.reset();  // before the new pid is published: no reader pairs it with the old history
+  // The config before the state: the teacher reads it once it sees us attached.
+  auto& area = seg_->config(index_);
+  std::memcpy(area.text, config.data(), config.size());
+  area.bytes.store(uint32_t(config.size()), std::memory_order_release);
   e.heartbeatNs.store(monotonicNs(), std::memory_order_relaxed);
   e.rank.store(rank_, std::memory_order_relaxed);
   e.waitWhat.store(0, std::memory_order_relaxed);
@@ -60,6 +71,12 @@ Port::~Port() {
   setState(finished_ ? ProcState::kFinished : ProcState::kDead);
   self().waitWhat.store(0, std::memory_order_relaxed);
   seg_->notifyAll();  // peers waiting on us re-check and see finished/dead
+}
+
+std::string Port::publishedConfig(int index) const {
+  const auto& area = seg_->config(index);
+  const uint32_t n = area.bytes.load(std::memory_order_acquire);
+  return std::string(area.text, std::min<size_t>(n, wire::kConfigTextBytes));
 }
 
 void Port::heartbeatLoop() {

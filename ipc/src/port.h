@@ -53,9 +53,13 @@ struct WaitDesc {
 class Port {
  public:
   // Claims process-table entry `index` (IpcError if a live process holds it),
+  // publishes `config` in its ConfigArea (ConfigError if it does not fit),
   // writes pid/rank/incarnation/heartbeat, state = attached, starts the
   // heartbeat thread and rings the teacher's doorbell (admission).
-  Port(std::shared_ptr<SegmentImpl> seg, int index, int rank, int spinUs);
+  Port(std::shared_ptr<SegmentImpl> seg, int index, int rank, int spinUs, const std::string& config = {});
+  // What process `index` published of its config at attach ("" = nothing).
+  // Call only after an acquire load that saw it attached.
+  std::string publishedConfig(int index) const;
   // Stops the heartbeat; state = finished if markFinished() was called, else dead.
   ~Port();
   Port(const Port&) = delete;

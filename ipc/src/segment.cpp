@@ -46,7 +46,8 @@ LayoutOffsets computeOffsets(const SegmentLayout& l) {
   const uint64_t procs = uint64_t(l.numStudents) + 1;
   o.processTable = wire::kControlBytes;
   o.recorder = alignUp(o.processTable + procs * sizeof(wire::ProcessEntry), 4096);
-  o.rings = alignUp(o.recorder + procs * wire::kRecorderBytesPerProcess, 4096);
+  o.config = alignUp(o.recorder + procs * wire::kRecorderBytesPerProcess, 4096);
+  o.rings = alignUp(o.config + procs * wire::kConfigBytesPerProcess, 4096);
   o.requestSlotStride = wire::kSlotHeaderBytes + alignUp(uint64_t(l.maxRequestBytes), wire::kPayloadAlign);
   o.responseSlotStride = wire::kSlotHeaderBytes + alignUp(uint64_t(l.maxResponseBytes), wire::kPayloadAlign);
   const uint64_t ringFixed = sizeof(wire::RingHeader) + wire::ringEventsBytes(l.slots);
@@ -195,6 +196,8 @@ Segment Segment::create(const std::string& name, const SegmentLayout& layout, co
   c->requestSlotStride = off.requestSlotStride;
   c->responseSlotStride = off.responseSlotStride;
   c->ringPairStride = off.ringPairStride;
+  c->configOffset = off.config;
+  c->configBytesPerProcess = wire::kConfigBytesPerProcess;
   c->controlChecksum = wire::controlChecksum(*c);
   for (int i = 0; i < impl->numProcesses(); ++i) {
     auto& e = impl->process(i);
@@ -247,7 +250,8 @@ Segment Segment::attach(const std::string& name, const std::string& jobId, const
                   c.totalBytes == off.total && c.processTableOffset == off.processTable &&
                       c.recorderOffset == off.recorder && c.ringsOffset == off.rings &&
                       c.requestSlotStride == off.requestSlotStride &&
-                      c.responseSlotStride == off.responseSlotStride && c.ringPairStride == off.ringPairStride,
+                      c.responseSlotStride == off.responseSlotStride && c.ringPairStride == off.ringPairStride &&
+                      c.configOffset == off.config && c.configBytesPerProcess == wire::kConfigBytesPerProcess,
                   "segment '", name, "': offsets in the control block do not match its layout {", l.describe(), "}");
   DISTILL_CHECK_T(IpcError, m->region.get_size() >= off.total, "segment '", name, "' is ", m->region.get_size(),
                   " bytes, its layout needs ", off.total);

@@ -15,7 +15,7 @@ namespace distill::ipc {
 
 // Offsets derived from a layout; create() writes them, attach() recomputes and compares.
 struct LayoutOffsets {
-  uint64_t processTable, recorder, rings, requestSlotStride, responseSlotStride, requestRingBytes,
+  uint64_t processTable, recorder, config, rings, requestSlotStride, responseSlotStride, requestRingBytes,
       responseRingBytes, ringPairStride, total;
 };
 LayoutOffsets computeOffsets(const SegmentLayout& l);
@@ -36,6 +36,9 @@ struct SegmentImpl {
   }
   wire::RecorderArea& recorder(int index) const {
     return *reinterpret_cast<wire::RecorderArea*>(base + off.recorder + uint64_t(index) * wire::kRecorderBytesPerProcess);
+  }
+  wire::ConfigArea& config(int index) const {
+    return *reinterpret_cast<wire::ConfigArea*>(base + off.config + uint64_t(index) * wire::kConfigBytesPerProcess);
   }
   uint64_t ringOffset(int student, bool response) const {
     return off.rings + uint64_t(student) * off.ringPairStride + (response ? off.requestRingBytes : 0);

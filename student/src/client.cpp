@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "distill/core/clock.h"
+#include "distill/core/config.h"
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
 #include "distill/core/protocol.h"
@@ -14,7 +15,6 @@
 
 namespace distill {
 namespace {
-Millis ms(double seconds) { return Millis(static_cast<int64_t>(seconds * 1000.0)); }
 
 std::string tagStr(uint64_t seq, int64_t step, int64_t acc) {
   return "(seq " + std::to_string(seq) + ", step " + std::to_string(step) + ", acc_step " +
@@ -73,7 +73,7 @@ struct Client::Impl {
   std::map<uint64_t, ipc::ReceivedMessage> received;  // received, not yet taken by get()
   bool finished = false;
 
-  Deadline responseDeadline() const { return Deadline::after(ms(cfg.run.peerWaitS())); }
+  Deadline responseDeadline() const { return Deadline::afterSeconds(cfg.run.peerWaitS()); }
 
   // Receives the answer to the oldest request in flight and checks its tag.
   void receiveOldest() {
@@ -108,11 +108,12 @@ Client::Client(const Topology& topo, const Config& config) : impl_(std::make_uni
                   topo.describe());
   DISTILL_CHECK_T(ConfigError, !topo.segment.empty(),
                   "no segment for this node (DISTILL_SEGMENT is not set): start the job with distill-run");
-  auto startup = Deadline::after(ms(config.run.startup_timeout_s));
+  auto startup = Deadline::afterSeconds(config.run.startup_timeout_s);
   auto layout = ipc::SegmentLayout::fromOptions(config.transport, topo.studentsPerNode());
   s.segment = ipc::Segment::attach(topo.segment, topo.jobId, layout, startup);
-  s.endpoint.emplace(*s.segment, topo.studentLocalRank,
-                     ipc::EndpointOptions::fromOptions(config.transport, topo.globalRank));
+  auto options = ipc::EndpointOptions::fromOptions(config.transport, topo.globalRank);
+  options.config = configDescription(config);  // the teacher compares it with its own before admitting us
+  s.endpoint.emplace(*s.segment, topo.studentLocalRank, options);
   s.endpoint->waitAdmission(startup);
 }
 

@@ -23,7 +23,6 @@ namespace {
 using ipc::MsgKind;
 using ipc::ReceivedMessage;
 
-Millis ms(double seconds) { return Millis(static_cast<int64_t>(seconds * 1000.0)); }
 
 std::string describe(const at::Tensor& t) {
   std::ostringstream os;
@@ -82,11 +81,19 @@ class Server {
     DISTILL_CHECK_T(ConfigError, cfg_.teacher.autocast == "none" || cfg_.teacher.device.rfind("cuda", 0) == 0,
                     "teacher.autocast: ", cfg_.teacher.autocast, " needs teacher.device cuda, found ",
                     cfg_.teacher.device);
-    auto startup = Deadline::after(ms(cfg_.run.startup_timeout_s));
+    auto startup = Deadline::afterSeconds(cfg_.run.startup_timeout_s);
     auto layout = ipc::SegmentLayout::fromOptions(cfg_.transport, students);
     segment_ = ipc::Segment::attach(topo.segment, topo.jobId, layout, startup);
-    endpoint_.emplace(*segment_, ipc::EndpointOptions::fromOptions(cfg_.transport, topo.globalRank));
-    endpoint_->waitAdmission(startup);
+    auto options = ipc::EndpointOptions::fromOptions(cfg_.transport, topo.globalRank);
+    options.config = configDescription(cfg_);
+    endpoint_.emplace(*segment_, options);
+    // Every student must run the config this teacher serves: compared key by
+    // key before it is admitted, so that a difference (a --set that reached
+    // the students only) is an error naming the keys, not a silently ignored
+    // teacher.topk or a tag-order refusal later.
+    endpoint_->waitAdmission(startup, [&](int local, const std::string& theirs) {
+      return admissionProblem(topo, local, theirs);
+    });
     DISTILL_LOG(kInfo) << "teacher serving " << students << " local student(s) on " << topo.segment
                        << ", output " << (cfg_.teacher.topk > 0 ? "top-" + std::to_string(cfg_.teacher.topk) : "full logits");
 
@@ -110,7 +117,7 @@ class Server {
         // surfaces here as PeerLostError; a quiet period is no error (students
         // may evaluate or checkpoint), so an expired deadline only warns.
         try {
-          take(endpoint_->waitAny(Deadline::after(ms(cfg_.run.peerWaitS()))));
+          take(endpoint_->waitAny(Deadline::afterSeconds(cfg_.run.peerWaitS())));
         } catch (const TimeoutError&) {
           DISTILL_LOG(kWarning) << "no request from any student for " << cfg_.run.peerWaitS()
                                 << " s; still waiting (students are alive)";
@@ -136,6 +143,30 @@ class Server {
   }
 
  private:
+  // "" if local student `local`, which published `theirs` at attach, runs the
+  // config this teacher serves; otherwise the refusal, naming each differing key.
+  std::string admissionProblem(const Topology& topo, int local, const std::string& theirs) const {
+    const std::string who = "student rank " + std::to_string(topo.studentRankOf(topo.nodeRank, local)) +
+                            " (local " + std::to_string(local) + ")";
+    if (theirs.empty()) return who + " published no config to compare with the teacher's; it cannot be admitted";
+    std::vector<ConfigMismatch> diff;
+    try {
+      diff = compareConfig(cfg_, theirs);
+    } catch (const Error& e) {
+      return who + " published a config the teacher cannot read: " + e.message();
+    }
+    if (diff.empty()) return "";
+    // Values shortened: the student reads this from a fixed area of the segment.
+    auto shortened = [](const std::string& v) { return v.size() <= 60 ? v : v.substr(0, 57) + "..."; };
+    std::string text = who + " runs a config that differs from its teacher's in " + std::to_string(diff.size()) +
+                       " key(s):";
+    for (const ConfigMismatch& d : diff) {
+      text += " " + d.key + " (teacher " + shortened(d.mine) + ", student " + shortened(d.theirs) + ");";
+    }
+    return text + " every process of a job must run one config: give overrides to distill-run (--set before"
+                  " `--`), which passes them to every rank; a --set after `--` reaches the trainer's processes only";
+  }
+
   // Accepts one message from a ring: finish, or a request queued for a batch
   // (after its tag, dtypes and shapes are checked; errors are answered here).
   void take(ReceivedMessage m) {
@@ -272,7 +303,7 @@ class Server {
       reply.tag = batch[b].msg.tag();
       for (auto& [name, t] : out) reply.tensors.emplace_back(name, t.narrow(0, offset, sizes[b]));
       offset += sizes[b];
-      endpoint_->reply(batch[b].student, reply, Deadline::after(ms(cfg_.run.peerWaitS())));
+      endpoint_->reply(batch[b].student, reply, Deadline::afterSeconds(cfg_.run.peerWaitS()));
       batch[b].msg.release();  // answered: only now may the slot be reused
       ++stats_.requests;
       ++stats_.perStudent[batch[b].student];
@@ -319,7 +350,7 @@ class Server {
     reply.kind = MsgKind::kError;
     reply.tag = tag;
     reply.errorText = text;
-    endpoint_->reply(student, reply, Deadline::after(ms(cfg_.run.peerWaitS())));
+    endpoint_->reply(student, reply, Deadline::afterSeconds(cfg_.run.peerWaitS()));
     ++stats_.errors;
   }
 

@@ -102,13 +102,30 @@ const std::vector<BadCase>& badCases() {
       {kSelf + "loss:\n  temperature: 1e999\n", "loss.temperature: must be a finite number, found 1e999"},
       {kSelf + "loss:\n  jsd_beta: 1\n", "loss.jsd_beta: must be in (0, 1), found 1"},
       {kSelf + "loss:\n  chunk_tokens: 0\n", "loss.chunk_tokens: must be >= 1, found 0"},
-      {kSelf + "run:\n  nproc_per_node: 1\n", "run.nproc_per_node: must be >= 2, found 1"},
+      {kSelf + "run:\n  nproc_per_node: 1\n", "run.nproc_per_node: must be in [2, 256], found 1"},
+      {kSelf + "run:\n  nproc_per_node: 2000000000\n", "run.nproc_per_node: must be in [2, 256], found 2000000000"},
+      {kSelf + "run:\n  nnodes: 2147483647\n",
+       "run.nnodes: run.nnodes x run.nproc_per_node must be <= 2147483647 (every rank of the job is an int), "
+       "found 2147483647 x 3"},
       {kSelf + "run:\n  master_port: 70000\n", "run.master_port: must be in [1, 65535], found 70000"},
-      {kSelf + "run:\n  startup_timeout_s: -1\n", "run.startup_timeout_s: must be > 0, found -1"},
+      {kSelf + "run:\n  startup_timeout_s: -1\n", "run.startup_timeout_s: must be in [0.001, 2592000], found -1"},
+      // every duration has a range: none overflows a deadline, none is a denormal
+      {kSelf + "run:\n  hang_timeout_s: 1e300\n", "run.hang_timeout_s: must be in [0.001, 2592000], found 1e300"},
+      {kSelf + "run:\n  hang_timeout_s: 5e9\n", "run.hang_timeout_s: must be in [0.001, 2592000], found 5e9"},
+      {kSelf + "run:\n  startup_timeout_s: 1e10\n",
+       "run.startup_timeout_s: must be in [0.001, 2592000], found 1e10"},
+      {kSelf + "run:\n  collective_timeout_s: 1e10\n",
+       "run.collective_timeout_s: must be in [0.001, 2592000], found 1e10"},
+      {kSelf + "run:\n  collective_timeout_s: 1e-320\n",
+       "run.collective_timeout_s: must be in [0.001, 2592000], found 1e-320"},
+      {kSelf + "run:\n  stop_grace_s: -0.5\n", "run.stop_grace_s: must be in [0, 2592000], found -0.5"},
+      {kSelf + "run:\n  status_every_s: 0\n", "run.status_every_s: must be in [1, 2592000], found 0"},
+      {kSelf + "transport:\n  heartbeat_ms: 60001\n", "transport.heartbeat_ms: must be in [1, 60000], found 60001"},
+      {kSelf + "transport:\n  spin_us: 1000001\n", "transport.spin_us: must be in [0, 1000000], found 1000001"},
       {kSelf + "run:\n  nnodes: 3000000000\n", "run.nnodes: must be in [1, 2147483647], found 3000000000"},
       {kSelf + "run:\n  seed: 99999999999999999999\n",
        "run.seed: must be in [-9223372036854775808, 9223372036854775807], found 99999999999999999999"},
-      {kSelf + "transport:\n  heartbeat_ms: 0\n", "transport.heartbeat_ms: must be >= 1, found 0"},
+      {kSelf + "transport:\n  heartbeat_ms: 0\n", "transport.heartbeat_ms: must be in [1, 60000], found 0"},
       {kSelf + "transport:\n  max_response_bytes: 0\n", "transport.max_response_bytes: must be >= 1, found 0"},
       {kSelf + "checkpoint:\n  keep_last: 0\n", "checkpoint.keep_last: must be >= 1, found 0"},
       {kSelf + "student:\n  bucket_mb: 0\n", "student.bucket_mb: must be > 0, found 0"},
@@ -316,7 +333,7 @@ TEST(Config, DumpAndHashAreStableAndSensitive) {
 
 TEST(Config, KeysInSchemaOrder) {
   const auto keys = configKeys();
-  EXPECT_EQ(keys.size(), 51u);
+  EXPECT_EQ(keys.size(), 53u);
   EXPECT_EQ(keys.front(), "run.name");
   EXPECT_EQ(keys.back(), "checkpoint.on_error");
   EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()).size(), keys.size());
@@ -478,6 +495,112 @@ TEST(Config, ReferenceFileSetsEveryKeyToItsDefault) {
   expected.teacher.kind = "torchscript";
   expected.teacher.path = "teacher.pt";
   EXPECT_EQ(dumpConfig(c), dumpConfig(expected));
+}
+
+}  // namespace
+
+namespace {
+
+// Issue 14 item 12: an override is one line; DISTILL_SET hands them to the
+// ranks one per line, so a newline would make the launcher and the ranks read
+// different configs. Refused, naming the key.
+TEST(Config, OverridesRefuseControlCharacters) {
+  const std::string hint = " (a double-quoted YAML value can carry it escaped) (from --set)";
+  EXPECT_EQ(problemsOf(kSelf, {"run.name=a\nrun.seed=5"}),
+            std::vector<std::string>{"run.name: an override must be one line of printable text, found the control "
+                                     "character \\n at byte 10" + hint});
+  EXPECT_EQ(problemsOf(kSelf, {"trainer.data=x\ty"}),
+            std::vector<std::string>{"trainer.data: an override must be one line of printable text, found the "
+                                     "control character \\t at byte 14" + hint});
+  EXPECT_EQ(problemsOf(kSelf, {"lo\rss.alpha=1"}),
+            std::vector<std::string>{"lo\\x0dss.alpha: an override must be one line of printable text, found the "
+                                     "control character \\x0d at byte 2" + hint});
+  // Escaped in a YAML double-quoted value it is one line, and means the same everywhere.
+  EXPECT_EQ(parseConfig(kSelf, {"run.name=\"a\\nb\""}).run.name, "a\nb");
+}
+
+// A string option becomes an override that reads back exactly: no YAML
+// meaning (a colon, a '#', brackets, a leading '*') gets in the way.
+TEST(Config, StringOverrideReadsBackVerbatim) {
+  for (const std::string v : {"/tmp/a: b", "#not a comment", "[x, y]", "*alias", "  spaced  ", "it's \"q\"",
+                              "tab\there", "new\nline", "yes", "1e3", "~"}) {
+    SCOPED_TRACE(v);
+    const std::string o = distill::stringOverride("run.log_dir", v);
+    EXPECT_EQ(o.find('\n'), std::string::npos) << o;
+    EXPECT_EQ(parseConfig(kSelf, {o}).run.log_dir, v);
+  }
+  EXPECT_EQ(parseConfig(kSelf, {distill::stringOverride("trainer.data", "a: b")}).trainer.values.at("data"), "a: b");
+}
+
+// Issue 14 item 12: a file with a second YAML document was read up to the
+// `---` and the rest silently dropped.
+TEST(Config, SecondYamlDocumentIsAnError) {
+  const std::string path = "/tmp/" + distill::testing::uniqueName() + ".yaml";
+  std::ofstream(path) << kSelf << "loss:\n  alpha: 0.1\n---\nloss:\n  alpha: 0.9\n";
+  try {
+    distill::loadConfig(path);
+    ADD_FAILURE() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.message(), "config " + path +
+                               ": holds 2 YAML documents (the second from line 6); a config is one document: "
+                               "remove the '---' line(s) or split the file");
+  }
+  ::unlink(path.c_str());
+  EXPECT_THROW(parseConfig(kSelf + "---\n"), ConfigError);
+  EXPECT_THROW(parseConfig(kSelf + "...\n---\nrun: {seed: 1}\n"), ConfigError);
+  // One document with its explicit start (and end) marker is fine.
+  EXPECT_EQ(parseConfig("---\n" + kSelf + "run: {seed: 4}\n...\n").run.seed, 4);
+}
+
+// distill-run's options are overrides of their keys: the schema's ranges
+// apply, and a problem names the option the user typed.
+TEST(Config, OptionOverridesNameTheirOption) {
+  const std::string path = "/tmp/" + distill::testing::uniqueName() + ".yaml";
+  std::ofstream(path) << kSelf;
+  try {
+    distill::loadConfig(path, std::vector<distill::ConfigOverride>{{"run.master_port=70000", "--master-port"},
+                                                                   {"run.nproc_per_node=2000000000", "--nproc-per-node"},
+                                                                   {"run.nnodes=x", "--nnodes"},
+                                                                   {"loss.alpha=2", "--set"}});
+    ADD_FAILURE() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.message(), "config " + path + ": 4 problem(s):\n"
+                           "run.nproc_per_node: must be in [2, 256], found 2000000000 (from --nproc-per-node)\n"
+                           "run.nnodes: expected an integer, found string \"x\" (from --nnodes)\n"
+                           "run.master_port: must be in [1, 65535], found 70000 (from --master-port)\n"
+                           "loss.alpha: must be in [0, 1], found 2 (from --set)");
+  }
+  const Config c = distill::loadConfig(
+      path, std::vector<distill::ConfigOverride>{{"run.nproc_per_node=4", "--nproc-per-node"},
+                                                 {"run.nproc_per_node=5", "--set"},
+                                                 {distill::stringOverride("run.log_dir", "/tmp/x y"), "--log-dir"}});
+  EXPECT_EQ(c.run.nproc_per_node, 5);  // the later one wins
+  EXPECT_EQ(c.run.log_dir, "/tmp/x y");
+  ::unlink(path.c_str());
+}
+
+// Issue 14 item 15: `trainer.lrate` suggested `trainer.data` (3 edits, as many
+// as to `lr`): a name that starts the typo, or is spelled inside it, is what
+// the user meant.
+TEST(Config, SuggestionsPreferPrefixesAndSubsequences) {
+  const Config c = parseConfig(kSelf + "trainer: {lrate: 1, studnet_dim: 2, bsz: 3, warmup_step: 4}\n", {}, "x.yaml");
+  try {
+    c.trainer.expectOnly({"data", "lr", "student_dim", "batch_size", "warmup_steps", "eval_every"});
+    ADD_FAILURE() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.message(),
+              "config x.yaml: 4 problem(s):\n"
+              "trainer.bsz: unknown key; did you mean trainer.batch_size?\n"
+              "trainer.lrate: unknown key; did you mean trainer.lr?\n"
+              "trainer.studnet_dim: unknown key; did you mean trainer.student_dim?\n"
+              "trainer.warmup_step: unknown key; did you mean trainer.warmup_steps?");
+  }
+  EXPECT_EQ(problemsOf(kSelf + "loss:\n  temp: 2\n"),
+            std::vector<std::string>{"loss.temp: unknown key; did you mean loss.temperature?"});
+  EXPECT_EQ(problemsOf(kSelf + "student:\n  grad_acc: 2\n"),
+            std::vector<std::string>{"student.grad_acc: unknown key; did you mean student.grad_acc_steps?"});
+  EXPECT_EQ(problemsOf(kSelf + "run:\n  timeout_s: 2\n"),
+            std::vector<std::string>{"run.timeout_s: unknown key; did you mean run.hang_timeout_s?"});
 }
 
 }  // namespace

@@ -1,11 +1,37 @@
 #!/usr/bin/env bash
 # Installs distill from the build tree into a temporary prefix, then configures,
 # builds and runs a tiny outside project that uses find_package(distill).
+# The installed package must find torch when the consumer configures, never at
+# a path of the build machine: the package files may not name the build's
+# torch, and a Torch_DIR the consumer gives (here: torch seen through another
+# path) is the one used.
 set -euo pipefail
 build=$1 src=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cmake --install "$build" --prefix "$work/prefix" >/dev/null
+pkg="$work/prefix/lib/cmake/distill"
+
+# 1. No absolute path of the build's torch in the package files.
+torch_dir=$(sed -n 's/^Torch_DIR:[A-Z]*=//p' "$build/CMakeCache.txt")
+torch_root=${torch_dir%/share/cmake/Torch}
+[ -n "$torch_dir" ] && [ -d "$torch_root" ] || { echo "no Torch_DIR in $build/CMakeCache.txt"; exit 1; }
+if grep -rnF "$torch_root" "$pkg"; then
+  echo "FAIL: the installed package names the build machine's torch ($torch_root): a consumer elsewhere cannot use it"
+  exit 1
+fi
+
+# 2. The consumer's own Torch_DIR wins: torch through a symlinked root.
+ln -s "$torch_root" "$work/torch"
+cmake -S "$src/tests/consumer/project" -B "$work/build-own-torch" -G Ninja -DCMAKE_PREFIX_PATH="$work/prefix" \
+      -DTorch_DIR="$work/torch/share/cmake/Torch" >"$work/configure-own.log" 2>&1 || { cat "$work/configure-own.log"; exit 1; }
+used=$(sed -n 's/^Torch_DIR:[A-Z]*=//p' "$work/build-own-torch/CMakeCache.txt")
+if [ "$used" != "$work/torch/share/cmake/Torch" ]; then
+  echo "FAIL: the consumer set Torch_DIR=$work/torch/share/cmake/Torch, the package used '$used'"
+  exit 1
+fi
+
+# 3. Without one, torch is found through python3 at configure time; build and run.
 cmake -S "$src/tests/consumer/project" -B "$work/build" -G Ninja \
       -DCMAKE_PREFIX_PATH="$work/prefix" >"$work/configure.log" 2>&1 || { cat "$work/configure.log"; exit 1; }
 cmake --build "$work/build" >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }

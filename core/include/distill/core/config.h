@@ -26,14 +26,32 @@ namespace distill {
 // Reads and validates the YAML file at `path`, then applies `overrides`
 // ("section.key=value", as given to --set; later ones win). The result's
 // `source` is `path`. Throws ConfigError (unreadable file: path and strerror;
-// YAML syntax error: path, line and column; otherwise the problem list).
+// YAML syntax error: path, line and column; a second YAML document after a
+// `---` line: path and line; otherwise the problem list).
 Config loadConfig(const std::string& path, const std::vector<std::string>& overrides = {});
 
 // As loadConfig, on YAML text; `sourceName` only names it in messages. An
 // override value is parsed as a YAML scalar or flow value ("[a, b]") and
-// validated exactly like a value of the file. The result's `source` is "".
+// validated exactly like a value of the file. An override is one line of
+// printable text: a control character (a newline, a tab) in it is a problem
+// naming its key. The result's `source` is "".
 Config parseConfig(const std::string& yamlText, const std::vector<std::string>& overrides = {},
                    const std::string& sourceName = "<string>");
+
+// An override and where it came from, for messages: {"run.master_port=70000",
+// "--master-port"} is reported as "run.master_port: must be in [1, 65535],
+// found 70000 (from --master-port)". distill-run turns each of its options into
+// one, so that an option is validated exactly as its config key.
+struct ConfigOverride {
+  std::string setting;           // "section.key=value"
+  std::string origin = "--set";  // what the user typed it as
+};
+Config loadConfig(const std::string& path, const std::vector<ConfigOverride>& overrides);
+
+// `value` as an override of `key` that reads back exactly that string: a YAML
+// double-quoted scalar ("run.log_dir=\"/tmp/a: b\""), control characters
+// escaped. For string options (distill-run's --log-dir, --master-addr).
+std::string stringOverride(const std::string& key, const std::string& value);
 
 // Every dotted key of the schema ("run.name", ...), in schema order.
 std::vector<std::string> configKeys();
@@ -59,6 +77,28 @@ std::vector<ConfigEntry> configEntries(const Config& config);
 // can change what is trained.
 std::vector<std::string> configDiff(const Config& a, const Config& b, bool trainingOnly = false);
 
+// What a process publishes of its config for another to compare with its own
+// (a student's, at attach; the teacher compares before admitting it): every
+// configEntries() key with its value, one `"key": "value"` YAML line each, a
+// value longer than 200 bytes as "#fnv1a64:<hex>" of it. Deterministic: equal
+// configs give equal text; a config with few trainer keys takes ~3 KiB.
+std::string configDescription(const Config& config);
+
+// One key whose value differs between two processes' configs.
+struct ConfigMismatch {
+  std::string key;     // "teacher.topk", "trainer.lr"
+  std::string mine;    // its value here as configEntries writes it; "(not set)" for a trainer key set only there
+  std::string theirs;  // its value in the description; "(not set)" likewise
+};
+
+// Every key whose value in `config` differs from the one `description` (another
+// process's configDescription) gives: schema order, then trainer keys. Every
+// key is compared, runtime ones too: under distill-run all processes of a node
+// run one config (the node's distill-run hands its overrides to each), so no
+// key may differ, and none is left out. ConfigError if `description` is no
+// description at all.
+std::vector<ConfigMismatch> compareConfig(const Config& config, const std::string& description);
+
 // FNV-1a 64 over the keys and values of the training keys only (configEntries
 // with training == true): what a checkpoint manifest records. Changing a log
 // directory, a port or a timeout keeps the hash.
@@ -72,8 +112,9 @@ std::vector<std::string> extractSetOverrides(int& argc, char** argv);
 
 // The config of a job as each of its processes sees it: the file named by
 // `--config FILE` / `--config=FILE` (removed from argv) or else DISTILL_CONFIG;
-// then overrides from DISTILL_SET (one `key=value` per line; distill-run passes
-// its --set options this way so that the trainer's argv stays its own), then
+// then overrides from DISTILL_SET (one `key=value` per line: an override holds
+// no control character; distill-run passes its --set and its other options
+// this way so that the trainer's argv stays its own), then
 // the process's own --set options (removed from argv). ConfigError if no file.
 Config jobConfig(int& argc, char** argv);
 

@@ -110,6 +110,22 @@ inline ErrorWhere awaiting(std::string awaited) {
 // Human-readable name of the current errno-style code.
 std::string errnoString(int err);
 
+// "ConfigError", "TimeoutError", ...: the most derived distill type of `e`.
+const char* errorTypeName(const Error& e);
+
+// Exit code of a process that an uncaught distill::Error ended (see below).
+constexpr int kUncaughtErrorExitCode = 2;
+
+// Installs a std::terminate handler (once; idempotent): a distill::Error that
+// nobody caught ends the process with one log line — its type and message —
+// and exit code kUncaughtErrorExitCode, instead of SIGABRT and a core dump; so
+// a rank's bad config reads under distill-run as "exit code 2" with the
+// message in the summary's last lines. stdio is flushed, no destructor runs
+// (_exit: other threads may still hold locks). Any other exception, or a
+// terminate without one, goes to the previous handler (abort). distill::init
+// installs it; a trainer may call it first thing in main().
+void exitOnUncaughtError();
+
 }  // namespace distill
 
 // Throws `Type` with the concatenated message; the first argument may be an ErrorWhere.

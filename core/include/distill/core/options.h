@@ -11,19 +11,29 @@
 
 namespace distill {
 
+// Ranges that several keys share (config.cpp checks them; reference.yaml states them).
+// Every duration has one, so that no deadline computed from a config overflows.
+constexpr double kMinTimeoutS = 0.001;           // 1 ms
+constexpr double kMaxTimeoutS = 30 * 24 * 3600;  // 30 days: 2592000 s
+// Processes on one node, students + teacher: the segment's process table holds
+// at most 255 students (ipc/wire.h kMaxStudents) and the teacher.
+constexpr int kMaxProcsPerNode = 256;
+
 // run: how the job is laid out and how long anything may wait.
 struct RunOptions {
   std::string name = "distill";           // job name, used in logs and the segment name
-  int nproc_per_node = 3;                 // processes per node: students + 1 teacher (>= 2)
-  int nnodes = 1;                         // nodes in the job (>= 1)
+  int nproc_per_node = 3;                 // processes per node: students + 1 teacher (2 .. 256)
+  int nnodes = 1;                         // nodes in the job (>= 1; nnodes x nproc_per_node fits an int)
   int node_rank = 0;                      // this node, 0 .. nnodes-1
   std::string master_addr = "127.0.0.1";  // student group rendezvous host (student rank 0)
   int master_port = 29500;                // student group rendezvous port (1..65535)
   std::string log_dir = "logs";           // per-rank log files, metrics, hang reports
-  double startup_timeout_s = 60;          // admission: students <-> teacher, store connect (> 0)
-  double collective_timeout_s = 300;      // each student-group collective (> 0)
-  double hang_timeout_s = 300;            // no progress on any rank for this long = hang (> 0)
+  double startup_timeout_s = 60;          // admission: students <-> teacher, store connect (0.001 .. 2592000)
+  double collective_timeout_s = 300;      // each student-group collective (0.001 .. 2592000)
+  double hang_timeout_s = 300;            // no progress on any rank for this long = hang (0.001 .. 2592000)
   std::string on_hang = "teardown";       // teardown | wait: what the watchdog does on a hang
+  double stop_grace_s = 10;               // distill-run: SIGTERM follows a stop request after this (0 .. 2592000)
+  double status_every_s = 30;             // distill-run: a status line this often off a terminal (1 .. 2592000)
   int64_t seed = 0;                       // base RNG seed; rank r uses seed + r
   int64_t steps = 0;                      // training steps the trainer runs (0: trainer decides)
 
@@ -67,8 +77,8 @@ struct TransportOptions {
   int slots = 4;                          // slots per ring (>= 1)
   int64_t max_request_bytes = 4 << 20;    // payload capacity of a request slot
   int64_t max_response_bytes = 64 << 20;  // payload capacity of a response slot
-  int heartbeat_ms = 100;                 // liveness period; a peer is lost after ~2 of them
-  int spin_us = 20;                       // spin this long before sleeping on the futex (0: never)
+  int heartbeat_ms = 100;                 // liveness period; a peer is lost after ~2 of them (1 .. 60000)
+  int spin_us = 20;                       // spin this long before sleeping on the futex (0: never; .. 1000000)
   std::string cuda_ipc = "auto";          // auto | on | off: GPU tensors as CUDA IPC buffers
 };
 
@@ -115,7 +125,9 @@ struct TrainerOptions {
   double getDouble(const std::string& key) const;
   bool getBool(const std::string& key) const;
   // ConfigError listing every key set that is not in `known` (with the nearest
-  // known key as a suggestion), all at once, in the format of parseConfig.
+  // known key as a suggestion: one that begins the typo or is spelled inside
+  // it first, `lrate` -> `lr`, then by edit distance), all at once, in the
+  // format of parseConfig. distill::init calls it with InitOptions::trainerKeys.
   void expectOnly(const std::vector<std::string>& known) const;
 };
 

@@ -23,6 +23,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -72,8 +73,15 @@ struct EndpointOptions {
   std::string cudaIpc = "auto";   // transport.cuda_ipc: auto | on | off
   int cudaDevice = -1;            // this process's GPU for CUDA IPC buffers; -1: none (CUDA tensors are
                                   // staged through the host slots). "on" with no usable device: IpcError
+  std::string config;             // published in the segment at attach for the teacher's admission check
+                                  // (core's configDescription; opaque here). "" = nothing published
   static EndpointOptions fromOptions(const TransportOptions& t, int rank);
 };
+
+// The teacher's admission check of one local student: given its local index
+// and the config it published at attach ("" if none), "" admits it; anything
+// else is why not, and refuses the job (see TeacherEndpoint::waitAdmission).
+using AdmissionCheck = std::function<std::string(int localIndex, const std::string& config)>;
 
 // A received message; holds its slot until release() or destruction.
 class ReceivedMessage {
@@ -136,7 +144,9 @@ class StudentEndpoint {
   StudentEndpoint& operator=(StudentEndpoint&&) = delete;
 
   // Waits until the teacher has admitted every local student; TimeoutError
-  // naming the teacher's state otherwise. Call before any collective.
+  // naming the teacher's state otherwise; ConfigError with the teacher's
+  // reason, as soon as it refused (a config that differs from its own). Call
+  // before any collective.
   void waitAdmission(Deadline deadline);
   // Copies msg's tensors into the next request slot (waits for a free slot).
   void send(const OutMessage& msg, Deadline deadline);
@@ -169,7 +179,11 @@ class TeacherEndpoint {
 
   // Waits until every local student attached, then admits them (students'
   // waitAdmission returns). TimeoutError names the students that never came.
-  void waitAdmission(Deadline deadline);
+  // With `check`, each student is checked as soon as it attached: the first
+  // refusal is written to the segment (every student's waitAdmission throws
+  // ConfigError with it, those still to attach too) and thrown here as
+  // ConfigError, without waiting for the others.
+  void waitAdmission(Deadline deadline, const AdmissionCheck& check = {});
   int numStudents() const;
   // True if local student `student` detached cleanly and left nothing unread:
   // it will send nothing more (a restarted teacher uses this for students whose

@@ -13,6 +13,8 @@
 //   recorderOffset         (numStudents + 1) x RecorderArea (kRecorderBytesPerProcess): the
 //                          flight recorder, one event ring per process, written only by
 //                          the owning process (ipc/src/recorder.h)
+//   configOffset           (numStudents + 1) x ConfigArea (kConfigBytesPerProcess): what each
+//                          process published of its config at attach (admission compares them)
 //   ringsOffset            per student i: request ring (i -> teacher), then response ring
 //                          (teacher -> i); each ring = RingHeader + slots x slot stride
 //   slot                   SlotHeader (kSlotHeaderBytes) + payload (capacity rounded up to 64)
@@ -27,7 +29,9 @@
 namespace distill::ipc::wire {
 
 constexpr uint64_t kSegmentMagic = 0x314D48534C495444ull;  // "DTILSHM1", little endian
-constexpr uint32_t kLayoutVersion = 5;  // 3: checksum over the used prefix; 4: teacherMaxRestarts; 5: recorder
+// 3: checksum over the used prefix; 4: teacherMaxRestarts; 5: recorder; 6: config areas and
+// the teacher's admission refusal (issue 14 item 13)
+constexpr uint32_t kLayoutVersion = 6;
 constexpr uint32_t kSlotMagic = 0x544F4C53u;  // "SLOT"
 
 constexpr int kMaxTensors = 4;        // tensors per message
@@ -42,6 +46,8 @@ constexpr size_t kCacheLine = 64;
 constexpr size_t kPayloadAlign = 64;  // every tensor offset in a payload is a multiple of this
 constexpr size_t kControlBytes = 4096;
 constexpr size_t kRecorderBytesPerProcess = 16384;
+constexpr size_t kConfigBytesPerProcess = 32768;  // ConfigArea: a config's description (~3 KiB + the trainer's keys)
+constexpr int kRefusalBytes = 2048;               // ControlBlock::refusal incl. NUL
 
 constexpr size_t alignUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
@@ -167,7 +173,9 @@ struct ControlBlock {
   uint64_t requestSlotStride;       // kSlotHeaderBytes + aligned request capacity
   uint64_t responseSlotStride;
   uint64_t ringPairStride;          // bytes per student (request ring + response ring)
-  uint64_t reserved[8];
+  uint64_t configOffset;            // ConfigArea of process 0; one per process
+  uint64_t configBytesPerProcess;   // kConfigBytesPerProcess
+  uint64_t reserved[6];
 
   // Mutable.
   alignas(kCacheLine) std::atomic<uint64_t> admitted;  // teacher incarnation that admitted all students, 0 = not yet
@@ -184,6 +192,10 @@ struct ControlBlock {
   std::atomic<int32_t> teacherReplacedPid;             // pid of the dead teacher the launcher is replacing
                                                        // (stored before teacherRestarts is incremented):
                                                        // awaited even once the last restart is used up
+  std::atomic<uint32_t> refused;                       // nonzero: the teacher refused admission (a student's
+                                                       // config differs from its own); `refusal` says why.
+                                                       // Teacher writes refusal, then stores 1 (release)
+  char refusal[kRefusalBytes];                         // NUL-terminated; read after an acquire load of refused
 };
 static_assert(sizeof(ControlBlock) <= kControlBytes, "ControlBlock too big");
 static_assert(offsetof(ControlBlock, jobId) == 16 && offsetof(ControlBlock, numStudents) == 80, "ControlBlock layout");
@@ -211,6 +223,18 @@ struct alignas(kCacheLine) ProcessEntry {
   std::atomic<uint32_t> sleepers;                      // owner threads inside FUTEX_WAIT on doorbell
 };
 static_assert(sizeof(ProcessEntry) == 128, "ProcessEntry layout");
+
+// ---- Config areas ---------------------------------------------------------------------------------
+// Per process: the description of its config (core's configDescription, opaque
+// here), written by the owner at attach before it stores state = attached
+// (release), so a reader that saw it attached (acquire) reads it whole.
+struct ConfigArea {
+  std::atomic<uint32_t> bytes;  // length of text; 0 = nothing published
+  uint32_t reserved;
+  char text[kConfigBytesPerProcess - 8];
+};
+static_assert(sizeof(ConfigArea) == kConfigBytesPerProcess, "ConfigArea layout");
+constexpr size_t kConfigTextBytes = sizeof(ConfigArea::text);
 
 // ---- Flight recorder (ipc/src/recorder.h) ---------------------------------------------------------
 // Per process: its recent events, written only by the owner, read by anyone
