@@ -5,7 +5,9 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pty.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -13,7 +15,9 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <regex>
 
@@ -183,6 +187,23 @@ DISTILL_TEST_ROLE(job) {
   }
   std::printf("unknown mode %s\n", mode.c_str());
   return 98;
+}
+
+// Runs args[0] (distill-run) with args[1..] in a mount namespace of its own
+// whose /dev/shm is an 8 MiB tmpfs. Prints "SKIP: ..." and exits 77 where
+// mount namespaces are not allowed.
+DISTILL_TEST_ROLE(small_shm) {
+  if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+      ::mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=8m,mode=1777") != 0) {
+    std::printf("SKIP: no mount namespace here: %s\n", std::strerror(errno));
+    return 77;
+  }
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  ::execv(argv[0], argv.data());
+  std::printf("cannot exec %s: %s\n", argv[0], std::strerror(errno));
+  return 127;
 }
 
 namespace {
@@ -402,6 +423,34 @@ TEST_F(LauncherTest, SegmentOfAKilledLauncherIsRemovedByTheNextRun) {
   EXPECT_TRUE(has(next.text(), "removed stale segment /dev/shm/" + seg + " (creator pid")) << next.text();
   EXPECT_FALSE(distill::ipc::Segment::exists(seg)) << seg << " left in /dev/shm";
   expectSegmentGone(next);
+}
+
+// Issue 14 item 17: on an 8 MiB /dev/shm the default transport (2 students x
+// 4 slots x (4 + 64) MiB) used to be accepted, and a rank died of SIGBUS once
+// the pages it touched no longer fitted. Now distill-run refuses at once,
+// before any rank starts, naming the bytes needed and free and the keys; a
+// transport that fits runs to the end on the same 8 MiB.
+TEST_F(LauncherTest, SegmentTooBigForDevShmFailsAtOnceNamingBytesAndKeys) {
+  const std::vector<std::string> wrapper{selfExe(), "--distill-role=small_shm"};
+  Launch l(jobArgs({}, {"ok"}), false, wrapper);
+  auto st = l.finish(Ms(30000));
+  if (has(l.text(), "SKIP: no mount namespace")) GTEST_SKIP() << l.text();
+  std::printf("segment too big for /dev/shm -> distill-run exit: %lld ms\n", static_cast<long long>(l.elapsedMs()));
+  EXPECT_TRUE(st.exited && st.code == 2) << st.describe() << "\n" << l.text();
+  EXPECT_LT(l.elapsedMs(), 10000) << l.text();
+  const std::string& t = l.text();
+  for (const char* part : {"needs 570", "of shared memory but /dev/shm has only 8388608 bytes (8.0 MiB) free",
+                           "transport.slots (4)", "transport.max_request_bytes (4194304)",
+                           "transport.max_response_bytes (67108864)", "students per node (2"})
+    EXPECT_TRUE(has(t, part)) << part << "\n" << t;
+  EXPECT_FALSE(has(t, "[r0 student]") || has(t, "[r2 teacher]")) << "a rank started:\n" << t;
+
+  Launch fits(jobArgs({"--set", "transport.max_request_bytes=64KiB", "--set", "transport.max_response_bytes=256KiB"},
+                      {"ok"}),
+              false, wrapper);
+  auto st2 = fits.finish();
+  EXPECT_TRUE(st2.exited && st2.code == 0) << st2.describe() << "\n" << fits.text();
+  EXPECT_TRUE(has(fits.text(), "[r2 teacher] teacher served 6 requests")) << fits.text();
 }
 
 }  // namespace

@@ -54,7 +54,11 @@ struct ProcessSnapshot {
 class Segment {
  public:
   // Launcher only. Creates the segment `name` (mode 0600, zero-filled) and
-  // initialises the control block. An existing segment whose creator pid is
+  // initialises the control block. Every page is reserved at creation
+  // (posix_fallocate), so no later write into the segment can die of SIGBUS
+  // on a full /dev/shm; too little room is an IpcError naming the bytes
+  // needed, the bytes free and the transport.* keys that set the size, and
+  // leaves nothing in /dev/shm. An existing segment whose creator pid is
   // alive is an IpcError naming the segment and pid; one whose creator is dead
   // is removed and recreated (logged as a warning).
   static Segment create(const std::string& name, const SegmentLayout& layout, const std::string& jobId);
