@@ -640,7 +640,10 @@ class Launcher {
     if (teardownDeadline_) return;
     DISTILL_LOG(kError) << "tearing the job down: " << why;
     if (seg_) seg_->abort();  // every wait on the segment fails now
-    for (auto& r : ranks_) signalRank(r, SIGTERM);
+    for (auto& r : ranks_) {
+      signalRank(r, SIGTERM);
+      signalRank(r, SIGCONT);  // a stopped rank (SIGSTOP) acts on the SIGTERM now, not at the SIGKILL
+    }
     teardownDeadline_ = Deadline::after(kGrace);
   }
 

@@ -68,6 +68,7 @@ DISTILL_TEST_ROLE(hang) {
   char* argv[] = {arg0, nullptr};
   distill::Session s = distill::init(argc, argv);
   if (s.isTeacher()) {
+    std::printf("TEACHER pid %d\n", static_cast<int>(::getpid()));
     int calls = 0;
     auto doubler = distill::teacherFromFunction([&](const std::vector<at::Tensor>& in) {
       if (scenario == "teacher-stall" && ++calls == 3) blockInUserCode(fifo);
@@ -88,7 +89,7 @@ DISTILL_TEST_ROLE(hang) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     for (int64_t step = 0; std::chrono::steady_clock::now() < deadline; ++step) {
       ask(s, step);
-      if (step == 0) std::printf("READY student %d\n", rank);
+      if (step == 0) std::printf("READY student %d pid %d\n", rank, static_cast<int>(::getpid()));
       auto stop = torch::tensor({s.client->stopRequested() ? 1.0 : 0.0});
       group.allReduce(stop, distill::ReduceOp::kMax, "stop flag");
       if (stop.item<double>() > 0) break;
@@ -147,6 +148,24 @@ class HangTest : public LauncherFixture {
     EXPECT_LT(l.elapsedMs() - blockedAtMs_, bound) << l.text();
     EXPECT_TRUE(has(readFile(dir_ + "/logs/hang_report.txt"), "hang: no rank made progress")) << l.text();
     expectSegmentGone(l);
+  }
+
+  // The pid a rank printed after `label` ("READY student 1 pid 1234").
+  static int pidAfter(Launch& l, const std::string& label) {
+    if (!l.waitFor(label)) return -1;
+    std::smatch m;
+    const std::string& t = l.text();
+    if (!std::regex_search(t, m, std::regex(label + "([0-9]+)"))) return -1;
+    return std::stoi(m[1]);
+  }
+
+  // A `busy` job (students ask and all-reduce) whose peers cannot call a
+  // stopped process lost for 40 s (heartbeat 20 s), so the watchdog (3 s) reports first.
+  std::unique_ptr<Launch> startBusy() {
+    return std::make_unique<Launch>(jobArgs({"--set", "run.hang_timeout_s=" + std::to_string(kHangS), "--set",
+                                             "transport.heartbeat_ms=20000", "--set", "run.collective_timeout_s=60",
+                                             "--set", "run.startup_timeout_s=60"},
+                                            {"busy"}, "hang"));
   }
 
   // Waits until a rank says it is blocked; notes when (ms since the launch).
@@ -259,6 +278,48 @@ TEST_F(HangTest, Sigusr1PrintsTheTableWithoutDisturbingTheRun) {
   for (const char* r : {"[r0 student] exit code 0", "[r1 student] exit code 0", "[r2 teacher] exit code 0"})
     EXPECT_TRUE(has(l->text(), r)) << r << "\n" << l->text();
   expectSegmentGone(*l);
+}
+
+// Issue 14 item 20: the table never said a process was stopped. A SIGSTOPped
+// student showed as waiting for the teacher (blaming it); now its row says
+// "stopped", a "stopped:" line names it, and its peers say they wait on it.
+TEST_F(HangTest, StoppedStudentIsNamedAndItsPeersWaitOnAStoppedPeer) {
+  auto l = startBusy();
+  ASSERT_TRUE(l->waitFor("READY student 0")) << l->text();
+  const int pid = pidAfter(*l, "READY student 1 pid ");
+  ASSERT_GT(pid, 0) << l->text();
+  ASSERT_EQ(::kill(pid, SIGSTOP), 0);
+  blockedAtMs_ = l->sinceStartMs();
+  expectHangTeardown(*l);
+  const std::string t = l->text();
+  EXPECT_TRUE(std::regex_search(row(t, "r1"), std::regex("student +" + std::to_string(pid) +
+                                                         " +stopped +stopped \\(SIGSTOP\\): no heartbeat for")))
+      << row(t, "r1") << "\n" << t;
+  EXPECT_TRUE(has(t, "stopped: r1 student (pid " + std::to_string(pid) + ") is stopped (SIGSTOP)")) << t;
+  EXPECT_TRUE(has(row(t, "r0"), "student rank 1") && has(row(t, "r0"), "stopped")) << row(t, "r0") << "\n" << t;
+  EXPECT_TRUE(has(row(t, "r2"), "waiting for request from any student") &&
+              has(row(t, "r2"), "waits on a stopped peer: student rank 1 is stopped (SIGSTOP)"))
+      << row(t, "r2") << "\n" << t;
+}
+
+// Issue 14 item 20: a stopped teacher showed as "busy in user code"; now it
+// is the stopped row, and the students waiting for it say they wait on a
+// stopped peer.
+TEST_F(HangTest, StoppedTeacherIsNamedNotBusy) {
+  auto l = startBusy();
+  ASSERT_TRUE(l->waitFor("READY student 0") && l->waitFor("READY student 1")) << l->text();
+  const int pid = pidAfter(*l, "TEACHER pid ");
+  ASSERT_GT(pid, 0) << l->text();
+  ASSERT_EQ(::kill(pid, SIGSTOP), 0);
+  blockedAtMs_ = l->sinceStartMs();
+  expectHangTeardown(*l);
+  const std::string t = l->text();
+  EXPECT_TRUE(has(row(t, "r2"), " stopped   stopped (SIGSTOP): no heartbeat for")) << row(t, "r2") << "\n" << t;
+  EXPECT_TRUE(has(t, "stopped: r2 teacher (pid " + std::to_string(pid) + ") is stopped (SIGSTOP)")) << t;
+  const std::string waits = "waits on a stopped peer: teacher rank 2 is stopped (SIGSTOP)";
+  EXPECT_TRUE((has(row(t, "r0"), "waiting for response from teacher rank 2") && has(row(t, "r0"), waits)) ||
+              (has(row(t, "r1"), "waiting for response from teacher rank 2") && has(row(t, "r1"), waits)))
+      << t;
 }
 
 }  // namespace
