@@ -181,6 +181,13 @@ struct Rank {
   std::string ownPrefix; // "[n0 r3 " : lines distill already prefixed get no second prefix
   std::map<std::string, double> reported;  // its last DISTILL_STATUS values
   std::vector<std::string> deaths;  // teacher: how each restarted incarnation ended
+  // When things happened to it (monotonicNs, 0 = never): for the summary's
+  // "who failed first", which is not always who exited first.
+  int64_t exitedNs = 0;     // reaped
+  int64_t termSentNs = 0;   // the teardown's SIGTERM
+  int64_t killSentNs = 0;   // the teardown's SIGKILL
+  int64_t stoppedSinceNs = 0;  // stopped (SIGSTOP) when the teardown began: its last heartbeat
+  std::string exitProblem;  // exit code 0 that is still a failure (never attached, left attached)
 };
 
 // "DISTILL_STATUS step=3 loss=0.5" anywhere in a line -> {step: 3, loss: 0.5}; false if none.
@@ -209,7 +216,15 @@ std::string describeStatus(int st) {
   return "status " + std::to_string(st);
 }
 
-bool failed(const Rank& r) { return r.exited && !(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0); }
+bool failed(const Rank& r) {
+  return r.exited && (!(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0) || !r.exitProblem.empty());
+}
+
+// "[r1 student] exit code 3", or for an exit 0 that is a failure "[r1 student]
+// exit code 0 without attaching to the segment (...)".
+std::string howItEnded(const Rank& r) {
+  return r.prefix + describeStatus(r.status) + (r.exitProblem.empty() ? "" : " " + r.exitProblem);
+}
 
 class Launcher {
  public:
@@ -454,12 +469,34 @@ class Launcher {
         if (r.pid == pid) {
           r.exited = true;
           r.status = st;
+          r.exitedNs = monotonicNs();
+          r.exitProblem = exitZeroProblem(r);
           if (r.out >= 0) pump(r, true);
           if (liveShown_) console("");
-          logLine(failed(r) ? LogLevel::kError : LogLevel::kInfo, r.prefix + "exited: " + describeStatus(st));
+          logLine(failed(r) ? LogLevel::kError : LogLevel::kInfo,
+                  r.prefix + "exited: " + describeStatus(st) + (r.exitProblem.empty() ? "" : " " + r.exitProblem));
         }
       }
     }
+  }
+
+  // An exit code 0 is a failure when the rank never attached to the segment
+  // (a trainer that returned before distill::init: the teacher would wait the
+  // whole run.startup_timeout_s for it) or left without detaching (its peers
+  // would wait on it): the reason, or "" when it detached cleanly. Before any
+  // rank failed or a stop was asked only; after that, leaving is what it should do.
+  std::string exitZeroProblem(const Rank& r) const {
+    if (!seg_ || !WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0 || teardownDeadline_ || stopSignal_) return "";
+    const auto procs = seg_->processes();
+    const int local = r.topo.localRank;
+    if (local >= static_cast<int>(procs.size())) return "";
+    const auto& p = procs[size_t(local)];
+    if (p.pid == 0)
+      return "without attaching to the segment (it never called distill::init, or returned before it; "
+             "the other ranks would have waited run.startup_timeout_s for it)";
+    if (p.pid == r.pid && p.state != "finished")
+      return "without detaching from the segment (state " + p.state + ": it left its peers waiting)";
+    return "";
   }
 
   bool allExited() const {
@@ -514,11 +551,11 @@ class Launcher {
         reap();
       }
       for (auto& r : ranks_) {
-        if (failed(r) && r.topo.isTeacher() && mayRestartTeacher()) restartTeacher(r);
+        if (failed(r) && r.exitProblem.empty() && r.topo.isTeacher() && mayRestartTeacher()) restartTeacher(r);
         if (failed(r) && !failedRank_ && !teardownDeadline_) {
-          if (reason_.empty()) reason_ = r.prefix + describeStatus(r.status);
+          if (reason_.empty()) reason_ = howItEnded(r);
           failedRank_ = &r;
-          teardown(r.prefix + describeStatus(r.status));
+          teardown(howItEnded(r));
         }
       }
       if (allExited()) break;
@@ -526,7 +563,10 @@ class Launcher {
         teardown("still running " + std::to_string(static_cast<int>(a_.stopGraceS)) + " s after the stop request");
       if (teardownDeadline_ && teardownDeadline_->expired() && !killed_) {
         DISTILL_LOG(kError) << "ranks still running " << toMs(kGrace) << " ms after SIGTERM: SIGKILL";
-        for (auto& r : ranks_) signalRank(r, SIGKILL);
+        for (auto& r : ranks_) {
+          if (!r.exited) r.killSentNs = monotonicNs();
+          signalRank(r, SIGKILL);
+        }
         killed_ = true;
       }
       tick();
@@ -639,19 +679,86 @@ class Launcher {
   void teardown(const std::string& why) {
     if (teardownDeadline_) return;
     DISTILL_LOG(kError) << "tearing the job down: " << why;
+    teardownStartNs_ = monotonicNs();
+    // Before anything moves: which ranks are stopped (SIGSTOP) and since when
+    // (their last heartbeat), for the summary's "who failed first".
+    if (seg_) {
+      const auto procs = seg_->processes();
+      for (auto& r : ranks_) {
+        const size_t local = size_t(r.topo.localRank);
+        if (r.exited || r.pid <= 0 || !ipc::processStopped(r.pid)) continue;
+        r.stoppedSinceNs = local < procs.size() && procs[local].pid == r.pid && procs[local].heartbeatNs > 0
+                               ? procs[local].heartbeatNs
+                               : teardownStartNs_;
+      }
+    }
     if (seg_) seg_->abort();  // every wait on the segment fails now
     for (auto& r : ranks_) {
+      if (!r.exited) r.termSentNs = monotonicNs();
       signalRank(r, SIGTERM);
       signalRank(r, SIGCONT);  // a stopped rank (SIGSTOP) acts on the SIGTERM now, not at the SIGKILL
     }
     teardownDeadline_ = Deadline::after(kGrace);
   }
 
+  // The rank that failed first and how, as the summary's headline. The rank
+  // whose exit distill-run noticed first is not always it: a student that
+  // detached abnormally (an exception) may take seconds to exit while the
+  // teacher, seeing it gone, exits at once; a stopped student never exits by
+  // itself while the teacher gives up on it. So each rank's failure is dated
+  // by what the segment recorded: when it detached abnormally (endedNs), its
+  // last heartbeat when it was stopped or died attached (a lower bound of the
+  // death), else when it was reaped. Ranks that ended by the teardown's own
+  // signals did not cause it and are not dated.
+  struct FirstFailure {
+    const Rank* rank = nullptr;
+    std::string how;
+    int64_t atNs = 0;
+  };
+  FirstFailure firstFailure() const {
+    FirstFailure best;
+    const auto procs = seg_ ? seg_->processes() : std::vector<ipc::ProcessSnapshot>{};
+    for (auto& r : ranks_) {
+      const size_t local = size_t(r.topo.localRank);
+      const ipc::ProcessSnapshot* p = local < procs.size() && procs[local].pid == r.pid ? &procs[local] : nullptr;
+      const std::string ended = r.exited ? describeStatus(r.status) : "still running";
+      FirstFailure f;
+      if (p && p->state == "dead" && p->endedNs > 0 && (!teardownStartNs_ || p->endedNs <= teardownStartNs_)) {
+        f = {&r, r.prefix + "detached abnormally from the segment (then " + ended + ")", p->endedNs};
+      } else if (r.stoppedSinceNs) {
+        f = {&r, r.prefix + "was stopped (SIGSTOP) (then " + ended + ")", r.stoppedSinceNs};
+      } else if (failed(r)) {
+        const int sig = WIFSIGNALED(r.status) ? WTERMSIG(r.status) : 0;
+        const bool ours = (sig == SIGTERM && r.termSentNs) || (sig == SIGKILL && r.killSentNs);
+        if (ours) continue;
+        int64_t at = r.exitedNs;
+        // Died while attached: its last heartbeat is a lower bound of the death.
+        if (p && p->state != "finished" && p->state != "dead" && p->heartbeatNs > 0) at = std::min(at, p->heartbeatNs);
+        f = {&r, howItEnded(r), at};
+      } else {
+        continue;
+      }
+      if (!best.rank || f.atNs < best.atNs) best = f;
+    }
+    return best;
+  }
+
   void summary() {
     std::ostringstream os;
-    os << "\n==== distill-run: job " << (failedRank_ || hung_ ? "failed" : "stopped") << ": " << reason_ << "\n";
+    const Rank* tail = failedRank_;
+    std::string headline = reason_;
+    if (failedRank_ && !hung_) {
+      const FirstFailure first = firstFailure();
+      if (first.rank) {
+        headline = first.how;
+        tail = first.rank;
+        if (first.rank != failedRank_)
+          headline += "; distill-run noticed " + howItEnded(*failedRank_) + " first";
+      }
+    }
+    os << "\n==== distill-run: job " << (failedRank_ || hung_ ? "failed" : "stopped") << ": " << headline << "\n";
     for (auto& r : ranks_) {
-      os << "  " << r.prefix << (r.exited ? describeStatus(r.status) : "still running");
+      os << "  " << (r.exited ? howItEnded(r) : r.prefix + "still running");
       auto step = r.reported.find("step");
       if (step != r.reported.end()) os << ", last step " << static_cast<int64_t>(step->second);
       os << "\n";
@@ -659,9 +766,9 @@ class Launcher {
     if (cfg_.teacher.max_restarts > 0)
       os << "  teacher restarts: " << (seg_ ? seg_->teacherRestarts() : 0) << " of " << cfg_.teacher.max_restarts
          << (deathsText().empty() ? "" : " (" + deathsText() + ")") << "\n";
-    if (failedRank_) {
-      os << "  last lines of " << failedRank_->prefix.substr(0, failedRank_->prefix.size() - 1) << ":\n";
-      for (auto& l : failedRank_->tail) os << "    | " << l << "\n";
+    if (tail) {
+      os << "  last lines of " << tail->prefix.substr(0, tail->prefix.size() - 1) << ":\n";
+      for (auto& l : tail->tail) os << "    | " << l << "\n";
     }
     std::string s = os.str();
     (void)!::write(STDERR_FILENO, s.data(), s.size());
@@ -686,6 +793,7 @@ class Launcher {
   int stopSignal_ = 0;                  // first SIGINT/SIGTERM received
   std::optional<Deadline> stopDeadline_;
   std::optional<Deadline> teardownDeadline_;
+  int64_t teardownStartNs_ = 0;         // monotonicNs() when the teardown began
   bool killed_ = false;
   Rank* failedRank_ = nullptr;
   // Watchdog.

@@ -83,6 +83,8 @@ const RecordedEvent* innermostOpen(const std::vector<RecordedEvent>& events) {
 
 }  // namespace
 
+bool processStopped(int pid) { return sys::pidState(pid) == sys::PidState::kStopped; }
+
 uint64_t progressCount(const Segment& seg) {
   const SegmentImpl& s = *seg.impl();
   uint64_t sum = 0;

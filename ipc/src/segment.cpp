@@ -384,7 +384,11 @@ std::vector<ProcessSnapshot> Segment::processes() const {
     const uint32_t st = e.state.load(std::memory_order_acquire);
     s.state = wire::stateName(st);
     s.incarnation = e.incarnation.load(std::memory_order_relaxed);
-    if (s.pid) s.heartbeatAgeMs = (now - e.heartbeatNs.load(std::memory_order_relaxed)) / 1000000;
+    if (s.pid) {
+      s.heartbeatNs = e.heartbeatNs.load(std::memory_order_relaxed);
+      s.heartbeatAgeMs = (now - s.heartbeatNs) / 1000000;
+      s.endedNs = e.endedNs.load(std::memory_order_relaxed);
+    }
     const uint32_t what = e.waitWhat.load(std::memory_order_relaxed);
     s.waitWhat = wire::waitName(what);
     s.waitPeer = e.waitPeer.load(std::memory_order_relaxed);

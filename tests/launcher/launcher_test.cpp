@@ -89,6 +89,9 @@ int serveDoublerThatDies(distill::Session& s, int killAt, bool always) {
 //   stop   steps until Client::stopRequested(), then "checkpoint" and finish
 //   ignore students print READY and wait to be killed (they ignore the stop flag)
 //   grad   one step of a tiny model on rank-dependent data, gradients all-reduced
+//   exit0-early     student 1 exits 0 before distill::init; student 0 waits to be killed
+//   detach-first    student 0 throws after a step (its session detaches abnormally) and lingers
+//                   until SIGTERM; student 1 asks until the teacher is gone
 //   elastic         10 steps x 2 micro-batches, every answer checked; the teacher
 //                   SIGKILLs itself in its 5th forward once (elastic-always: each time)
 DISTILL_TEST_ROLE(job) {
@@ -98,6 +101,24 @@ DISTILL_TEST_ROLE(job) {
   const bool teacher = role && std::string(role) == "teacher";
   if (!teacher && stubborn && envInt("DISTILL_LOCAL_RANK") == 1) ::signal(SIGTERM, SIG_IGN);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  if (mode == "exit0-early" && !teacher && envInt("DISTILL_LOCAL_RANK") == 1) {
+    std::printf("student 1: nothing to train, exiting 0 before distill::init\n");
+    return 0;
+  }
+  if (mode == "detach-first" && !teacher && envInt("DISTILL_LOCAL_RANK") == 0) {
+    try {
+      distill::Session s = initSession();
+      auto x = torch::arange(4, torch::kLong);
+      s.client->get(s.client->submit(x, 0, 0));
+      throw std::runtime_error("student 0: a bad batch at step 1");
+    } catch (const std::exception& e) {
+      // The session is gone (detached abnormally); the process lingers, as
+      // one busy in slow destructors or a hung flush would, until torn down.
+      std::printf("FAILED %s\n", e.what());
+      std::fflush(stdout);
+      return waitForSigterm(std::chrono::seconds(30)) ? 1 : 4;
+    }
+  }
   distill::Session s = initSession();
   if (s.isTeacher() && (mode == "elastic" || mode == "elastic-always"))
     return serveDoublerThatDies(s, 5, mode == "elastic-always");
@@ -118,6 +139,13 @@ DISTILL_TEST_ROLE(job) {
     }
     s.client->finish();
     return 0;
+  }
+  if (mode == "exit0-early") return blockUntilKilled();  // student 0: never admitted without student 1
+  if (mode == "detach-first") {
+    // Student 1 asks until the teacher is gone (it goes when student 0 does).
+    const auto deadline = SteadyClock::now() + std::chrono::seconds(30);
+    for (int64_t step = 0; SteadyClock::now() < deadline; ++step) ask(step);
+    return 5;
   }
   if (mode == "fail" || mode == "kill") {
     if (rank != 0) return blockUntilKilled();
@@ -451,6 +479,40 @@ TEST_F(LauncherTest, SegmentTooBigForDevShmFailsAtOnceNamingBytesAndKeys) {
   auto st2 = fits.finish();
   EXPECT_TRUE(st2.exited && st2.code == 0) << st2.describe() << "\n" << fits.text();
   EXPECT_TRUE(has(fits.text(), "[r2 teacher] teacher served 6 requests")) << fits.text();
+}
+
+// Issue 14 item 22: a trainer that exits 0 without attaching made the job wait
+// the whole run.startup_timeout_s; distill-run knows it exited, so it fails at
+// once naming it.
+TEST_F(LauncherTest, RankThatExitsZeroWithoutAttachingFailsTheJobAtOnce) {
+  Launch l(jobArgs({"--set", "run.startup_timeout_s=60"}, {"exit0-early"}));
+  ASSERT_TRUE(l.waitFor("nothing to train")) << l.text();
+  const auto t0 = SteadyClock::now();
+  auto st = l.finish(Ms(90000));
+  const int64_t ms = msSince(t0);
+  std::printf("rank exited 0 without attaching -> distill-run exit: %lld ms (startup_timeout_s 60)\n",
+              static_cast<long long>(ms));
+  EXPECT_TRUE(st.exited && st.code == 1) << st.describe() << "\n" << l.text();
+  EXPECT_LT(ms, 10000) << l.text();
+  EXPECT_TRUE(has(l.text(), "job failed: [r1 student] exit code 0 without attaching to the segment")) << l.text();
+  expectSegmentGone(l);
+}
+
+// Issue 14 item 23: the summary headlined the rank whose exit distill-run
+// noticed first (here the teacher, which left as soon as student 0 detached
+// abnormally) rather than the rank that failed first (student 0, which
+// exited last).
+TEST_F(LauncherTest, SummaryHeadlinesTheRankThatFailedFirstNotTheFirstToExit) {
+  Launch l(jobArgs({}, {"detach-first"}));
+  auto st = l.finish();
+  EXPECT_TRUE(st.exited && st.code == 1) << st.describe() << "\n" << l.text();
+  const std::string& t = l.text();
+  EXPECT_TRUE(has(t, "job failed: [r0 student] detached abnormally from the segment (then exit code 1); "
+                     "distill-run noticed "))
+      << t;
+  EXPECT_TRUE(has(t, "last lines of [r0 student]:\n") && has(t, "    | FAILED student 0: a bad batch at step 1"))
+      << t;
+  expectSegmentGone(l);
 }
 
 }  // namespace

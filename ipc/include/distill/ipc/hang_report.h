@@ -38,6 +38,10 @@ struct ProcessActivity {
 // Everyone's activity; `lastEvents` holds at most `events` entries each.
 std::vector<ProcessActivity> describeActivity(const Segment& seg, int events = 5);
 
+// Whether process `pid` is stopped (SIGSTOP, a debugger), from its kernel
+// state (/proc/<pid>/stat), as the waits' liveness checks read it.
+bool processStopped(int pid);
+
 // Changes whenever any process begins or ends an event (the watchdog's
 // measure of progress; heartbeats do not count).
 uint64_t progressCount(const Segment& seg);

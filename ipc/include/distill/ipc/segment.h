@@ -44,6 +44,8 @@ struct ProcessSnapshot {
   std::string state;         // wire::stateName
   uint64_t incarnation = 0;  // attaches of this local rank so far
   int64_t heartbeatAgeMs = -1;
+  int64_t heartbeatNs = 0;   // its last heartbeat (CLOCK_MONOTONIC, as monotonicNs()); 0 = never attached
+  int64_t endedNs = 0;       // when it detached (finished or dead), 0 = still attached or never
   std::string waitWhat;      // wire::waitName
   int waitPeer = -1;
   int64_t waitStep = 0, waitAccStep = 0;
