@@ -74,7 +74,7 @@ const std::vector<KeySpec>& schema() {
       DISTILL_KEY(run, nnodes).min(1),
       DISTILL_KEY(run, node_rank).min(0),  // and < run.nnodes, checked across fields
       DISTILL_KEY(run, master_addr).nonEmpty().runtime(),
-      DISTILL_KEY(run, master_port).min(1).max(65535).runtime(),
+      DISTILL_KEY(run, master_port).min(0).max(65535).runtime(),  // 0: a free port (single node, distill-run)
       DISTILL_KEY(run, log_dir).nonEmpty().runtime(),
       DISTILL_KEY(run, startup_timeout_s).above(0).runtime(),
       DISTILL_KEY(run, collective_timeout_s).above(0).runtime(),

@@ -23,6 +23,13 @@
 // running --stop-grace-s later (10 s), forwards SIGTERM; a second signal
 // forwards at once. distill-run then exits 128 + the signal number.
 //
+// Rendezvous (core/rendezvous.h): node 0 binds the student group's store
+// socket to run.master_addr:run.master_port before anything starts (a port in
+// use fails here; 0 picks a free one on a single node) and hands it to student
+// rank 0 (DISTILL_STORE_FD). Students get the job secret in
+// DISTILL_JOB_SECRET: made here for one node, taken from this process's
+// environment (the same on every node) for several.
+//
 // Status: ranks print `DISTILL_STATUS step=.. loss=.. tokens_per_s=..` lines
 // (kept in their logs, not echoed). On a terminal one live line shows the
 // slowest student's step, the mean loss, the summed tokens/s and how busy the
@@ -70,6 +77,7 @@
 #include "distill/core/config.h"
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
+#include "distill/core/rendezvous.h"
 #include "distill/core/strings.h"
 #include "distill/core/topology.h"
 #include "distill/ipc/hang_report.h"
@@ -263,6 +271,8 @@ class Launcher {
       ranks_.push_back(std::move(r));
     }
 
+    rendezvousEnv(nnodes);
+
     if (a_.dryRun) {
       std::printf("distill-run plan: node %d/%d, %d processes, segment /dev/shm/%s, logs %s\n", node,
                   nnodes, nproc, segment.c_str(), logDir.c_str());
@@ -270,11 +280,13 @@ class Launcher {
         std::printf("%s%s:", r.prefix.c_str(), r.topo.describe().c_str());
         for (auto& x : r.argv) std::printf(" %s", x.c_str());
         std::printf("\n");
-        for (auto& [k, v] : r.env) std::printf("    %s=%s\n", k.c_str(), v.c_str());
+        for (auto& [k, v] : r.env)
+          std::printf("    %s=%s\n", k.c_str(), k == kJobSecretEnv ? "(hidden)" : v.c_str());
       }
       return 0;
     }
 
+    if (node == 0) bindStore();  // before anything starts: a port in use fails here, at once
     mkdirs(logDir);
     blockSignals();
     // A distill-run that was SIGKILLed could not remove its segment: the next run does.
@@ -303,9 +315,54 @@ class Launcher {
     return rc;
   }
 
-  ~Launcher() { removeSegment(); }
+  ~Launcher() {
+    removeSegment();
+    if (storeFd_ >= 0) ::close(storeFd_);
+  }
 
  private:
+  // The student group's rendezvous (core/rendezvous.h): every student gets
+  // the job secret; a free port (run.master_port 0) only for one node, whose
+  // launcher chooses it (bindStore).
+  void rendezvousEnv(int nnodes) {
+    const char* given = std::getenv(kJobSecretEnv);
+    std::string secret = given ? given : "";
+    if (secret.empty()) {
+      DISTILL_CHECK_T(ConfigError, nnodes == 1, "a job of ", nnodes, " nodes needs one secret on every node for its "
+                      "rendezvous store: set ", kJobSecretEnv, " to the same value in each distill-run's "
+                      "environment (e.g. from `openssl rand -hex 32`)");
+      secret = makeJobSecret();
+    }
+    DISTILL_CHECK_T(ConfigError, secret.size() >= 16, kJobSecretEnv, " has ", secret.size(),
+                    " characters; a job secret needs at least 16 (e.g. `openssl rand -hex 32`)");
+    for (auto& r : ranks_) {
+      DISTILL_CHECK_T(ConfigError, r.topo.masterPort > 0 || nnodes == 1, "run.master_port 0 (a free port) is for "
+                      "single-node jobs: the other nodes could not know the port chosen; give --master-port");
+      if (r.topo.isStudent()) r.env[kJobSecretEnv] = secret;
+    }
+  }
+
+  // Node 0: binds the store's socket to run.master_addr (a free port for 0)
+  // and hands it to student rank 0, which serves the store on it; the ranks
+  // learn the port in MASTER_PORT.
+  void bindStore() {
+    Rank* host = nullptr;
+    for (auto& r : ranks_)
+      if (r.topo.studentRank == 0) host = &r;
+    if (!host) return;
+    const int asked = host->topo.masterPort;
+    StoreListener l = listenForStore(host->topo.masterAddr, asked);
+    storeFd_ = l.fd;
+    storeRank_ = host;
+    for (auto& r : ranks_) {
+      r.topo.masterPort = l.port;
+      r.env["MASTER_PORT"] = std::to_string(l.port);
+    }
+    host->env[kStoreFdEnv] = std::to_string(l.fd);
+    DISTILL_LOG(kInfo) << "rendezvous store on " << l.address << ":" << l.port << " (served by student rank 0"
+                       << (asked == 0 ? "; a free port" : "") << ")";
+  }
+
   void blockSignals() {
     sigset_t set;
     sigemptyset(&set);
@@ -337,7 +394,9 @@ class Launcher {
     const pid_t parent = ::getpid();
     pid_t pid = ::fork();
     DISTILL_CHECK_T(IpcError, pid >= 0, "fork: ", errnoString(errno));
+    const int inherit = &r == storeRank_ ? storeFd_ : -1;  // the store's socket, for student rank 0 only
     if (pid == 0) {
+      if (inherit >= 0) ::fcntl(inherit, F_SETFD, 0);  // survives the exec
       ::setpgid(0, 0);  // its own group: a Ctrl-C reaches the ranks through us only
       // If distill-run is SIGKILLed, its ranks get SIGTERM rather than running on as orphans.
       ::prctl(PR_SET_PDEATHSIG, SIGTERM);
@@ -351,6 +410,10 @@ class Launcher {
     }
     ::setpgid(pid, pid);  // also here, so that kill(-pid) cannot race the child's own call
     ::close(fds[1]);
+    if (inherit >= 0) {  // it is student rank 0's now: the port is free again when that rank ends
+      ::close(storeFd_);
+      storeFd_ = -1;
+    }
     ::fcntl(fds[0], F_SETFL, O_NONBLOCK);  // pump() reads until EAGAIN; the rank's end stays blocking
     r.pid = pid;
     r.out = fds[0];
@@ -787,6 +850,8 @@ class Launcher {
   std::optional<ipc::Segment> seg_;
   std::string segmentName_;
   std::string logDir_;
+  int storeFd_ = -1;           // node 0: the store's listening socket until student rank 0 has it
+  Rank* storeRank_ = nullptr;  // the rank that serves the store
   int sigfd_ = -1;
   sigset_t oldMask_{};
   std::string reason_;                  // why the job did not end normally ("" = it did)

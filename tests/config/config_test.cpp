@@ -103,7 +103,7 @@ const std::vector<BadCase>& badCases() {
       {kSelf + "loss:\n  jsd_beta: 1\n", "loss.jsd_beta: must be in (0, 1), found 1"},
       {kSelf + "loss:\n  chunk_tokens: 0\n", "loss.chunk_tokens: must be >= 1, found 0"},
       {kSelf + "run:\n  nproc_per_node: 1\n", "run.nproc_per_node: must be >= 2, found 1"},
-      {kSelf + "run:\n  master_port: 70000\n", "run.master_port: must be in [1, 65535], found 70000"},
+      {kSelf + "run:\n  master_port: 70000\n", "run.master_port: must be in [0, 65535], found 70000"},
       {kSelf + "run:\n  startup_timeout_s: -1\n", "run.startup_timeout_s: must be > 0, found -1"},
       {kSelf + "run:\n  nnodes: 3000000000\n", "run.nnodes: must be in [1, 2147483647], found 3000000000"},
       {kSelf + "run:\n  seed: 99999999999999999999\n",
