@@ -1,6 +1,6 @@
 // The production hang of the checkpoint barrier, as a regression: the students
 // run collectives on their own group while the teacher process is alive and
-// calls nothing collective. Real processes, a real TCPStore and gloo group.
+// calls nothing collective. Real processes, the real rendezvous store and gloo group.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
