@@ -1,5 +1,5 @@
 # Third-party dependencies: LibTorch (PyPI wheel), Boost and yaml-cpp (Debian),
-# GoogleTest (as installed), and the CUDA toolkit for DISTILL_CUDA.
+# OpenSSL's libcrypto (Debian), GoogleTest (as installed), and the CUDA toolkit for DISTILL_CUDA.
 
 # ---- LibTorch from the torch wheel ----
 if(NOT DISTILL_PYTHON)
@@ -16,9 +16,10 @@ if(NOT DISTILL_GLOO_INCLUDE_DIR)
   message(FATAL_ERROR "distill: gloo headers not found; apt-get install libgloo-dev")
 endif()
 
-# ---- Boost.Interprocess and yaml-cpp ----
+# ---- Boost.Interprocess, yaml-cpp, OpenSSL (the rendezvous store's HMAC) ----
 find_package(Boost 1.74 REQUIRED)
 find_package(yaml-cpp REQUIRED)
+find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 
 # ---- CUDA ----
 set(DISTILL_CUDA_ENABLED 0)

@@ -75,7 +75,7 @@ const std::vector<KeySpec>& schema() {
       // nodes, so it cannot be part of the hash every rank compares on resume.
       DISTILL_KEY(run, node_rank).min(0).runtime(),  // and < run.nnodes, checked across fields
       DISTILL_KEY(run, master_addr).nonEmpty().runtime(),
-      DISTILL_KEY(run, master_port).min(1).max(65535).runtime(),
+      DISTILL_KEY(run, master_port).min(0).max(65535).runtime(),  // 0: a free port (single node, distill-run)
       DISTILL_KEY(run, log_dir).nonEmpty().runtime(),
       DISTILL_KEY(run, startup_timeout_s).min(kMinTimeoutS).max(kMaxTimeoutS).runtime(),
       DISTILL_KEY(run, collective_timeout_s).min(kMinTimeoutS).max(kMaxTimeoutS).runtime(),

@@ -12,8 +12,10 @@
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
 #include "distill/core/options.h"
+#include "distill/core/rendezvous.h"
 #include "distill/core/topology.h"
 #include "distill/core/trace.h"
+#include "job_store.h"
 #include "nccl_backend.h"
 
 namespace distill {
@@ -44,26 +46,47 @@ std::string joinRanks(const std::vector<int>& ranks) {
 struct StudentGroup::Impl {
   int rank = 0;
   int size = 0;
+  int perNode = 1;  // students per node: student rank r is on node r / perNode
   Millis timeout{0};
   int64_t seq = 0;
-  c10::intrusive_ptr<c10d::Store> store;  // prefixed "distill/students/"
+  // Declared first, destroyed last: the store outlives every client of it.
+  std::unique_ptr<JobStoreServer> server;   // student rank 0: the rendezvous store
+  c10::intrusive_ptr<JobStore> jobStore;    // this rank's connection (null under torchrun's agent store)
+  c10::intrusive_ptr<c10d::Store> store;    // prefixed "distill/students/"
   c10::intrusive_ptr<c10d::Backend> gloo;
   c10::intrusive_ptr<c10d::Backend> nccl;  // null unless CUDA tensors may be reduced
 
-  bool serving = false;  // this rank hosts the TCPStore (student rank 0)
+  bool serving = false;  // this rank hosts the store (student rank 0)
+  std::string storeWhere;  // "127.0.0.1:29500 (served by student rank 0 on node 0)"
+  std::string storeHostPort;  // "127.0.0.1:29500"
 
-  // Students whose counter `<prefix><rank>` is below `needed`: they never got there.
-  // Called after a failure. The store lives in student rank 0's process, so the
-  // other ranks must read it before rank 0 exits: each rank reports having read,
-  // and rank 0 waits (bounded) until every present rank has, before it throws.
-  std::vector<int> missing(const std::string& prefix, int64_t needed, const std::string& tag) {
-    std::vector<int> out;
+  std::string studentName(int r) const {
+    return "student rank " + std::to_string(r) + " (node " + std::to_string(r / perNode) + ")";
+  }
+
+  // What the store says after a failure: the ranks whose counter `<prefix><rank>`
+  // is below `needed` (they never got there), the ranks lost so far (their
+  // connection to the store closed without a goodbye: died or failed), first
+  // lost first, or why the store itself is unreachable (its host was lost).
+  struct Diagnosis {
+    std::vector<int> absent;
+    std::vector<int> lost;
+    bool storeLost = false;  // the store did not answer: its connection closed
+  };
+  // `lossGrace`: how long to wait for a first loss to be recorded (a peer's
+  // death and the error it causes here race by milliseconds). The store lives
+  // in student rank 0's process, so the other ranks must read it before rank 0
+  // exits: each rank reports having read, and rank 0 waits (bounded) until
+  // every present rank has, before it throws.
+  Diagnosis diagnose(const std::string& prefix, int64_t needed, const std::string& tag, Millis lossGrace) {
+    Diagnosis d;
     try {
+      if (jobStore) d.lost = jobStore->lostRanks(lossGrace);
       for (int r = 0; r < size; ++r) {
         // add(key, 0) reads without blocking (get would wait for the key to exist).
-        if (store->add(prefix + std::to_string(r), 0) < needed) out.push_back(r);
+        if (store->add(prefix + std::to_string(r), 0) < needed) d.absent.push_back(r);
       }
-      int present = size - static_cast<int>(out.size());
+      int present = size - static_cast<int>(d.absent.size());
       if (store->add("diagnosed/" + tag, 1) >= present) {
         store->set("diagnosed/" + tag + "/all", std::vector<uint8_t>{1});
       }
@@ -71,12 +94,38 @@ struct StudentGroup::Impl {
         store->setTimeout(kDiagnoseGrace);
         store->wait({"diagnosed/" + tag + "/all"});
       }
+    } catch (const PeerLostError&) {
+      d.storeLost = true;
     } catch (const std::exception&) {
-      // The store is gone (rank 0 left) or a peer never read: report what we know.
+      // A peer never read (rank 0's bounded wait): report what we know.
     }
-    return out;
+    return d;
   }
   static constexpr Millis kDiagnoseGrace{3000};
+  static constexpr Millis kLossGrace{1000};
+
+  // "student rank 2 (node 1) was lost first (...); then student rank 3 (node 1)"
+  // + "; student rank(s) 2, 3 never entered it", or the store host lost.
+  std::string explain(const Diagnosis& d, const std::string& neverWhat) const {
+    std::vector<std::string> parts;
+    if (d.storeLost) {
+      parts.push_back("the rendezvous store's host, student rank 0 (node 0) at " + storeHostPort +
+                      ", was lost (the connection to it closed: its process is gone?)");
+    } else if (!d.lost.empty()) {
+      std::string s = studentName(d.lost[0]) +
+                      " was lost first (its connection to the rendezvous store closed without a goodbye: "
+                      "its process died or failed)";
+      if (d.lost.size() > 1) {
+        s += "; then ";
+        for (size_t i = 1; i < d.lost.size(); ++i) s += (i > 1 ? ", " : "") + studentName(d.lost[i]);
+      }
+      parts.push_back(s);
+    }
+    if (!d.absent.empty()) parts.push_back("student rank(s) " + joinRanks(d.absent) + " " + neverWhat);
+    std::string out;
+    for (auto& p : parts) out += (out.empty() ? "" : "; ") + p;
+    return out;
+  }
 
   // Runs one collective with the arrival bookkeeping and the deadline.
   void run(const std::string& what, const std::function<c10::intrusive_ptr<c10d::Work>()>& start) {
@@ -89,31 +138,30 @@ struct StudentGroup::Impl {
     currentStep(&ev.step, &ev.accStep);
     trace::Scope recorded(ev);
     auto deadline = Deadline::after(timeout);
+    std::string how;  // "" = done
     try {
       store->add("arrived/" + std::to_string(rank), 1);
       auto work = start();
       // gloo bounds its own transfers by the same timeout; wait() adds ours for NCCL.
-      if (!work->wait(timeout)) {
-        failed(what, mySeq, awaited, "timed out after " + std::to_string(timeout.count()) + " ms");
-      }
-    } catch (const Error&) {
-      throw;
+      if (!work->wait(timeout)) how = "timed out after " + std::to_string(timeout.count()) + " ms";
     } catch (const std::exception& e) {
-      bool late = deadline.expired();
-      failed(what, mySeq, awaited,
-             (late ? "timed out after " + std::to_string(timeout.count()) + " ms: "
-                   : std::string("failed: ")) +
-                 firstLine(e.what()));
+      const auto* mine = dynamic_cast<const Error*>(&e);
+      // Ours other than a lost peer or store, or a timeout: not a peer's doing.
+      if (mine && !dynamic_cast<const PeerLostError*>(mine) && !dynamic_cast<const TimeoutError*>(mine)) throw;
+      how = (deadline.expired() ? "timed out after " + std::to_string(timeout.count()) + " ms: "
+                                : std::string("failed: ")) +
+            firstLine(mine ? mine->message() : std::string(e.what()));
     }
+    if (!how.empty()) failed(what, mySeq, awaited, how);
   }
 
   [[noreturn]] void failed(const std::string& what, int64_t mySeq, const std::string& awaited,
                            const std::string& how) {
-    auto absent = missing("arrived/", mySeq, "c" + std::to_string(mySeq));
-    std::string who = absent.empty()
-                          ? "every student rank entered it; a peer failed inside it"
-                          : "student rank(s) " + joinRanks(absent) + " never entered it";
-    if (how.rfind("timed out", 0) == 0) {
+    const bool timedOut = how.rfind("timed out", 0) == 0;
+    auto d = diagnose("arrived/", mySeq, "c" + std::to_string(mySeq), timedOut ? Millis(0) : kLossGrace);
+    std::string who = explain(d, "never entered it");
+    if (who.empty()) who = "every student rank entered it; a peer failed inside it";
+    if (timedOut) {
       DISTILL_THROW(TimeoutError, awaiting(awaited), "student group ", what, " #", mySeq, " ", how,
                     "; ", who);
     }
@@ -144,48 +192,80 @@ StudentGroup::StudentGroup(const Topology& topo, const RunOptions& run,
   auto& s = *impl_;
   s.rank = topo.studentRank;
   s.size = topo.studentWorldSize;
+  s.perNode = std::max(1, topo.studentsPerNode());
   s.timeout = secondsToMillis(run.collective_timeout_s);
   const Millis startup = secondsToMillis(run.startup_timeout_s);
   DISTILL_CHECK_T(ConfigError, topo.masterPort > 0, "student group: MASTER_PORT is not set");
+  auto deadline = Deadline::after(startup);
 
   // Under torchrun the agent already serves a store at MASTER_ADDR:MASTER_PORT.
   const char* agentStore = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
   bool useAgentStore = agentStore && std::string(agentStore) == "True";
+  const std::string hostPort = topo.masterAddr + ":" + std::to_string(topo.masterPort);
+  s.storeWhere = hostPort + " (served by student rank 0 on node 0)";
+  s.storeHostPort = hostPort;
 
-  c10d::TCPStoreOptions opts;
-  opts.port = static_cast<uint16_t>(topo.masterPort);
-  opts.isServer = s.rank == 0 && !useAgentStore;
-  opts.numWorkers = static_cast<size_t>(s.size);
-  opts.waitWorkers = false;  // admission below has its own deadline and names who is missing
-  opts.timeout = startup;
-  s.serving = opts.isServer;
-  try {
-    auto tcp = c10::make_intrusive<c10d::TCPStore>(topo.masterAddr, opts);
-    s.store = c10::make_intrusive<c10d::PrefixStore>("distill/students", tcp);
-  } catch (const std::exception& e) {
-    DISTILL_THROW(TimeoutError, awaiting("student group store at " + topo.masterAddr + ":" +
-                                         std::to_string(topo.masterPort)),
-                  "student group: cannot ", opts.isServer ? "serve" : "reach",
-                  " the rendezvous store within ", startup.count(), " ms: ",
-                  Impl::firstLine(e.what()));
+  if (useAgentStore) {
+    c10d::TCPStoreOptions opts;
+    opts.port = static_cast<uint16_t>(topo.masterPort);
+    opts.isServer = false;
+    opts.numWorkers = static_cast<size_t>(s.size);
+    opts.waitWorkers = false;  // admission below has its own deadline and names who is missing
+    opts.timeout = startup;
+    s.storeWhere = hostPort + " (torchrun's agent store)";
+    try {
+      auto tcp = c10::make_intrusive<c10d::TCPStore>(topo.masterAddr, opts);
+      s.store = c10::make_intrusive<c10d::PrefixStore>("distill/students", tcp);
+    } catch (const std::exception& e) {
+      DISTILL_THROW(TimeoutError, awaiting("student group store at " + hostPort),
+                    "student group: cannot reach torchrun's store at ", hostPort, " within ", startup.count(),
+                    " ms: ", Impl::firstLine(e.what()));
+    }
+  } else {
+    const char* secretEnv = std::getenv(kJobSecretEnv);
+    const std::string secret = secretEnv ? secretEnv : "";
+    if (secret.empty()) {
+      DISTILL_LOG(kWarning) << kJobSecretEnv << " is not set: the student group's rendezvous store at " << hostPort
+                            << " takes any process that connects (distill-run sets a secret per job)";
+    }
+    if (s.rank == 0) {
+      // distill-run binds the socket (to check the port before anything
+      // starts, and to choose a free one) and hands it over; a rank started
+      // otherwise binds it here. Either way to run.master_addr only.
+      int fd = -1;
+      if (const char* inherited = std::getenv(kStoreFdEnv); inherited && *inherited) {
+        fd = std::atoi(inherited);
+        const int port = listeningPort(fd);
+        DISTILL_CHECK_T(ConfigError, port == topo.masterPort, kStoreFdEnv, "=", inherited,
+                        " is not a socket listening on MASTER_PORT ", topo.masterPort,
+                        port < 0 ? std::string(" (not a listening socket)") : " (it listens on " + std::to_string(port) + ")");
+      } else {
+        fd = listenForStore(topo.masterAddr, topo.masterPort).fd;
+      }
+      s.server = std::make_unique<JobStoreServer>(fd, secret, hostPort);
+      s.serving = true;
+    }
+    s.jobStore = c10::make_intrusive<JobStore>(topo.masterAddr, topo.masterPort, secret, s.rank,
+                                               "student rank 0 on node 0", deadline);
+    s.store = c10::make_intrusive<c10d::PrefixStore>("distill/students", s.jobStore);
   }
 
   // Admission: every student announces itself, then waits (deadline) for all.
-  auto deadline = Deadline::after(startup);
   try {
+    s.store->setTimeout(std::max(Millis(1), std::chrono::ceil<Millis>(deadline.remaining())));
     s.store->add("joined/" + std::to_string(s.rank), 1);
     if (s.store->add("joined", 1) == s.size) s.store->set("all_joined", std::vector<uint8_t>{1});
   } catch (const std::exception& e) {
     DISTILL_THROW(PeerLostError, awaiting("student group rendezvous"),
-                  "student group: lost the rendezvous store (served by student rank 0): ",
-                  Impl::firstLine(e.what()));
+                  "student group: lost the rendezvous store at ", s.storeWhere, ": ", Impl::firstLine(e.what()));
   }
   for (;;) {
     if (deadline.expired()) {
-      auto absent = s.missing("joined/", 1, "rendezvous");
+      auto d = s.diagnose("joined/", 1, "rendezvous", Millis(0));
       DISTILL_THROW(TimeoutError, awaiting("student group rendezvous"), "student group: ",
-                    absent.size(), " of ", s.size, " student rank(s) never joined within ",
-                    startup.count(), " ms: missing student rank(s) ", joinRanks(absent));
+                    d.absent.size(), " of ", s.size, " student rank(s) never joined within ",
+                    startup.count(), " ms: missing student rank(s) ", joinRanks(d.absent),
+                    d.lost.empty() && !d.storeLost ? "" : "; " + s.explain({{}, d.lost, d.storeLost}, ""));
     }
     // The store has no blocking "wait until counter >= n": wait() on the key
     // that the last student to join sets, bounded by the time left.
@@ -197,8 +277,7 @@ StudentGroup::StudentGroup(const Topology& topo, const RunOptions& run,
       // A timeout: the loop reports who is missing. Anything earlier is the store failing.
       if (deadline.remaining() > Millis(50)) {
         DISTILL_THROW(PeerLostError, awaiting("student group rendezvous"),
-                      "student group: lost the rendezvous store (served by student rank 0): ",
-                      Impl::firstLine(e.what()));
+                      "student group: lost the rendezvous store at ", s.storeWhere, ": ", Impl::firstLine(e.what()));
       }
     }
   }

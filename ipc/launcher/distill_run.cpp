@@ -29,6 +29,13 @@
 // running run.stop_grace_s later (--stop-grace-s, 10 s), forwards SIGTERM; a second signal
 // forwards at once. distill-run then exits 128 + the signal number.
 //
+// Rendezvous (core/rendezvous.h): node 0 binds the student group's store
+// socket to run.master_addr:run.master_port before anything starts (a port in
+// use fails here; 0 picks a free one on a single node) and hands it to student
+// rank 0 (DISTILL_STORE_FD). Students get the job secret in
+// DISTILL_JOB_SECRET: made here for one node, taken from this process's
+// environment (the same on every node) for several.
+//
 // Status: ranks print `DISTILL_STATUS step=.. loss=.. tokens_per_s=..` lines
 // (kept in their logs, not echoed). On a terminal one live line shows the
 // slowest student's step, the mean loss, the summed tokens/s and how busy the
@@ -76,6 +83,7 @@
 #include "distill/core/config.h"
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
+#include "distill/core/rendezvous.h"
 #include "distill/core/strings.h"
 #include "distill/core/topology.h"
 #include "distill/ipc/hang_report.h"
@@ -206,6 +214,13 @@ struct Rank {
   std::string ownPrefix; // "[n0 r3 " : lines distill already prefixed get no second prefix
   std::map<std::string, double> reported;  // its last DISTILL_STATUS values
   std::vector<std::string> deaths;  // teacher: how each restarted incarnation ended
+  // When things happened to it (monotonicNs, 0 = never): for the summary's
+  // "who failed first", which is not always who exited first.
+  int64_t exitedNs = 0;     // reaped
+  int64_t termSentNs = 0;   // the teardown's SIGTERM
+  int64_t killSentNs = 0;   // the teardown's SIGKILL
+  int64_t stoppedSinceNs = 0;  // stopped (SIGSTOP) when the teardown began: its last heartbeat
+  std::string exitProblem;  // exit code 0 that is still a failure (never attached, left attached)
 };
 
 // "DISTILL_STATUS step=3 loss=0.5" anywhere in a line -> {step: 3, loss: 0.5}; false if none.
@@ -234,7 +249,15 @@ std::string describeStatus(int st) {
   return "status " + std::to_string(st);
 }
 
-bool failed(const Rank& r) { return r.exited && !(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0); }
+bool failed(const Rank& r) {
+  return r.exited && (!(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0) || !r.exitProblem.empty());
+}
+
+// "[r1 student] exit code 3", or for an exit 0 that is a failure "[r1 student]
+// exit code 0 without attaching to the segment (...)".
+std::string howItEnded(const Rank& r) {
+  return r.prefix + describeStatus(r.status) + (r.exitProblem.empty() ? "" : " " + r.exitProblem);
+}
 
 class Launcher {
  public:
@@ -274,6 +297,8 @@ class Launcher {
       ranks_.push_back(std::move(r));
     }
 
+    rendezvousEnv(nnodes);
+
     if (a_.dryRun) {
       std::printf("distill-run plan: node %d/%d, %d processes, segment /dev/shm/%s, logs %s\n", node,
                   nnodes, nproc, segment.c_str(), logDir.c_str());
@@ -281,11 +306,13 @@ class Launcher {
         std::printf("%s%s:", r.prefix.c_str(), r.topo.describe().c_str());
         for (auto& x : r.argv) std::printf(" %s", x.c_str());
         std::printf("\n");
-        for (auto& [k, v] : r.env) std::printf("    %s=%s\n", k.c_str(), v.c_str());
+        for (auto& [k, v] : r.env)
+          std::printf("    %s=%s\n", k.c_str(), k == kJobSecretEnv ? "(hidden)" : v.c_str());
       }
       return 0;
     }
 
+    if (node == 0) bindStore();  // before anything starts: a port in use fails here, at once
     mkdirs(logDir);
     blockSignals();
     // A distill-run that was SIGKILLed could not remove its segment: the next run does.
@@ -313,9 +340,54 @@ class Launcher {
     return rc;
   }
 
-  ~Launcher() { removeSegment(); }
+  ~Launcher() {
+    removeSegment();
+    if (storeFd_ >= 0) ::close(storeFd_);
+  }
 
  private:
+  // The student group's rendezvous (core/rendezvous.h): every student gets
+  // the job secret; a free port (run.master_port 0) only for one node, whose
+  // launcher chooses it (bindStore).
+  void rendezvousEnv(int nnodes) {
+    const char* given = std::getenv(kJobSecretEnv);
+    std::string secret = given ? given : "";
+    if (secret.empty()) {
+      DISTILL_CHECK_T(ConfigError, nnodes == 1, "a job of ", nnodes, " nodes needs one secret on every node for its "
+                      "rendezvous store: set ", kJobSecretEnv, " to the same value in each distill-run's "
+                      "environment (e.g. from `openssl rand -hex 32`)");
+      secret = makeJobSecret();
+    }
+    DISTILL_CHECK_T(ConfigError, secret.size() >= 16, kJobSecretEnv, " has ", secret.size(),
+                    " characters; a job secret needs at least 16 (e.g. `openssl rand -hex 32`)");
+    for (auto& r : ranks_) {
+      DISTILL_CHECK_T(ConfigError, r.topo.masterPort > 0 || nnodes == 1, "run.master_port 0 (a free port) is for "
+                      "single-node jobs: the other nodes could not know the port chosen; give --master-port");
+      if (r.topo.isStudent()) r.env[kJobSecretEnv] = secret;
+    }
+  }
+
+  // Node 0: binds the store's socket to run.master_addr (a free port for 0)
+  // and hands it to student rank 0, which serves the store on it; the ranks
+  // learn the port in MASTER_PORT.
+  void bindStore() {
+    Rank* host = nullptr;
+    for (auto& r : ranks_)
+      if (r.topo.studentRank == 0) host = &r;
+    if (!host) return;
+    const int asked = host->topo.masterPort;
+    StoreListener l = listenForStore(host->topo.masterAddr, asked);
+    storeFd_ = l.fd;
+    storeRank_ = host;
+    for (auto& r : ranks_) {
+      r.topo.masterPort = l.port;
+      r.env["MASTER_PORT"] = std::to_string(l.port);
+    }
+    host->env[kStoreFdEnv] = std::to_string(l.fd);
+    DISTILL_LOG(kInfo) << "rendezvous store on " << l.address << ":" << l.port << " (served by student rank 0"
+                       << (asked == 0 ? "; a free port" : "") << ")";
+  }
+
   void blockSignals() {
     sigset_t set;
     sigemptyset(&set);
@@ -347,7 +419,9 @@ class Launcher {
     const pid_t parent = ::getpid();
     pid_t pid = ::fork();
     DISTILL_CHECK_T(IpcError, pid >= 0, "fork: ", errnoString(errno));
+    const int inherit = &r == storeRank_ ? storeFd_ : -1;  // the store's socket, for student rank 0 only
     if (pid == 0) {
+      if (inherit >= 0) ::fcntl(inherit, F_SETFD, 0);  // survives the exec
       ::setpgid(0, 0);  // its own group: a Ctrl-C reaches the ranks through us only
       // If distill-run is SIGKILLed, its ranks get SIGTERM rather than running on as orphans.
       ::prctl(PR_SET_PDEATHSIG, SIGTERM);
@@ -361,6 +435,10 @@ class Launcher {
     }
     ::setpgid(pid, pid);  // also here, so that kill(-pid) cannot race the child's own call
     ::close(fds[1]);
+    if (inherit >= 0) {  // it is student rank 0's now: the port is free again when that rank ends
+      ::close(storeFd_);
+      storeFd_ = -1;
+    }
     ::fcntl(fds[0], F_SETFL, O_NONBLOCK);  // pump() reads until EAGAIN; the rank's end stays blocking
     r.pid = pid;
     r.out = fds[0];
@@ -478,12 +556,34 @@ class Launcher {
         if (r.pid == pid) {
           r.exited = true;
           r.status = st;
+          r.exitedNs = monotonicNs();
+          r.exitProblem = exitZeroProblem(r);
           if (r.out >= 0) pump(r, true);
           if (liveShown_) console("");
-          logLine(failed(r) ? LogLevel::kError : LogLevel::kInfo, r.prefix + "exited: " + describeStatus(st));
+          logLine(failed(r) ? LogLevel::kError : LogLevel::kInfo,
+                  r.prefix + "exited: " + describeStatus(st) + (r.exitProblem.empty() ? "" : " " + r.exitProblem));
         }
       }
     }
+  }
+
+  // An exit code 0 is a failure when the rank never attached to the segment
+  // (a trainer that returned before distill::init: the teacher would wait the
+  // whole run.startup_timeout_s for it) or left without detaching (its peers
+  // would wait on it): the reason, or "" when it detached cleanly. Before any
+  // rank failed or a stop was asked only; after that, leaving is what it should do.
+  std::string exitZeroProblem(const Rank& r) const {
+    if (!seg_ || !WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0 || teardownDeadline_ || stopSignal_) return "";
+    const auto procs = seg_->processes();
+    const int local = r.topo.localRank;
+    if (local >= static_cast<int>(procs.size())) return "";
+    const auto& p = procs[size_t(local)];
+    if (p.pid == 0)
+      return "without attaching to the segment (it never called distill::init, or returned before it; "
+             "the other ranks would have waited run.startup_timeout_s for it)";
+    if (p.pid == r.pid && p.state != "finished")
+      return "without detaching from the segment (state " + p.state + ": it left its peers waiting)";
+    return "";
   }
 
   bool allExited() const {
@@ -537,11 +637,11 @@ class Launcher {
         reap();
       }
       for (auto& r : ranks_) {
-        if (failed(r) && r.topo.isTeacher() && mayRestartTeacher()) restartTeacher(r);
+        if (failed(r) && r.exitProblem.empty() && r.topo.isTeacher() && mayRestartTeacher()) restartTeacher(r);
         if (failed(r) && !failedRank_ && !teardownDeadline_) {
-          if (reason_.empty()) reason_ = r.prefix + describeStatus(r.status);
+          if (reason_.empty()) reason_ = howItEnded(r);
           failedRank_ = &r;
-          teardown(r.prefix + describeStatus(r.status));
+          teardown(howItEnded(r));
         }
       }
       if (allExited()) break;
@@ -549,7 +649,10 @@ class Launcher {
         teardown("still running " + detail::str(cfg_.run.stop_grace_s) + " s after the stop request");
       if (teardownDeadline_ && teardownDeadline_->expired() && !killed_) {
         DISTILL_LOG(kError) << "ranks still running " << toMs(kGrace) << " ms after SIGTERM: SIGKILL";
-        for (auto& r : ranks_) signalRank(r, SIGKILL);
+        for (auto& r : ranks_) {
+          if (!r.exited) r.killSentNs = monotonicNs();
+          signalRank(r, SIGKILL);
+        }
         killed_ = true;
       }
       tick();
@@ -662,16 +765,86 @@ class Launcher {
   void teardown(const std::string& why) {
     if (teardownDeadline_) return;
     DISTILL_LOG(kError) << "tearing the job down: " << why;
+    teardownStartNs_ = monotonicNs();
+    // Before anything moves: which ranks are stopped (SIGSTOP) and since when
+    // (their last heartbeat), for the summary's "who failed first".
+    if (seg_) {
+      const auto procs = seg_->processes();
+      for (auto& r : ranks_) {
+        const size_t local = size_t(r.topo.localRank);
+        if (r.exited || r.pid <= 0 || !ipc::processStopped(r.pid)) continue;
+        r.stoppedSinceNs = local < procs.size() && procs[local].pid == r.pid && procs[local].heartbeatNs > 0
+                               ? procs[local].heartbeatNs
+                               : teardownStartNs_;
+      }
+    }
     if (seg_) seg_->abort();  // every wait on the segment fails now
-    for (auto& r : ranks_) signalRank(r, SIGTERM);
+    for (auto& r : ranks_) {
+      if (!r.exited) r.termSentNs = monotonicNs();
+      signalRank(r, SIGTERM);
+      signalRank(r, SIGCONT);  // a stopped rank (SIGSTOP) acts on the SIGTERM now, not at the SIGKILL
+    }
     teardownDeadline_ = Deadline::after(kGrace);
+  }
+
+  // The rank that failed first and how, as the summary's headline. The rank
+  // whose exit distill-run noticed first is not always it: a student that
+  // detached abnormally (an exception) may take seconds to exit while the
+  // teacher, seeing it gone, exits at once; a stopped student never exits by
+  // itself while the teacher gives up on it. So each rank's failure is dated
+  // by what the segment recorded: when it detached abnormally (endedNs), its
+  // last heartbeat when it was stopped or died attached (a lower bound of the
+  // death), else when it was reaped. Ranks that ended by the teardown's own
+  // signals did not cause it and are not dated.
+  struct FirstFailure {
+    const Rank* rank = nullptr;
+    std::string how;
+    int64_t atNs = 0;
+  };
+  FirstFailure firstFailure() const {
+    FirstFailure best;
+    const auto procs = seg_ ? seg_->processes() : std::vector<ipc::ProcessSnapshot>{};
+    for (auto& r : ranks_) {
+      const size_t local = size_t(r.topo.localRank);
+      const ipc::ProcessSnapshot* p = local < procs.size() && procs[local].pid == r.pid ? &procs[local] : nullptr;
+      const std::string ended = r.exited ? describeStatus(r.status) : "still running";
+      FirstFailure f;
+      if (p && p->state == "dead" && p->endedNs > 0 && (!teardownStartNs_ || p->endedNs <= teardownStartNs_)) {
+        f = {&r, r.prefix + "detached abnormally from the segment (then " + ended + ")", p->endedNs};
+      } else if (r.stoppedSinceNs) {
+        f = {&r, r.prefix + "was stopped (SIGSTOP) (then " + ended + ")", r.stoppedSinceNs};
+      } else if (failed(r)) {
+        const int sig = WIFSIGNALED(r.status) ? WTERMSIG(r.status) : 0;
+        const bool ours = (sig == SIGTERM && r.termSentNs) || (sig == SIGKILL && r.killSentNs);
+        if (ours) continue;
+        int64_t at = r.exitedNs;
+        // Died while attached: its last heartbeat is a lower bound of the death.
+        if (p && p->state != "finished" && p->state != "dead" && p->heartbeatNs > 0) at = std::min(at, p->heartbeatNs);
+        f = {&r, howItEnded(r), at};
+      } else {
+        continue;
+      }
+      if (!best.rank || f.atNs < best.atNs) best = f;
+    }
+    return best;
   }
 
   void summary() {
     std::ostringstream os;
-    os << "\n==== distill-run: job " << (failedRank_ || hung_ ? "failed" : "stopped") << ": " << reason_ << "\n";
+    const Rank* tail = failedRank_;
+    std::string headline = reason_;
+    if (failedRank_ && !hung_) {
+      const FirstFailure first = firstFailure();
+      if (first.rank) {
+        headline = first.how;
+        tail = first.rank;
+        if (first.rank != failedRank_)
+          headline += "; distill-run noticed " + howItEnded(*failedRank_) + " first";
+      }
+    }
+    os << "\n==== distill-run: job " << (failedRank_ || hung_ ? "failed" : "stopped") << ": " << headline << "\n";
     for (auto& r : ranks_) {
-      os << "  " << r.prefix << (r.exited ? describeStatus(r.status) : "still running");
+      os << "  " << (r.exited ? howItEnded(r) : r.prefix + "still running");
       auto step = r.reported.find("step");
       if (step != r.reported.end()) os << ", last step " << static_cast<int64_t>(step->second);
       os << "\n";
@@ -679,9 +852,9 @@ class Launcher {
     if (cfg_.teacher.max_restarts > 0)
       os << "  teacher restarts: " << (seg_ ? seg_->teacherRestarts() : 0) << " of " << cfg_.teacher.max_restarts
          << (deathsText().empty() ? "" : " (" + deathsText() + ")") << "\n";
-    if (failedRank_) {
-      os << "  last lines of " << failedRank_->prefix.substr(0, failedRank_->prefix.size() - 1) << ":\n";
-      for (auto& l : failedRank_->tail) os << "    | " << l << "\n";
+    if (tail) {
+      os << "  last lines of " << tail->prefix.substr(0, tail->prefix.size() - 1) << ":\n";
+      for (auto& l : tail->tail) os << "    | " << l << "\n";
     }
     std::string s = os.str();
     (void)!::write(STDERR_FILENO, s.data(), s.size());
@@ -700,12 +873,15 @@ class Launcher {
   std::optional<ipc::Segment> seg_;
   std::string segmentName_;
   std::string logDir_;
+  int storeFd_ = -1;           // node 0: the store's listening socket until student rank 0 has it
+  Rank* storeRank_ = nullptr;  // the rank that serves the store
   int sigfd_ = -1;
   sigset_t oldMask_{};
   std::string reason_;                  // why the job did not end normally ("" = it did)
   int stopSignal_ = 0;                  // first SIGINT/SIGTERM received
   std::optional<Deadline> stopDeadline_;
   std::optional<Deadline> teardownDeadline_;
+  int64_t teardownStartNs_ = 0;         // monotonicNs() when the teardown began
   bool killed_ = false;
   Rank* failedRank_ = nullptr;
   // Watchdog.

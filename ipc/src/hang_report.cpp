@@ -7,6 +7,7 @@
 #include "distill/core/clock.h"
 #include "recorder.h"
 #include "segment_impl.h"
+#include "sys.h"
 
 namespace distill::ipc {
 namespace {
@@ -82,6 +83,8 @@ const RecordedEvent* innermostOpen(const std::vector<RecordedEvent>& events) {
 
 }  // namespace
 
+bool processStopped(int pid) { return sys::pidState(pid) == sys::PidState::kStopped; }
+
 uint64_t progressCount(const Segment& seg) {
   const SegmentImpl& s = *seg.impl();
   uint64_t sum = 0;
@@ -99,6 +102,32 @@ std::vector<ProcessActivity> describeActivity(const Segment& seg, int events) {
   // Enough history to find each student's newest collective, even behind ring traffic.
   std::vector<std::vector<RecordedEvent>> history;
   for (int i = 0; i < s.numProcesses(); ++i) history.push_back(readEvents(s.recorder(i), wire::kRecorderEvents));
+  // Which attached processes are stopped (SIGSTOP, a debugger): from the
+  // kernel's process state, as the liveness checks of the waits read it. A
+  // stopped process cannot update its own row, which still shows what it was
+  // doing when it stopped; whoever waits on it must not look like the culprit.
+  std::vector<bool> stopped(size_t(s.numProcesses()), false);
+  for (int i = 0; i < s.numProcesses(); ++i) {
+    const auto& e = s.process(i);
+    const int pid = e.pid.load(std::memory_order_acquire);
+    const auto st = ProcState(e.state.load(std::memory_order_acquire));
+    stopped[size_t(i)] = pid != 0 && st != ProcState::kFinished && st != ProcState::kDead &&
+                         sys::pidState(pid) == sys::PidState::kStopped;
+  }
+  auto isStopped = [&](int rank) {
+    for (int j = 0; j < s.numProcesses(); ++j)
+      if (stopped[size_t(j)] && s.process(j).rank.load(std::memory_order_relaxed) == rank) return true;
+    return false;
+  };
+  // "; waits on a stopped peer: student rank 1 is stopped (SIGSTOP)" for the stopped
+  // processes among local indices [from, to) other than `self`; "" if none.
+  auto stoppedAmong = [&](int from, int to, int self) {
+    std::string names;
+    for (int j = from; j < to; ++j)
+      if (j != self && stopped[size_t(j)])
+        names += (names.empty() ? "" : ", ") + peerName(s, s.process(j).rank.load(std::memory_order_relaxed));
+    return names.empty() ? std::string() : "; waits on a stopped peer: " + names + " is stopped (SIGSTOP)";
+  };
 
   std::vector<ProcessActivity> out;
   for (int i = 0; i < s.numProcesses(); ++i) {
@@ -113,6 +142,12 @@ std::vector<ProcessActivity> describeActivity(const Segment& seg, int events) {
     const auto& ev = history[size_t(i)];
     const uint32_t what = e.waitWhat.load(std::memory_order_relaxed);
     std::ostringstream doing;
+    if (stopped[size_t(i)]) {
+      a.stopped = true;
+      a.state = "stopped";
+      doing << "stopped (SIGSTOP): no heartbeat for "
+            << seconds(now - e.heartbeatNs.load(std::memory_order_relaxed)) << "; when it stopped it was ";
+    }
     if (a.pid == 0) {
       doing << "never attached to the segment";
     } else if (state == ProcState::kFinished) {
@@ -141,6 +176,14 @@ std::vector<ProcessActivity> describeActivity(const Segment& seg, int events) {
                      e.waitSeq.load(std::memory_order_relaxed));
       }
       doing << " for " << seconds(now - since);
+      if (!stopped[size_t(i)]) {
+        if (i == s.teacherIndex())
+          doing << stoppedAmong(0, s.teacherIndex(), i);  // any student
+        else if (peer >= 0 && isStopped(peer))
+          doing << "; waits on a stopped peer: " << peerName(s, peer) << " is stopped (SIGSTOP)";
+        else if (what == uint32_t(wire::WaitWhat::kAdmission))
+          doing << stoppedAmong(s.teacherIndex(), s.numProcesses(), i);
+      }
     } else if (const RecordedEvent* open = innermostOpen(ev)) {
       if (open->op == Op::kForward) {
         doing << "busy in user code: the model's forward";
@@ -157,9 +200,10 @@ std::vector<ProcessActivity> describeActivity(const Segment& seg, int events) {
           if (theirs < open->seq)
             behind += (behind.empty() ? "" : ", ") + std::string("student rank ") +
                       std::to_string(s.process(j).rank.load(std::memory_order_relaxed)) + " (its last: #" +
-                      std::to_string(theirs) + ")";
+                      std::to_string(theirs) + (stopped[size_t(j)] ? ", stopped" : "") + ")";
         }
         if (!behind.empty()) doing << "; not entered by " << behind;
+        if (!stopped[size_t(i)]) doing << stoppedAmong(0, s.teacherIndex(), i);
       } else {
         doing << "in " << trace::opName(open->op);
         if (!open->label.empty()) doing << " " << open->label;
@@ -202,6 +246,13 @@ std::string formatHangTable(const Segment& seg, const std::string& title, const 
     auto n = notes.find(a.localIndex);
     if (n != notes.end() && !n->second.empty()) os << " [" << n->second << "]";
     os << "\n";
+  }
+  // The culprits first: nothing a stopped process's peers do can move the job.
+  for (auto& a : acts) {
+    if (!a.stopped) continue;
+    const std::string rank = a.rank >= 0 ? "r" + std::to_string(a.rank) : "local" + std::to_string(a.localIndex);
+    os << "  stopped: " << rank << " " << a.role << " (pid " << a.pid
+       << ") is stopped (SIGSTOP); the ranks waiting on it cannot go on (kill -CONT " << a.pid << " resumes it)\n";
   }
   for (auto& a : acts) {
     if (a.lastEvents.empty()) continue;

@@ -51,6 +51,7 @@ Port::Port(std::shared_ptr<SegmentImpl> seg, int index, int rank, int spinUs, co
   e.heartbeatNs.store(monotonicNs(), std::memory_order_relaxed);
   e.rank.store(rank_, std::memory_order_relaxed);
   e.waitWhat.store(0, std::memory_order_relaxed);
+  e.endedNs.store(0, std::memory_order_relaxed);
   e.incarnation.fetch_add(1, std::memory_order_relaxed);
   e.pid.store(::getpid(), std::memory_order_relaxed);
   e.state.store(uint32_t(ProcState::kAttached), std::memory_order_release);
@@ -68,6 +69,7 @@ Port::~Port() {
   }
   hbCv_.notify_all();
   if (heartbeat_.joinable()) heartbeat_.join();
+  self().endedNs.store(monotonicNs(), std::memory_order_relaxed);  // published by the state's release store
   setState(finished_ ? ProcState::kFinished : ProcState::kDead);
   self().waitWhat.store(0, std::memory_order_relaxed);
   seg_->notifyAll();  // peers waiting on us re-check and see finished/dead

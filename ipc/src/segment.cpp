@@ -1,10 +1,14 @@
 #include "distill/ipc/segment.h"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <boost/interprocess/mapped_region.hpp>
 #include <boost/interprocess/shared_memory_object.hpp>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <new>
 #include <random>
@@ -94,6 +98,43 @@ struct Mapping {
   bip::mapped_region region;
 };
 
+// "570425344 bytes (544.0 MiB)"
+std::string bytesText(uint64_t n) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%llu bytes (%.1f MiB)", static_cast<unsigned long long>(n), double(n) / (1 << 20));
+  return buf;
+}
+
+// Which keys set a segment's size, with their values, for the "too big" error.
+std::string sizeKeys(const SegmentLayout& l) {
+  return detail::str("lower transport.slots (", l.slots, "), transport.max_request_bytes (", l.maxRequestBytes,
+                     ") or transport.max_response_bytes (", l.maxResponseBytes,
+                     "), or run fewer students per node (", l.numStudents,
+                     "; each needs transport.slots x (request + response) bytes), or give /dev/shm more room");
+}
+
+// Bytes free for an unprivileged writer in the file system that holds the
+// segments; -1 if it cannot be asked.
+int64_t shmBytesFree() {
+  struct statvfs st{};
+  if (sys::retryEintr([&] { return ::statvfs("/dev/shm", &st); }) != 0) return -1;
+  return int64_t(st.f_bavail) * int64_t(st.f_frsize);
+}
+
+// Reserves every page of the segment now, so that no write into it can later
+// fail. A tmpfs page is allocated on first touch; when the file system is full
+// by then, the writer gets SIGBUS (an 8 MiB /dev/shm killed the teacher at step
+// 3). posix_fallocate allocates them all at creation, or fails with ENOSPC here,
+// where it can be reported. Returns 0 or the error number.
+int reservePages(const bip::shared_memory_object& shm, uint64_t bytes) {
+  const int fd = shm.get_mapping_handle().handle;
+  int err;
+  do {
+    err = ::posix_fallocate(fd, 0, off_t(bytes));
+  } while (err == EINTR);
+  return err;
+}
+
 // Maps an existing segment read-write; nullptr if it does not exist (yet).
 std::shared_ptr<Mapping> openExisting(const std::string& name) {
   try {
@@ -167,15 +208,39 @@ Segment Segment::create(const std::string& name, const SegmentLayout& layout, co
     bip::shared_memory_object::remove(name.c_str());
   }
   const LayoutOffsets off = computeOffsets(layout);
+  // Room first, for a message that says what to change; the reservation below
+  // is what guarantees it (another job may take the room in between).
+  const int64_t free = shmBytesFree();
+  if (free >= 0 && uint64_t(free) < off.total)
+    DISTILL_THROW(IpcError, "segment '", name, "' needs ", bytesText(off.total),
+                  " of shared memory but /dev/shm has only ", bytesText(uint64_t(free)), " free: ", sizeKeys(layout));
   auto m = std::make_shared<Mapping>();
   try {
     bip::permissions perm(0600);
     m->shm = bip::shared_memory_object(bip::create_only, name.c_str(), bip::read_write, perm);
-    m->shm.truncate(bip::offset_t(off.total));  // zero-filled, pages allocated on first touch
+    m->shm.truncate(bip::offset_t(off.total));  // zero-filled
+  } catch (const bip::interprocess_exception& e) {
+    bip::shared_memory_object::remove(name.c_str());
+    DISTILL_THROW(IpcError, "segment '", name, "': cannot create ", bytesText(off.total), ": ", e.what());
+  }
+  if (const int err = reservePages(m->shm, off.total)) {
+    if (err != EOPNOTSUPP && err != EINVAL) {
+      bip::shared_memory_object::remove(name.c_str());
+      const int64_t nowFree = shmBytesFree();
+      DISTILL_THROW(IpcError, "segment '", name, "': cannot reserve ", bytesText(off.total),
+                    " of shared memory (", errnoString(err), "); /dev/shm has ",
+                    nowFree >= 0 ? bytesText(uint64_t(nowFree)) : std::string("an unknown number of bytes"),
+                    " free: ", sizeKeys(layout));
+    }
+    // Not a tmpfs that can reserve (never the case for /dev/shm on Linux >= 3.5).
+    DISTILL_LOG(kWarning) << "segment '" << name << "': /dev/shm cannot reserve pages (" << errnoString(err)
+                          << "); a write may fail with SIGBUS if it fills up";
+  }
+  try {
     m->region = bip::mapped_region(m->shm, bip::read_write);
   } catch (const bip::interprocess_exception& e) {
     bip::shared_memory_object::remove(name.c_str());
-    DISTILL_THROW(IpcError, "segment '", name, "': cannot create ", off.total, " bytes: ", e.what());
+    DISTILL_THROW(IpcError, "segment '", name, "': cannot map ", bytesText(off.total), ": ", e.what());
   }
   auto impl = makeImpl(name, std::move(m), layout);
   auto* c = new (impl->base) wire::ControlBlock;  // atomics: trivially default-constructed, memory is zero
@@ -323,7 +388,11 @@ std::vector<ProcessSnapshot> Segment::processes() const {
     const uint32_t st = e.state.load(std::memory_order_acquire);
     s.state = wire::stateName(st);
     s.incarnation = e.incarnation.load(std::memory_order_relaxed);
-    if (s.pid) s.heartbeatAgeMs = (now - e.heartbeatNs.load(std::memory_order_relaxed)) / 1000000;
+    if (s.pid) {
+      s.heartbeatNs = e.heartbeatNs.load(std::memory_order_relaxed);
+      s.heartbeatAgeMs = (now - s.heartbeatNs) / 1000000;
+      s.endedNs = e.endedNs.load(std::memory_order_relaxed);
+    }
     const uint32_t what = e.waitWhat.load(std::memory_order_relaxed);
     s.waitWhat = wire::waitName(what);
     s.waitPeer = e.waitPeer.load(std::memory_order_relaxed);

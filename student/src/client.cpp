@@ -149,7 +149,7 @@ Handle Client::submit(const at::Tensor& input, int64_t step, int64_t accStep) {
 
 TeacherReply Client::get(const Handle& h, ReplyMode mode) {
   auto& s = *impl_;
-  setCurrentStep(h.step, h.accStep);
+  noteAnswered(h.step, h.accStep);
   while (!s.received.count(h.seq)) {
     DISTILL_CHECK_T(ProtocolError, !s.inFlight.empty() && s.inFlight.front().seq <= h.seq,
                     at(h.step, h.accStep), "get(): request seq ", h.seq,

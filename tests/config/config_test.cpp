@@ -107,7 +107,7 @@ const std::vector<BadCase>& badCases() {
       {kSelf + "run:\n  nnodes: 2147483647\n",
        "run.nnodes: run.nnodes x run.nproc_per_node must be <= 2147483647 (every rank of the job is an int), "
        "found 2147483647 x 3"},
-      {kSelf + "run:\n  master_port: 70000\n", "run.master_port: must be in [1, 65535], found 70000"},
+      {kSelf + "run:\n  master_port: 70000\n", "run.master_port: must be in [0, 65535], found 70000"},
       {kSelf + "run:\n  startup_timeout_s: -1\n", "run.startup_timeout_s: must be in [0.001, 2592000], found -1"},
       // every duration has a range: none overflows a deadline, none is a denormal
       {kSelf + "run:\n  hang_timeout_s: 1e300\n", "run.hang_timeout_s: must be in [0.001, 2592000], found 1e300"},

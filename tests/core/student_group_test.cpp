@@ -1,8 +1,12 @@
 // The production hang of the checkpoint barrier, as a regression: the students
 // run collectives on their own group while the teacher process is alive and
-// calls nothing collective. Real processes, a real TCPStore and gloo group.
+// calls nothing collective. Real processes, the real rendezvous store and gloo group.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <torch/torch.h>
 
 #include <chrono>
@@ -28,7 +32,9 @@ distill::Config groupConfig(double startupS, double collectiveS) {
 std::map<std::string, std::string> envFor(int local, int perNode, int port) {
   distill::Topology t = distill::Topology::forLocalRank(0, 1, local, perNode);
   t.masterPort = port;
-  return distill::topologyEnv(t);
+  auto env = distill::topologyEnv(t);
+  env["DISTILL_JOB_SECRET"] = "student-group-test-secret-0123456789";  // as distill-run hands it out
+  return env;
 }
 
 int exitCodeFor(const std::exception& e) {
@@ -158,4 +164,30 @@ TEST_F(StudentGroupTest, StudentThatNeverStartsIsNamedAtRendezvous) {
     EXPECT_TRUE(st.exited && st.code == 3) << st.describe() << "\n" << out;
     EXPECT_NE(out.find("missing student rank(s) 2"), std::string::npos) << out;
   }
+}
+
+// Issue 14 item 19: a port in use was reported as "cannot serve the
+// rendezvous store within N ms". Student rank 0, started without distill-run,
+// binds the store's port itself and says the port is in use, at once.
+TEST_F(StudentGroupTest, PortInUseIsNamedAtOnce) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 4), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const int port = ntohs(a.sin_port);
+  const std::string logPath = log(0);
+  auto kid = dt::spawnRole("student", {"1", "5", "30", "run"}, envFor(0, 3, port), logPath);
+  auto st = kid.join(seconds(30));
+  ::close(fd);
+  const std::string out = dt::readFile(logPath);
+  EXPECT_TRUE(st.exited && st.code == 5) << st.describe() << " (5: ConfigError)\n" << out;
+  EXPECT_NE(out.find("port " + std::to_string(port) + " on 127.0.0.1 is in use (run.master_port)"), std::string::npos)
+      << out;
+  auto pos = out.find("ERROR after ");
+  ASSERT_NE(pos, std::string::npos) << out;
+  EXPECT_LT(std::stol(out.substr(pos + 12)), 5000) << out;
 }

@@ -1,14 +1,18 @@
 // Segment, rings, waits and liveness with real processes (forkChild: nothing
 // here touches CUDA). Every test removes its segment and checks /dev/shm.
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <unistd.h>
 
 #include <ATen/ATen.h>
 
 #include <atomic>
+#include <cstring>
 #include <thread>
+#include <vector>
 
 #include "distill/core/errors.h"
 #include "distill/ipc/channel.h"
@@ -308,4 +312,78 @@ TEST(IpcSegment, TeacherAdmissionNamesMissingStudents) {
     EXPECT_TRUE(contains(e.what(), "students [local 0, local 2] did not attach")) << e.what();
   }
   EXPECT_FALSE(seg.admitted());
+}
+
+// Issue 14 item 17: /dev/shm's free space was never checked; a 2 TiB segment
+// (64 slots x 16 GiB) was accepted on a 24 GiB machine. Now an IpcError names
+// the bytes needed, the bytes free and the keys to lower, and leaves nothing.
+TEST(IpcSegment, SegmentLargerThanDevShmIsRefusedNamingBytesAndKeys) {
+  ScopedName sn;
+  auto creator = forkChild([&] {
+    SegmentLayout huge = smallLayout(2, 64);
+    huge.maxResponseBytes = int64_t(16) << 30;
+    try {
+      Segment::create(sn.name, huge, kJob);
+    } catch (const IpcError& e) {
+      const std::string w = e.what();
+      std::fprintf(stderr, "%s\n", w.c_str());
+      for (const char* part : {"needs 2199", "bytes (2097", "of shared memory but /dev/shm has only", "free",
+                               "transport.slots (64)", "transport.max_response_bytes (17179869184)",
+                               "transport.max_request_bytes", "students per node (2"})
+        if (!contains(w, part)) return 3;
+      return shmExists(sn.name) ? 4 : 0;
+    }
+    return 2;  // accepted
+  });
+  auto st = creator.join(30s);
+  EXPECT_TRUE(st.exited && st.code == 0) << st.describe() << " (2: a 2 TiB segment was accepted)";
+  EXPECT_FALSE(shmExists(sn.name));
+}
+
+// Issue 14 item 17: the segment's pages are reserved at creation, so a /dev/shm
+// that fills up later (another job, a file) cannot make a write into the
+// segment die of SIGBUS. A real 8 MiB tmpfs on /dev/shm in a private mount
+// namespace (root); skipped where mount namespaces are not allowed.
+TEST(IpcSegment, PagesAreReservedSoAFullDevShmCannotSigbus) {
+  auto child = forkChild([&] {
+    if (::unshare(CLONE_NEWNS) != 0) return 77;
+    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return 78;
+    if (::mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=8m,mode=1777") != 0) return 79;
+    SegmentLayout l = smallLayout(1, 2);
+    l.maxResponseBytes = 2 << 20;  // 2 x (1 MiB + 2 MiB) + control: about 6 MiB of 8
+    const std::string name = "distill-ipc-small-shm";
+    auto seg = Segment::create(name, l, kJob);
+    // Another writer takes 4 MiB of what looks free: with the pages reserved
+    // only about 2 MiB is left for it.
+    int fd = ::open("/dev/shm/filler", O_CREAT | O_RDWR, 0600);
+    if (fd < 0) return 5;
+    std::vector<char> mib(1 << 20, 'x');
+    int written = 0;
+    for (int i = 0; i < 4; ++i) written += ::write(fd, mib.data(), mib.size()) == ssize_t(mib.size()) ? 1 : 0;
+    ::close(fd);
+    std::fprintf(stderr, "filler wrote %d of 4 MiB\n", written);
+    // Every byte of the segment is writable (SIGBUS here without the reservation).
+    int sfd = ::open(("/dev/shm/" + name).c_str(), O_RDWR);
+    void* p = ::mmap(nullptr, seg.sizeBytes(), PROT_READ | PROT_WRITE, MAP_SHARED, sfd, 0);
+    ::close(sfd);
+    if (p == MAP_FAILED) return 6;
+    std::memset(static_cast<char*>(p) + wire::kControlBytes, 1, seg.sizeBytes() - wire::kControlBytes);
+    ::munmap(p, seg.sizeBytes());
+    Segment::remove(name);
+    // Too big for what is left now: refused up front, nothing left behind.
+    ::unlink("/dev/shm/filler");
+    SegmentLayout big = l;
+    big.slots = 4;
+    try {
+      Segment::create(name, big, kJob);
+      return 7;
+    } catch (const IpcError& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      if (!contains(e.what(), "/dev/shm has only") || !contains(e.what(), "transport.slots (4)")) return 8;
+    }
+    return shmExists(name) ? 9 : 0;
+  });
+  auto st = child.join(30s);
+  if (st.exited && st.code == 77) GTEST_SKIP() << "no mount namespace here (unshare: not permitted)";
+  EXPECT_TRUE(st.exited && st.code == 0) << st.describe() << " (SIGBUS: a write into the segment found /dev/shm full)";
 }

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <optional>
 #include <regex>
 
 #include "distill/distill.h"
@@ -53,6 +54,7 @@ at::Tensor ask(distill::Session& s, int64_t step) {
 //   teacher-stall    the teacher blocks inside its 3rd forward
 //   skip-collective  student 1 skips the all_reduce of step 3 (an uneven shard), asks for step 4, then blocks
 //   busy             students ask and barrier for up to 30 s, leaving when a stop is requested
+//   prefetch-acc     train.cpp's loop (2 micro-batches, prefetch); student 1 blocks before step 3 opens
 DISTILL_TEST_ROLE(hang) {
   const std::string scenario = args.at(0);
   const std::string fifo = args.size() > 1 ? args[1] : "";
@@ -68,6 +70,7 @@ DISTILL_TEST_ROLE(hang) {
   char* argv[] = {arg0, nullptr};
   distill::Session s = distill::init(argc, argv);
   if (s.isTeacher()) {
+    std::printf("TEACHER pid %d\n", static_cast<int>(::getpid()));
     int calls = 0;
     auto doubler = distill::teacherFromFunction([&](const std::vector<at::Tensor>& in) {
       if (scenario == "teacher-stall" && ++calls == 3) blockInUserCode(fifo);
@@ -84,11 +87,33 @@ DISTILL_TEST_ROLE(hang) {
       ask(s, step);
       std::printf("DISTILL_STATUS step=%lld\n", static_cast<long long>(step));
     }
+  } else if (scenario == "prefetch-acc") {
+    // examples/gpt/train.cpp's loop: 2 micro-batches a step, each one's
+    // successor submitted before its answer is taken (step 3's first before
+    // step 2's last); stepTokenCount opens a step, a "grads" all-reduce closes it.
+    // Student 1 blocks in user code before step 3 opens.
+    constexpr int kAcc = 2, kSteps = 4;
+    auto submit = [&](int64_t step, int acc) { return s.client->submit(torch::arange(4, torch::kLong) + step, step, acc); };
+    distill::Handle h = submit(1, 0);
+    for (int64_t step = 1; step <= kSteps; ++step) {
+      if (rank == 1 && step == 3) blockInUserCode(fifo);
+      std::vector<at::Tensor> labels(kAcc, torch::ones({4}, torch::kLong));
+      distill::stepTokenCount(group, labels, -100);
+      for (int acc = 0; acc < kAcc; ++acc) {
+        std::optional<distill::Handle> next;
+        if (acc + 1 < kAcc) next = submit(step, acc + 1);
+        else if (step < kSteps) next = submit(step + 1, 0);
+        s.client->get(h);
+        if (next) h = *next;
+      }
+      auto grads = torch::ones({3});
+      group.allReduce(grads, distill::ReduceOp::kSum, "grads");
+    }
   } else if (scenario == "busy") {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     for (int64_t step = 0; std::chrono::steady_clock::now() < deadline; ++step) {
       ask(s, step);
-      if (step == 0) std::printf("READY student %d\n", rank);
+      if (step == 0) std::printf("READY student %d pid %d\n", rank, static_cast<int>(::getpid()));
       auto stop = torch::tensor({s.client->stopRequested() ? 1.0 : 0.0});
       group.allReduce(stop, distill::ReduceOp::kMax, "stop flag");
       if (stop.item<double>() > 0) break;
@@ -118,13 +143,14 @@ class HangTest : public LauncherFixture {
  protected:
   // Runs `scenario` with the watchdog at kHangS and `onHang`; returns the launch.
   std::unique_ptr<Launch> start(const std::string& scenario, const std::string& onHang = "teardown",
-                                const std::string& fifo = "") {
+                                const std::string& fifo = "", const std::vector<std::string>& more = {}) {
     std::vector<std::string> roleArgs{scenario};
     if (!fifo.empty()) roleArgs.push_back(fifo);
-    return std::make_unique<Launch>(jobArgs({"--set", "run.hang_timeout_s=" + std::to_string(kHangS), "--set",
-                                             "run.on_hang=" + onHang, "--set", "run.collective_timeout_s=60", "--set",
-                                             "run.startup_timeout_s=60"},
-                                            roleArgs, "hang"));
+    std::vector<std::string> options{"--set", "run.hang_timeout_s=" + std::to_string(kHangS), "--set",
+                                     "run.on_hang=" + onHang, "--set", "run.collective_timeout_s=60", "--set",
+                                     "run.startup_timeout_s=60"};
+    options.insert(options.end(), more.begin(), more.end());
+    return std::make_unique<Launch>(jobArgs(options, roleArgs, "hang"));
   }
 
   // The report's row of a rank ("  r1     student  1234 ..." up to the line end).
@@ -147,6 +173,24 @@ class HangTest : public LauncherFixture {
     EXPECT_LT(l.elapsedMs() - blockedAtMs_, bound) << l.text();
     EXPECT_TRUE(has(readFile(dir_ + "/logs/hang_report.txt"), "hang: no rank made progress")) << l.text();
     expectSegmentGone(l);
+  }
+
+  // The pid a rank printed after `label` ("READY student 1 pid 1234").
+  static int pidAfter(Launch& l, const std::string& label) {
+    if (!l.waitFor(label)) return -1;
+    std::smatch m;
+    const std::string& t = l.text();
+    if (!std::regex_search(t, m, std::regex(label + "([0-9]+)"))) return -1;
+    return std::stoi(m[1]);
+  }
+
+  // A `busy` job (students ask and all-reduce) whose peers cannot call a
+  // stopped process lost for 40 s (heartbeat 20 s), so the watchdog (3 s) reports first.
+  std::unique_ptr<Launch> startBusy() {
+    return std::make_unique<Launch>(jobArgs({"--set", "run.hang_timeout_s=" + std::to_string(kHangS), "--set",
+                                             "transport.heartbeat_ms=20000", "--set", "run.collective_timeout_s=60",
+                                             "--set", "run.startup_timeout_s=60"},
+                                            {"busy"}, "hang"));
   }
 
   // Waits until a rank says it is blocked; notes when (ms since the launch).
@@ -259,6 +303,66 @@ TEST_F(HangTest, Sigusr1PrintsTheTableWithoutDisturbingTheRun) {
   for (const char* r : {"[r0 student] exit code 0", "[r1 student] exit code 0", "[r2 teacher] exit code 0"})
     EXPECT_TRUE(has(l->text(), r)) << r << "\n" << l->text();
   expectSegmentGone(*l);
+}
+
+// Issue 14 item 20: the table never said a process was stopped. A SIGSTOPped
+// student showed as waiting for the teacher (blaming it); now its row says
+// "stopped", a "stopped:" line names it, and its peers say they wait on it.
+TEST_F(HangTest, StoppedStudentIsNamedAndItsPeersWaitOnAStoppedPeer) {
+  auto l = startBusy();
+  ASSERT_TRUE(l->waitFor("READY student 0")) << l->text();
+  const int pid = pidAfter(*l, "READY student 1 pid ");
+  ASSERT_GT(pid, 0) << l->text();
+  ASSERT_EQ(::kill(pid, SIGSTOP), 0);
+  blockedAtMs_ = l->sinceStartMs();
+  expectHangTeardown(*l);
+  const std::string t = l->text();
+  EXPECT_TRUE(std::regex_search(row(t, "r1"), std::regex("student +" + std::to_string(pid) +
+                                                         " +stopped +stopped \\(SIGSTOP\\): no heartbeat for")))
+      << row(t, "r1") << "\n" << t;
+  EXPECT_TRUE(has(t, "stopped: r1 student (pid " + std::to_string(pid) + ") is stopped (SIGSTOP)")) << t;
+  EXPECT_TRUE(has(row(t, "r0"), "student rank 1") && has(row(t, "r0"), "stopped")) << row(t, "r0") << "\n" << t;
+  EXPECT_TRUE(has(row(t, "r2"), "waiting for request from any student") &&
+              has(row(t, "r2"), "waits on a stopped peer: student rank 1 is stopped (SIGSTOP)"))
+      << row(t, "r2") << "\n" << t;
+}
+
+// Issue 14 item 20: a stopped teacher showed as "busy in user code"; now it
+// is the stopped row, and the students waiting for it say they wait on a
+// stopped peer.
+TEST_F(HangTest, StoppedTeacherIsNamedNotBusy) {
+  auto l = startBusy();
+  ASSERT_TRUE(l->waitFor("READY student 0") && l->waitFor("READY student 1")) << l->text();
+  const int pid = pidAfter(*l, "TEACHER pid ");
+  ASSERT_GT(pid, 0) << l->text();
+  ASSERT_EQ(::kill(pid, SIGSTOP), 0);
+  blockedAtMs_ = l->sinceStartMs();
+  expectHangTeardown(*l);
+  const std::string t = l->text();
+  EXPECT_TRUE(has(row(t, "r2"), " stopped   stopped (SIGSTOP): no heartbeat for")) << row(t, "r2") << "\n" << t;
+  EXPECT_TRUE(has(t, "stopped: r2 teacher (pid " + std::to_string(pid) + ") is stopped (SIGSTOP)")) << t;
+  const std::string waits = "waits on a stopped peer: teacher rank 2 is stopped (SIGSTOP)";
+  EXPECT_TRUE((has(row(t, "r0"), "waiting for response from teacher rank 2") && has(row(t, "r0"), waits)) ||
+              (has(row(t, "r1"), "waiting for response from teacher rank 2") && has(row(t, "r1"), waits)))
+      << t;
+}
+
+// Issue 14 item 24: with train.cpp's loop (gradient accumulation, the next
+// micro-batch submitted before the current answer is taken) the collectives
+// that open step N were labelled "(step N-1, acc_step 1)", the tag of the last
+// answer. Student 0 waits in step 3's token count for student 1.
+TEST_F(HangTest, CollectiveThatOpensAStepIsLabelledWithThatStep) {
+  auto l = start("prefetch-acc", "teardown", "", {"--set", "student.grad_acc_steps=2"});
+  waitBlocked(*l);
+  expectHangTeardown(*l);
+  const std::string t = l->text();
+  EXPECT_TRUE(has(row(t, "r0"), "in student group step token count #5 at step 3 acc_step 0") &&
+              has(row(t, "r0"), "not entered by student rank 1 (its last: #4)"))
+      << row(t, "r0") << "\n" << t;
+  EXPECT_TRUE(has(t, "collective 'step token count' #5 (step 3, acc_step 0), still open")) << t;
+  // The step's other collectives keep their step: step 2's gradients after its last answer.
+  EXPECT_TRUE(has(t, "collective 'grads' #4 (step 2, acc_step 1)")) << t;
+  EXPECT_TRUE(has(row(t, "r1"), "busy in user code")) << row(t, "r1") << "\n" << t;
 }
 
 }  // namespace

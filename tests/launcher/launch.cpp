@@ -12,6 +12,8 @@
 #include "distill/ipc/segment.h"
 #include "support/roles.h"
 
+extern char** environ;
+
 namespace distill::testing {
 
 int64_t msSince(SteadyClock::time_point t0) {
@@ -20,8 +22,10 @@ int64_t msSince(SteadyClock::time_point t0) {
 
 bool has(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
 
-Launch::Launch(const std::vector<std::string>& args, bool tty) {
-  std::vector<std::string> argv{binPath("distill-run")};
+Launch::Launch(const std::vector<std::string>& args, bool tty, const std::vector<std::string>& wrapper,
+               const std::map<std::string, std::string>& env) {
+  std::vector<std::string> argv = wrapper;
+  argv.push_back(binPath("distill-run"));
   argv.insert(argv.end(), args.begin(), args.end());
   int fds[2];
   if (tty) {
@@ -34,11 +38,20 @@ Launch::Launch(const std::vector<std::string>& args, bool tty) {
   std::vector<char*> cargv;
   for (auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
   cargv.push_back(nullptr);
+  std::vector<std::string> envs;  // built before the fork: the child only execs
+  for (char** e = environ; *e; ++e) {
+    const std::string kv(*e);
+    if (!env.count(kv.substr(0, kv.find('=')))) envs.push_back(kv);
+  }
+  for (auto& [k, v] : env) envs.push_back(k + "=" + v);
+  std::vector<char*> cenv;
+  for (auto& e : envs) cenv.push_back(const_cast<char*>(e.c_str()));
+  cenv.push_back(nullptr);
   pid_t pid = ::fork();
   if (pid == 0) {
     ::dup2(fds[1], STDOUT_FILENO);
     ::dup2(fds[1], STDERR_FILENO);
-    ::execv(cargv[0], cargv.data());
+    ::execve(cargv[0], cargv.data(), cenv.data());
     ::_exit(127);
   }
   ::close(fds[1]);

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -23,7 +24,12 @@ bool has(const std::string& text, const std::string& needle);
 
 class Launch {
  public:
-  explicit Launch(const std::vector<std::string>& args, bool tty = false);
+  // distill-run `args`. `wrapper`: a command that runs distill-run, given
+  // distill-run's path and `args` after its own (e.g. this binary in a role
+  // that sets up a mount namespace first). `env`: added to the environment.
+  explicit Launch(const std::vector<std::string>& args, bool tty = false,
+                  const std::vector<std::string>& wrapper = {},
+                  const std::map<std::string, std::string>& env = {});
   ~Launch();
   Launch(const Launch&) = delete;
   Launch& operator=(const Launch&) = delete;

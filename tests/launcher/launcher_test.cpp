@@ -5,20 +5,32 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pty.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
+#include <grp.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <regex>
+#include <sstream>
+#include <sys/stat.h>
 
 #include "distill/distill.h"
 #include "distill/ipc/segment.h"
+#include "job_store.h"
 #include "launch.h"
 #include "support/process.h"
 #include "support/roles.h"
@@ -85,6 +97,11 @@ int serveDoublerThatDies(distill::Session& s, int killAt, bool always) {
 //   stop   steps until Client::stopRequested(), then "checkpoint" and finish
 //   ignore students print READY and wait to be killed (they ignore the stop flag)
 //   grad   one step of a tiny model on rank-dependent data, gradients all-reduced
+//   exit0-early     student 1 exits 0 before distill::init; student 0 waits to be killed
+//   hold            students join, print READY with their pid, wait for args[1] (a FIFO), then finish
+//   collect         students ask and all-reduce for up to 30 s, READY with their pid after the first round
+//   detach-first    student 0 throws after a step (its session detaches abnormally) and lingers
+//                   until SIGTERM; student 1 asks until the teacher is gone
 //   elastic         10 steps x 2 micro-batches, every answer checked; the teacher
 //                   SIGKILLs itself in its 5th forward once (elastic-always: each time)
 DISTILL_TEST_ROLE(job) {
@@ -94,6 +111,24 @@ DISTILL_TEST_ROLE(job) {
   const bool teacher = role && std::string(role) == "teacher";
   if (!teacher && stubborn && envInt("DISTILL_LOCAL_RANK") == 1) ::signal(SIGTERM, SIG_IGN);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  if (mode == "exit0-early" && !teacher && envInt("DISTILL_LOCAL_RANK") == 1) {
+    std::printf("student 1: nothing to train, exiting 0 before distill::init\n");
+    return 0;
+  }
+  if (mode == "detach-first" && !teacher && envInt("DISTILL_LOCAL_RANK") == 0) {
+    try {
+      distill::Session s = initSession();
+      auto x = torch::arange(4, torch::kLong);
+      s.client->get(s.client->submit(x, 0, 0));
+      throw std::runtime_error("student 0: a bad batch at step 1");
+    } catch (const std::exception& e) {
+      // The session is gone (detached abnormally); the process lingers, as
+      // one busy in slow destructors or a hung flush would, until torn down.
+      std::printf("FAILED %s\n", e.what());
+      std::fflush(stdout);
+      return waitForSigterm(std::chrono::seconds(30)) ? 1 : 4;
+    }
+  }
   distill::Session s = initSession();
   if (s.isTeacher() && (mode == "elastic" || mode == "elastic-always"))
     return serveDoublerThatDies(s, 5, mode == "elastic-always");
@@ -114,6 +149,38 @@ DISTILL_TEST_ROLE(job) {
     }
     s.client->finish();
     return 0;
+  }
+  if (mode == "exit0-early") return blockUntilKilled();  // student 0: never admitted without student 1
+  if (mode == "hold") {
+    // Joined and admitted; waits (30 s at most) until args[1] (a FIFO) is written, then one more round.
+    group.barrier("before hold");
+    std::printf("READY student %d pid %d\n", rank, static_cast<int>(::getpid()));
+    int fd = ::open(args.at(1).c_str(), O_RDONLY | O_NONBLOCK);
+    pollfd p{fd, POLLIN, 0};
+    if (fd < 0 || ::poll(&p, 1, 30000) != 1) return 6;
+    ::close(fd);
+    ask(1);
+    group.barrier("after hold");
+    std::printf("HELD student %d\n", rank);
+    s.client->finish();
+    return 0;
+  }
+  if (mode == "collect") {
+    // Asks and all-reduces for up to 30 s, announcing itself after the first round.
+    const auto deadline = SteadyClock::now() + std::chrono::seconds(30);
+    for (int64_t step = 0; SteadyClock::now() < deadline; ++step) {
+      ask(step);
+      auto t = torch::ones({16});
+      group.allReduce(t, distill::ReduceOp::kSum, "sum");
+      if (step == 0) std::printf("READY student %d pid %d\n", rank, static_cast<int>(::getpid()));
+    }
+    return 5;
+  }
+  if (mode == "detach-first") {
+    // Student 1 asks until the teacher is gone (it goes when student 0 does).
+    const auto deadline = SteadyClock::now() + std::chrono::seconds(30);
+    for (int64_t step = 0; SteadyClock::now() < deadline; ++step) ask(step);
+    return 5;
   }
   if (mode == "fail" || mode == "kill") {
     if (rank != 0) return blockUntilKilled();
@@ -183,6 +250,23 @@ DISTILL_TEST_ROLE(job) {
   }
   std::printf("unknown mode %s\n", mode.c_str());
   return 98;
+}
+
+// Runs args[0] (distill-run) with args[1..] in a mount namespace of its own
+// whose /dev/shm is an 8 MiB tmpfs. Prints "SKIP: ..." and exits 77 where
+// mount namespaces are not allowed.
+DISTILL_TEST_ROLE(small_shm) {
+  if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+      ::mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=8m,mode=1777") != 0) {
+    std::printf("SKIP: no mount namespace here: %s\n", std::strerror(errno));
+    return 77;
+  }
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  ::execv(argv[0], argv.data());
+  std::printf("cannot exec %s: %s\n", argv[0], std::strerror(errno));
+  return 127;
 }
 
 namespace {
@@ -367,7 +451,8 @@ TEST_F(LauncherTest, TwoNodesFormOneJobWithAgreeingGradients) {
                                     "--log-dir", dir_ + "/logs" + std::to_string(k), "--", selfExe(),
                                     "--distill-role=job", "grad"};
   };
-  Launch n0(node(0)), n1(node(1));
+  const std::map<std::string, std::string> secret{{"DISTILL_JOB_SECRET", "two-nodes-of-one-job-0123456789abcdef"}};
+  Launch n0(node(0), false, {}, secret), n1(node(1), false, {}, secret);
   auto s0 = n0.finish(), s1 = n1.finish();
   ASSERT_TRUE(s0.exited && s0.code == 0) << s0.describe() << "\n" << n0.text();
   ASSERT_TRUE(s1.exited && s1.code == 0) << s1.describe() << "\n" << n1.text();
@@ -431,7 +516,7 @@ TEST_F(LauncherTest, OptionsAreValidatedAsTheirConfigKeys) {
       {{"--nnodes", "2147483647"},
        "run.nnodes: run.nnodes x run.nproc_per_node must be <= 2147483647 (every rank of the job is an int), "
        "found 2147483647 x 3 (from --nnodes)"},
-      {{"--master-port", "70000"}, "run.master_port: must be in [1, 65535], found 70000 (from --master-port)"},
+      {{"--master-port", "70000"}, "run.master_port: must be in [0, 65535], found 70000 (from --master-port)"},
       {{"--node-rank", "2", "--nnodes", "2"}, "run.node_rank: must be < run.nnodes (2), found 2 (from --node-rank)"},
       {{"--stop-grace-s", "1e300"}, "run.stop_grace_s: must be in [0, 2592000], found 1e300 (from --stop-grace-s)"},
       {{"--status-every-s", "soon"}, "run.status_every_s: expected a number, found string \"soon\" (from --status-every-s)"},
@@ -556,6 +641,306 @@ TEST_F(LauncherTest, UncaughtErrorEndsTheRankWithExitCode2AndItsMessage) {
   }
   EXPECT_FALSE(has(t, "SIGABRT")) << t;
   expectSegmentGone(l);
+}
+
+
+// Issue 14 item 17: on an 8 MiB /dev/shm the default transport (2 students x
+// 4 slots x (4 + 64) MiB) used to be accepted, and a rank died of SIGBUS once
+// the pages it touched no longer fitted. Now distill-run refuses at once,
+// before any rank starts, naming the bytes needed and free and the keys; a
+// transport that fits runs to the end on the same 8 MiB.
+TEST_F(LauncherTest, SegmentTooBigForDevShmFailsAtOnceNamingBytesAndKeys) {
+  const std::vector<std::string> wrapper{selfExe(), "--distill-role=small_shm"};
+  Launch l(jobArgs({}, {"ok"}), false, wrapper);
+  auto st = l.finish(Ms(30000));
+  if (has(l.text(), "SKIP: no mount namespace")) GTEST_SKIP() << l.text();
+  std::printf("segment too big for /dev/shm -> distill-run exit: %lld ms\n", static_cast<long long>(l.elapsedMs()));
+  EXPECT_TRUE(st.exited && st.code == 2) << st.describe() << "\n" << l.text();
+  EXPECT_LT(l.elapsedMs(), 10000) << l.text();
+  const std::string& t = l.text();
+  for (const char* part : {"needs 570", "of shared memory but /dev/shm has only 8388608 bytes (8.0 MiB) free",
+                           "transport.slots (4)", "transport.max_request_bytes (4194304)",
+                           "transport.max_response_bytes (67108864)", "students per node (2"})
+    EXPECT_TRUE(has(t, part)) << part << "\n" << t;
+  EXPECT_FALSE(has(t, "[r0 student]") || has(t, "[r2 teacher]")) << "a rank started:\n" << t;
+
+  Launch fits(jobArgs({"--set", "transport.max_request_bytes=64KiB", "--set", "transport.max_response_bytes=256KiB"},
+                      {"ok"}),
+              false, wrapper);
+  auto st2 = fits.finish();
+  EXPECT_TRUE(st2.exited && st2.code == 0) << st2.describe() << "\n" << fits.text();
+  EXPECT_TRUE(has(fits.text(), "[r2 teacher] teacher served 6 requests")) << fits.text();
+}
+
+// Issue 14 item 22: a trainer that exits 0 without attaching made the job wait
+// the whole run.startup_timeout_s; distill-run knows it exited, so it fails at
+// once naming it.
+TEST_F(LauncherTest, RankThatExitsZeroWithoutAttachingFailsTheJobAtOnce) {
+  Launch l(jobArgs({"--set", "run.startup_timeout_s=60"}, {"exit0-early"}));
+  ASSERT_TRUE(l.waitFor("nothing to train")) << l.text();
+  const auto t0 = SteadyClock::now();
+  auto st = l.finish(Ms(90000));
+  const int64_t ms = msSince(t0);
+  std::printf("rank exited 0 without attaching -> distill-run exit: %lld ms (startup_timeout_s 60)\n",
+              static_cast<long long>(ms));
+  EXPECT_TRUE(st.exited && st.code == 1) << st.describe() << "\n" << l.text();
+  EXPECT_LT(ms, 10000) << l.text();
+  EXPECT_TRUE(has(l.text(), "job failed: [r1 student] exit code 0 without attaching to the segment")) << l.text();
+  expectSegmentGone(l);
+}
+
+// Issue 14 item 23: the summary headlined the rank whose exit distill-run
+// noticed first (here the teacher, which left as soon as student 0 detached
+// abnormally) rather than the rank that failed first (student 0, which
+// exited last).
+TEST_F(LauncherTest, SummaryHeadlinesTheRankThatFailedFirstNotTheFirstToExit) {
+  Launch l(jobArgs({}, {"detach-first"}));
+  auto st = l.finish();
+  EXPECT_TRUE(st.exited && st.code == 1) << st.describe() << "\n" << l.text();
+  const std::string& t = l.text();
+  EXPECT_TRUE(has(t, "job failed: [r0 student] detached abnormally from the segment (then exit code 1); "
+                     "distill-run noticed "))
+      << t;
+  EXPECT_TRUE(has(t, "last lines of [r0 student]:\n") && has(t, "    | FAILED student 0: a bad batch at step 1"))
+      << t;
+  expectSegmentGone(l);
+}
+
+// ---- The student group's rendezvous store (issue 14 items 18, 19, 21) ----------------------------
+
+// The port distill-run's store listens on, from its log line.
+int storePort(const std::string& text) {
+  std::smatch m;
+  return std::regex_search(text, m, std::regex("rendezvous store on 127\\.0\\.0\\.1:([0-9]+)")) ? std::stoi(m[1]) : -1;
+}
+
+// The local addresses (hex, as /proc/net/tcp{,6} write them) of the sockets
+// listening on `port`.
+std::vector<std::string> listenersOn(int port) {
+  std::vector<std::string> out;
+  char hexPort[8];
+  std::snprintf(hexPort, sizeof hexPort, "%04X", port);
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::istringstream in(readFile(table));
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream f(line);
+      std::string slot, local, remote, state;
+      f >> slot >> local >> remote >> state;
+      if (state == "0A" && local.size() > 5 && local.substr(local.size() - 4) == hexPort)
+        out.push_back(local.substr(0, local.find(':')));
+    }
+  }
+  return out;
+}
+
+// Issue 14 item 19: a port in use failed only after the ranks started, as
+// "cannot serve ... within 120000 ms". distill-run binds the store's port
+// itself before anything starts and says the port is in use.
+TEST_F(LauncherTest, PortInUseFailsAtOnceNamingThePortAndTheKey) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 4), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const int port = ntohs(a.sin_port);
+  Launch l({"--config", config(), "--master-port", std::to_string(port), "--", selfExe(), "--distill-role=job", "ok"});
+  auto st = l.finish();
+  ::close(fd);
+  std::printf("port in use -> distill-run exit: %lld ms\n", static_cast<long long>(l.elapsedMs()));
+  EXPECT_TRUE(st.exited && st.code == 2) << st.describe() << "\n" << l.text();
+  EXPECT_TRUE(has(l.text(), "port " + std::to_string(port) + " on 127.0.0.1 is in use (run.master_port)")) << l.text();
+  EXPECT_LT(l.elapsedMs(), 10000) << l.text();
+  EXPECT_FALSE(has(l.text(), "[r0 student]") || has(l.text(), "segment /dev/shm/")) << "a rank started\n" << l.text();
+}
+
+// Issue 14 item 19: run.master_port 0 lets a single-node job pick a free port
+// (distill-run binds it and hands the socket to student rank 0: nobody can
+// take it in between); a job of several nodes cannot.
+TEST_F(LauncherTest, MasterPortZeroPicksAFreePortOnOneNode) {
+  Launch l({"--config", config(), "--master-port", "0", "--", selfExe(), "--distill-role=job", "ok"});
+  auto st = l.finish();
+  EXPECT_TRUE(st.exited && st.code == 0) << st.describe() << "\n" << l.text();
+  EXPECT_GT(storePort(l.text()), 0) << l.text();
+  EXPECT_TRUE(has(l.text(), "(served by student rank 0; a free port)")) << l.text();
+  EXPECT_TRUE(has(l.text(), "[r2 teacher] teacher served 6 requests")) << l.text();
+
+  Launch two({"--nnodes", "2", "--node-rank", "0", "--config", config(2), "--master-port", "0", "--", selfExe(),
+              "--distill-role=job", "ok"},
+             false, {}, {{"DISTILL_JOB_SECRET", "0123456789abcdef0123"}});
+  auto st2 = two.finish();
+  EXPECT_TRUE(st2.exited && st2.code == 2) << st2.describe() << "\n" << two.text();
+  EXPECT_TRUE(has(two.text(), "run.master_port 0 (a free port) is for single-node jobs")) << two.text();
+}
+
+// Issue 14 item 18: the store listened on every interface and any local user
+// could connect, read counters and write keys. Now it listens on
+// run.master_addr only, and a process of another user (nobody, 65534) can
+// neither speak c10d's TCPStore protocol to it (which lists every key) nor
+// join with a guessed secret, nor read the secret from a rank's environment;
+// the job goes on unaffected.
+TEST_F(LauncherTest, AnotherUserCannotReadWriteOrJoinTheStore) {
+  const std::string fifo = dir_ + "/go";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  Launch l(jobArgs({}, {"hold", fifo}));
+  ASSERT_TRUE(l.waitFor("READY student 0") && l.waitFor("READY student 1")) << l.text();
+  const int port = storePort(l.text());
+  ASSERT_GT(port, 0) << l.text();
+  std::smatch m;
+  const std::string text = l.text();
+  ASSERT_TRUE(std::regex_search(text, m, std::regex("READY student 0 pid ([0-9]+)"))) << text;
+  const std::string student0 = m[1];
+
+  const auto listeners = listenersOn(port);
+  EXPECT_EQ(listeners, std::vector<std::string>{"0100007F"}) << "listening on every interface, or not at all";
+
+  auto stranger = forkChild([&] {
+    if (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0) return 90;
+    int code = 0;
+    // c10d's own client, as the issue's stranger used it: refused at its first byte.
+    try {
+      c10d::TCPStoreOptions o;
+      o.port = static_cast<uint16_t>(port);
+      o.isServer = false;
+      o.timeout = std::chrono::seconds(2);
+      c10d::TCPStore tcp("127.0.0.1", o);
+      auto keys = tcp.listKeys();
+      std::fprintf(stderr, "stranger: TCPStore listed %zu keys\n", keys.size());
+      tcp.set("distill/students/joined", std::vector<uint8_t>{'9'});
+      code |= 1;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "stranger: TCPStore refused: %.200s\n", e.what());
+    }
+    // distill's client with a guessed secret (or none): refused.
+    for (const std::string guess : {"0123456789abcdef0123456789abcdef", ""}) {
+      try {
+        distill::JobStore js("127.0.0.1", port, guess, 1, "student rank 0 on node 0",
+                             distill::Deadline::after(std::chrono::seconds(5)));
+        js.set("distill/students/joined", std::vector<uint8_t>{'9'});
+        code |= 2;
+      } catch (const distill::ConfigError& e) {
+        std::fprintf(stderr, "stranger: JobStore refused: %s\n", e.what());
+        if (!has(e.what(), "refused this process: it does not hold the job's secret")) code |= 4;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "stranger: JobStore failed otherwise: %s\n", e.what());
+        code |= 8;
+      }
+    }
+    // The secret, where distill-run put it: environ is its own user's only.
+    if (!readFile("/proc/" + student0 + "/environ").empty()) code |= 16;
+    return code;
+  });
+  const auto st = stranger.join(std::chrono::seconds(60));
+  EXPECT_TRUE(st.exited && st.code == 0)
+      << st.describe() << " (1: TCPStore worked, 2: joined with a guess, 4/8: other error, 16: read environ)";
+
+  // The job is unaffected.
+  int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::write(fd, "g", 1), 1);
+  ::close(fd);
+  auto done = l.finish();
+  EXPECT_TRUE(done.exited && done.code == 0) << done.describe() << "\n" << l.text();
+  EXPECT_TRUE(has(l.text(), "HELD student 0") && has(l.text(), "HELD student 1")) << l.text();
+  EXPECT_TRUE(has(l.text(), "refused a connection from 127.0.0.1:")) << l.text();
+  EXPECT_TRUE(has(l.text(), "it did not prove the job secret")) << l.text();
+  expectSegmentGone(l);
+}
+
+// The first line of `text` that holds `needle` ("" if none).
+std::string lineWith(const std::string& text, const std::string& needle) {
+  const size_t at = text.find(needle);
+  if (at == std::string::npos) return "";
+  const size_t from = text.rfind('\n', at);
+  const size_t to = text.find('\n', at);
+  return text.substr(from == std::string::npos ? 0 : from + 1, to == std::string::npos ? std::string::npos : to - from - 1);
+}
+
+class TwoNodeTest : public LauncherFixture {
+ protected:
+  // Two nodes on 127.0.0.1, 2 students + 1 teacher each, in `mode`.
+  void start(const std::string& mode, const std::string& secret1 = kSecret, const std::vector<std::string>& more = {}) {
+    const std::string port = std::to_string(freePort());
+    const std::string cfg = config(3);
+    for (int k = 0; k < 2; ++k) {
+      std::vector<std::string> args{"--nproc-per-node", "3", "--nnodes", "2", "--node-rank", std::to_string(k),
+                                    "--master-addr", "127.0.0.1", "--master-port", port, "--config", cfg,
+                                    "--log-dir", dir_ + "/logs" + std::to_string(k)};
+      args.insert(args.end(), more.begin(), more.end());
+      args.insert(args.end(), {"--", selfExe(), "--distill-role=job", mode});
+      nodes_[k] = std::make_unique<Launch>(args, false, std::vector<std::string>{},
+                                           std::map<std::string, std::string>{{"DISTILL_JOB_SECRET",
+                                                                               k == 0 ? kSecret : secret1}});
+    }
+  }
+  // The pid a student printed in its READY line, from node `k`'s console.
+  int pidOf(int k, int studentRank) {
+    const std::string label = "READY student " + std::to_string(studentRank) + " pid ";
+    if (!nodes_[k]->waitFor(label)) return -1;
+    std::smatch m;
+    const std::string t = nodes_[k]->text();
+    return std::regex_search(t, m, std::regex(label + "([0-9]+)")) ? std::stoi(m[1]) : -1;
+  }
+
+  static constexpr const char* kSecret = "one-job-on-two-nodes-0123456789abcdef";
+  std::unique_ptr<Launch> nodes_[2];
+};
+
+// Issue 14 item 21: node 1's student killed: node 0 said "every student rank
+// entered it; a peer failed inside it" or named the ranks torn down with it.
+// The store saw the killed rank's connection close first: node 0 names it.
+TEST_F(TwoNodeTest, KilledStudentOfNodeOneIsNamedLostFirstOnNodeZero) {
+  start("collect");
+  for (int r : {0, 1}) ASSERT_GT(pidOf(0, r), 0) << nodes_[0]->text();
+  ASSERT_GT(pidOf(1, 3), 0) << nodes_[1]->text();
+  const int victim = pidOf(1, 2);
+  ASSERT_GT(victim, 0) << nodes_[1]->text();
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  auto s0 = nodes_[0]->finish(), s1 = nodes_[1]->finish();
+  const std::string& t0 = nodes_[0]->text();
+  EXPECT_TRUE(s0.exited && s0.code == 1) << s0.describe() << "\n" << t0;
+  EXPECT_TRUE(s1.exited && s1.code == 1) << s1.describe() << "\n" << nodes_[1]->text();
+  EXPECT_TRUE(has(t0, "student rank 2 (node 1) was lost first")) << t0;
+  std::printf("node 0 says: %s\n", lineWith(t0, "was lost first").c_str());
+  EXPECT_FALSE(has(t0, "every student rank entered it; a peer failed inside it")) << t0;
+  EXPECT_TRUE(has(nodes_[1]->text(), "job failed: [r3 student] signal SIGKILL")) << nodes_[1]->text();
+  expectSegmentGone(*nodes_[0]);
+  expectSegmentGone(*nodes_[1]);
+}
+
+// Issue 14 item 21: when the store's host died, the others said "Did the
+// remote server shutdown or crash?". Now they name the store's host.
+TEST_F(TwoNodeTest, LostStoreHostIsNamedOnTheOtherNode) {
+  start("collect");
+  for (int r : {2, 3}) ASSERT_GT(pidOf(1, r), 0) << nodes_[1]->text();
+  ASSERT_GT(pidOf(0, 1), 0) << nodes_[0]->text();
+  const int host = pidOf(0, 0);
+  ASSERT_GT(host, 0) << nodes_[0]->text();
+  ASSERT_EQ(::kill(host, SIGKILL), 0);
+  auto s0 = nodes_[0]->finish(), s1 = nodes_[1]->finish();
+  const std::string& t1 = nodes_[1]->text();
+  EXPECT_TRUE(s1.exited && s1.code == 1) << s1.describe() << "\n" << t1;
+  EXPECT_TRUE(has(t1, "the rendezvous store's host, student rank 0 (node 0) at 127.0.0.1:")) << t1;
+  std::printf("node 1 says: %s\n", lineWith(t1, "the rendezvous store's host").c_str());
+  EXPECT_FALSE(has(t1, "Did the remote server shutdown or crash")) << t1;
+  EXPECT_TRUE(s0.exited && s0.code == 1) << s0.describe() << "\n" << nodes_[0]->text();
+  EXPECT_TRUE(has(nodes_[0]->text(), "job failed: [r0 student] signal SIGKILL")) << nodes_[0]->text();
+}
+
+// Issue 14 item 18: the nodes of one job share its secret; a node given
+// another secret is refused by the store, and says so.
+TEST_F(TwoNodeTest, NodeWithAnotherSecretIsRefused) {
+  start("ok", "another-jobs-secret-0123456789abcdef", {"--set", "run.startup_timeout_s=5"});
+  auto s0 = nodes_[0]->finish(), s1 = nodes_[1]->finish();
+  const std::string& t1 = nodes_[1]->text();
+  EXPECT_TRUE(s1.exited && s1.code == 1) << s1.describe() << "\n" << t1;
+  EXPECT_TRUE(has(t1, "refused this process: it does not hold the job's secret")) << t1;
+  EXPECT_TRUE(s0.exited && s0.code == 1) << s0.describe() << "\n" << nodes_[0]->text();
+  EXPECT_TRUE(has(nodes_[0]->text(), "it did not prove the job secret")) << nodes_[0]->text();
 }
 
 }  // namespace

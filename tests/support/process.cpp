@@ -194,8 +194,17 @@ bool waitForSigterm(std::chrono::seconds timeout) {
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   ::sigprocmask(SIG_BLOCK, &set, nullptr);
-  timespec ts{static_cast<time_t>(timeout.count()), 0};
-  return ::sigtimedwait(&set, nullptr, &ts) == SIGTERM;
+  // Another signal (e.g. the SIGCONT distill-run sends with its SIGTERM) may
+  // end the wait early with EINTR: wait again for what is left.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    timespec ts{static_cast<time_t>(left.count() / 1000000000), static_cast<long>(left.count() % 1000000000)};
+    const int sig = ::sigtimedwait(&set, nullptr, &ts);
+    if (sig == SIGTERM) return true;
+    if (sig < 0 && errno != EINTR) return false;
+  }
 }
 
 std::string readFile(const std::string& path) {

@@ -25,8 +25,8 @@ struct RunOptions {
   int nproc_per_node = 3;                 // processes per node: students + 1 teacher (2 .. 256)
   int nnodes = 1;                         // nodes in the job (>= 1; nnodes x nproc_per_node fits an int)
   int node_rank = 0;                      // this node, 0 .. nnodes-1
-  std::string master_addr = "127.0.0.1";  // student group rendezvous host (student rank 0)
-  int master_port = 29500;                // student group rendezvous port (1..65535)
+  std::string master_addr = "127.0.0.1";  // student group rendezvous host (student rank 0); the store binds to it only
+  int master_port = 29500;                // student group rendezvous port (1..65535; 0: a free one, single node)
   std::string log_dir = "logs";           // per-rank log files, metrics, hang reports
   double startup_timeout_s = 60;          // admission: students <-> teacher, store connect (0.001 .. 2592000)
   double collective_timeout_s = 300;      // each student-group collective (0.001 .. 2592000)

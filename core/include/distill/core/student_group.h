@@ -10,13 +10,20 @@
 //
 // Backends: c10d ProcessGroupGloo for CPU tensors (and every barrier);
 // ProcessGroupNCCL for CUDA tensors when built with CUDA and student.backend
-// allows it. Rendezvous: TCPStore at MASTER_ADDR:MASTER_PORT (student rank 0
-// serves it) under the prefix "distill/students/".
+// allows it. Rendezvous: the job's own store at MASTER_ADDR:MASTER_PORT
+// (core/src/job_store.h; student rank 0 serves it, bound to MASTER_ADDR only,
+// on the socket distill-run hands it in DISTILL_STORE_FD or one it binds),
+// under the prefix "distill/students/". Every peer of the store proves the job
+// secret (DISTILL_JOB_SECRET, core/rendezvous.h) first; without one (a rank
+// started by hand) it warns that the store takes anyone. Under torchrun
+// (TORCHELASTIC_USE_AGENT_STORE) the agent's TCPStore is used instead.
 //
 // Deadlines: every collective is bounded by run.collective_timeout_s. Before a
 // collective each rank bumps its own arrival counter in the store; on a timeout
 // or a failure the error names the ranks whose counter shows they never
-// entered that collective.
+// entered that collective, the rank lost first (its connection to the store
+// closed without a goodbye: died or failed) and the ones lost after it, or the
+// store's host, student rank 0, when the store itself is gone.
 //
 // Thread safety: collectives must be issued from one thread per process, in
 // the same order on every rank (as with any c10d group).

@@ -44,6 +44,8 @@ struct ProcessSnapshot {
   std::string state;         // wire::stateName
   uint64_t incarnation = 0;  // attaches of this local rank so far
   int64_t heartbeatAgeMs = -1;
+  int64_t heartbeatNs = 0;   // its last heartbeat (CLOCK_MONOTONIC, as monotonicNs()); 0 = never attached
+  int64_t endedNs = 0;       // when it detached (finished or dead), 0 = still attached or never
   std::string waitWhat;      // wire::waitName
   int waitPeer = -1;
   int64_t waitStep = 0, waitAccStep = 0;
@@ -54,7 +56,11 @@ struct ProcessSnapshot {
 class Segment {
  public:
   // Launcher only. Creates the segment `name` (mode 0600, zero-filled) and
-  // initialises the control block. An existing segment whose creator pid is
+  // initialises the control block. Every page is reserved at creation
+  // (posix_fallocate), so no later write into the segment can die of SIGBUS
+  // on a full /dev/shm; too little room is an IpcError naming the bytes
+  // needed, the bytes free and the transport.* keys that set the size, and
+  // leaves nothing in /dev/shm. An existing segment whose creator pid is
   // alive is an IpcError naming the segment and pid; one whose creator is dead
   // is removed and recreated (logged as a warning).
   static Segment create(const std::string& name, const SegmentLayout& layout, const std::string& jobId);

@@ -30,8 +30,8 @@ namespace distill::ipc::wire {
 
 constexpr uint64_t kSegmentMagic = 0x314D48534C495444ull;  // "DTILSHM1", little endian
 // 3: checksum over the used prefix; 4: teacherMaxRestarts; 5: recorder; 6: config areas and
-// the teacher's admission refusal (issue 14 item 13)
-constexpr uint32_t kLayoutVersion = 6;
+// the teacher's admission refusal (issue 14 item 13); 7: ProcessEntry::endedNs
+constexpr uint32_t kLayoutVersion = 7;
 constexpr uint32_t kSlotMagic = 0x544F4C53u;  // "SLOT"
 
 constexpr int kMaxTensors = 4;        // tensors per message
@@ -221,6 +221,9 @@ struct alignas(kCacheLine) ProcessEntry {
   std::atomic<int64_t> waitSinceNs;
   std::atomic<uint32_t> doorbell;                      // futex word (shared, not PRIVATE)
   std::atomic<uint32_t> sleepers;                      // owner threads inside FUTEX_WAIT on doorbell
+  std::atomic<int64_t> endedNs;      // CLOCK_MONOTONIC ns when the owner detached (finished or dead), stored
+                                     // before the state (release); 0 while attached. The launcher orders
+                                     // failures by it: who failed first, not who exited first.
 };
 static_assert(sizeof(ProcessEntry) == 128, "ProcessEntry layout");
 

@@ -19,6 +19,10 @@
 namespace distill {
 
 // Non-ignored tokens of a step across the student group (one all-reduce).
+// Call it when the step opens, before taking the step's first teacher answer
+// (its result normalises every micro-batch's loss): it also tells the flight
+// recorder that a new step began, so that its collective and the step's
+// others are labelled with the right step.
 double stepTokenCount(StudentGroup& group, const std::vector<at::Tensor>& microBatchLabels,
                       int64_t ignoreIndex);
 
