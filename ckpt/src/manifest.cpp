@@ -1,12 +1,13 @@
 // The manifest of a checkpoint, CRC32C, and verification. No torch here.
 #include <cinttypes>
+#include <climits>
 #include <cstdio>
 #include <cstring>
-#include <map>
+
+#include <nlohmann/json.hpp>
 
 #include "distill/ckpt/checkpoint.h"
 #include "distill/core/errors.h"
-#include "distill/core/strings.h"
 
 #if defined(__x86_64__)
 #include <nmmintrin.h>
@@ -56,131 +57,80 @@ std::string hex(uint64_t v, int digits) {
   return buf;
 }
 
-// A JSON value, enough for the manifest: objects, arrays, strings, integers.
-struct Json {
-  enum Kind { kObject, kArray, kString, kInt } kind = kInt;
-  std::map<std::string, Json> object;
-  std::vector<Json> array;
-  std::string str;
-  int64_t num = 0;
-};
+// The manifest's last line but one holds the CRC32C of every byte before it:
+//   ...\n  "manifest_crc32c": "1a2b3c4d"\n}\n
+// so a manifest is checked byte for byte before anything parses it. (The same
+// layout as every manifest written so far: older checkpoints read unchanged.)
+constexpr const char kSelfKey[] = "\n  \"manifest_crc32c\": \"";
+constexpr const char kSelfEnd[] = "\"\n}\n";
 
-// Recursive descent over the whole text; any deviation throws CheckpointError.
-class Parser {
- public:
-  Parser(const std::string& text, const std::string& path) : s_(text), path_(path) {}
+// The manifest is 3 levels deep (object, files array, file object). nlohmann's
+// parser keeps its own stack (3.11 is not recursive), but no DOM of unbounded
+// depth is built from a file either: this scan refuses deeper text first, and
+// it is a plain loop, so 10^6 nested '[' cost 1 MB of reading, not the stack.
+constexpr int kMaxDepth = 8;
 
-  Json document() {
-    Json v = value();
-    ws();
-    if (i_ != s_.size()) bad("trailing characters");
-    return v;
-  }
-
- private:
-  [[noreturn]] void bad(const std::string& what) {
-    DISTILL_THROW(CheckpointError, "corrupt manifest ", path_, ": ", what, " at byte ", i_);
-  }
-  void ws() {
-    while (i_ < s_.size() && std::strchr(" \t\r\n", s_[i_])) ++i_;
-  }
-  void expect(char c) {
-    ws();
-    if (i_ >= s_.size() || s_[i_] != c) bad(std::string("expected '") + c + "'");
-    ++i_;
-  }
-  bool peek(char c) {
-    ws();
-    return i_ < s_.size() && s_[i_] == c;
-  }
-  Json value() {
-    ws();
-    if (i_ >= s_.size()) bad("unexpected end");
-    Json v;
-    char c = s_[i_];
-    if (c == '{') {
-      v.kind = Json::kObject;
-      ++i_;
-      if (peek('}')) return ++i_, v;
-      do {
-        std::string key = string();
-        expect(':');
-        v.object[key] = value();
-      } while (peek(',') && ++i_);
-      expect('}');
-    } else if (c == '[') {
-      v.kind = Json::kArray;
-      ++i_;
-      if (peek(']')) return ++i_, v;
-      do {
-        v.array.push_back(value());
-      } while (peek(',') && ++i_);
-      expect(']');
-    } else if (c == '"') {
-      v.kind = Json::kString;
-      v.str = string();
-    } else if (c == '-' || (c >= '0' && c <= '9')) {
-      size_t start = i_++;
-      while (i_ < s_.size() && s_[i_] >= '0' && s_[i_] <= '9') ++i_;
-      try {
-        v.num = std::stoll(s_.substr(start, i_ - start));
-      } catch (const std::exception&) {
-        bad("bad number");
-      }
-    } else {
-      bad("unexpected character");
-    }
-    return v;
-  }
-  std::string string() {
-    expect('"');
-    std::string out;
-    while (i_ < s_.size() && s_[i_] != '"') {
-      char c = s_[i_++];
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (i_ >= s_.size()) bad("unexpected end");
-      char e = s_[i_++];
-      if (e == 'u') {
-        if (i_ + 4 > s_.size()) bad("bad \\u escape");
-        unsigned cp = std::stoul(s_.substr(i_, 4), nullptr, 16);
-        i_ += 4;
-        if (cp >= 0x80) bad("\\u escape above 0x7f");  // formatManifest never writes one
-        out += static_cast<char>(cp);
-      } else if (e == '"' || e == '\\' || e == '/') {
-        out += e;
-      } else if (e == 'n' || e == 't') {
-        out += e == 'n' ? '\n' : '\t';
-      } else {
-        bad("bad escape");
-      }
-    }
-    expect('"');
-    return out;
-  }
-
-  const std::string& s_;
-  const std::string& path_;
-  size_t i_ = 0;
-};
-
-const Json& field(const Json& obj, const std::string& key, Json::Kind kind, const std::string& path) {
-  auto it = obj.object.find(key);
-  DISTILL_CHECK_T(CheckpointError, it != obj.object.end() && it->second.kind == kind,
-                  "corrupt manifest ", path, ": field \"", key, "\" missing or of the wrong type");
-  return it->second;
+[[noreturn]] void corrupt(const std::string& path, const std::string& why) {
+  DISTILL_THROW(CheckpointError, "corrupt manifest ", path, ": ", why);
 }
 
-uint64_t parseHex(const std::string& s, const std::string& key, const std::string& path) {
-  DISTILL_CHECK_T(CheckpointError, !s.empty() && s.size() <= 16 &&
-                                       s.find_first_not_of("0123456789abcdef") == std::string::npos,
-                  "corrupt manifest ", path, ": \"", key, "\" is not hex: ", s);
+void checkDepth(const std::string& text, const std::string& path) {
+  int depth = 0;
+  bool inString = false, escaped = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (inString) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        inString = false;
+      }
+    } else if (c == '"') {
+      inString = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxDepth) {
+        corrupt(path, "JSON nested deeper than " + std::to_string(kMaxDepth) + " levels (too deeply nested at byte " +
+                          std::to_string(i) + ")");
+      }
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+}
+
+bool isHex(const std::string& s, size_t maxDigits) {
+  return !s.empty() && s.size() <= maxDigits && s.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
+using Json = nlohmann::json;
+
+const Json& field(const Json& obj, const char* key, bool (Json::*is)() const noexcept, const char* kind,
+                  const std::string& path) {
+  auto it = obj.find(key);
+  if (it == obj.end()) corrupt(path, std::string("field \"") + key + "\" missing");
+  if (!((*it).*is)()) corrupt(path, std::string("field \"") + key + "\" is not " + kind + ": " + it->dump());
+  return *it;
+}
+
+std::string stringField(const Json& obj, const char* key, const std::string& path) {
+  return field(obj, key, &Json::is_string, "a string", path).get<std::string>();
+}
+
+int64_t intField(const Json& obj, const char* key, const std::string& path) {
+  const Json& v = field(obj, key, &Json::is_number_integer, "an integer", path);
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+    corrupt(path, std::string("field \"") + key + "\" is out of range: " + v.dump());
+  }
+  return v.get<int64_t>();
+}
+
+uint64_t hexField(const Json& obj, const char* key, size_t digits, const std::string& path) {
+  const std::string s = stringField(obj, key, path);
+  if (!isHex(s, digits)) corrupt(path, std::string("field \"") + key + "\" is not hex: \"" + s + "\"");
   return std::stoull(s, nullptr, 16);
 }
-
-constexpr const char* kSelfKey = "\n  \"manifest_crc32c\": \"";
 
 }  // namespace
 
@@ -201,55 +151,75 @@ const ManifestFile* Manifest::find(const std::string& name) const {
 }
 
 std::string formatManifest(const Manifest& m) {
-  std::string s = "{\n  \"format\": \"distill-checkpoint\",\n  \"version\": 1,\n";
-  s += "  \"step\": " + std::to_string(m.step) + ",\n";
-  s += "  \"student_world_size\": " + std::to_string(m.studentWorldSize) + ",\n";
-  s += "  \"config_hash\": \"" + hex(m.configHash, 16) + "\",\n";
-  s += "  \"teacher_fingerprint\": " + jsonQuote(m.teacherFingerprint) + ",\n";
-  s += "  \"checksum\": \"crc32c\",\n  \"files\": [";
-  for (size_t i = 0; i < m.files.size(); ++i) {
-    const auto& f = m.files[i];
-    s += std::string(i ? "," : "") + "\n    {\"name\": " + jsonQuote(f.name) +
-         ", \"size\": " + std::to_string(f.size) + ", \"crc32c\": \"" + hex(f.crc32c, 8) + "\"}";
+  nlohmann::ordered_json j;
+  j["format"] = "distill-checkpoint";
+  j["version"] = 1;
+  j["step"] = m.step;
+  j["student_world_size"] = m.studentWorldSize;
+  j["config_hash"] = hex(m.configHash, 16);
+  j["teacher_fingerprint"] = m.teacherFingerprint;
+  j["checksum"] = "crc32c";
+  j["files"] = nlohmann::ordered_json::array();
+  for (const auto& f : m.files) {
+    j["files"].push_back({{"name", f.name}, {"size", f.size}, {"crc32c", hex(f.crc32c, 8)}});
   }
-  s += "\n  ],\n";
-  // The manifest's own checksum covers every byte before its line.
-  uint32_t self = crc32c(s.data(), s.size());
-  return s + (kSelfKey + 1) + hex(self, 8) + "\"\n}\n";
+  // Bytes that are not UTF-8 (a fingerprint is the caller's string) become U+FFFD.
+  std::string s = j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+  s.resize(s.size() - 2);  // the closing "\n}": the checksum line comes last
+  s += ",\n";
+  const uint32_t self = crc32c(s.data(), s.size());  // every byte before its line
+  return s + (kSelfKey + 1) + hex(self, 8) + kSelfEnd;
 }
 
 Manifest parseManifest(const std::string& text, const std::string& path) {
-  size_t at = text.rfind(kSelfKey);
-  DISTILL_CHECK_T(CheckpointError, at != std::string::npos, "corrupt manifest ", path,
-                  ": no manifest_crc32c line (truncated?)");
-  uint32_t want = crc32c(text.data(), at + 1);
-  Json doc = Parser(text, path).document();
-  DISTILL_CHECK_T(CheckpointError, doc.kind == Json::kObject, "corrupt manifest ", path, ": not an object");
-  uint32_t got = static_cast<uint32_t>(
-      parseHex(field(doc, "manifest_crc32c", Json::kString, path).str, "manifest_crc32c", path));
-  DISTILL_CHECK_T(CheckpointError, got == want, "corrupt manifest ", path, ": checksum ", hex(got, 8),
-                  " recorded, ", hex(want, 8), " computed");
-  DISTILL_CHECK_T(CheckpointError, field(doc, "format", Json::kString, path).str == "distill-checkpoint" &&
-                                       field(doc, "version", Json::kInt, path).num == 1,
-                  "manifest ", path, ": unknown format or version");
+  // 1. The bytes: the checksum line, then the checksum, before any parsing.
+  const size_t at = text.rfind(kSelfKey);
+  if (at == std::string::npos) corrupt(path, "no manifest_crc32c line (truncated?)");
+  const size_t hexAt = at + std::strlen(kSelfKey);
+  const std::string recordedHex = text.substr(hexAt, 8);
+  if (!isHex(recordedHex, 8) || recordedHex.size() != 8 || text.compare(hexAt + 8, std::string::npos, kSelfEnd) != 0) {
+    corrupt(path, "malformed manifest_crc32c line (truncated?)");
+  }
+  const uint32_t recorded = static_cast<uint32_t>(std::stoul(recordedHex, nullptr, 16));
+  const uint32_t computed = crc32c(text.data(), at + 1);
+  if (recorded != computed) {
+    corrupt(path, "checksum " + hex(recorded, 8) + " recorded, " + hex(computed, 8) + " computed");
+  }
+  // 2. The JSON, bounded in depth.
+  checkDepth(text, path);
+  Json doc;
+  try {
+    doc = Json::parse(text);
+  } catch (const Json::exception& e) {
+    std::string why = e.what();  // "[json.exception.parse_error.101] parse error at line 3, ..."
+    auto close = why.find("] ");
+    corrupt(path, "invalid JSON: " + (close == std::string::npos ? why : why.substr(close + 2)));
+  }
+  // 3. The fields.
+  if (!doc.is_object()) corrupt(path, "not a JSON object");
+  if (stringField(doc, "format", path) != "distill-checkpoint" || intField(doc, "version", path) != 1) {
+    DISTILL_THROW(CheckpointError, "manifest ", path, ": unknown format or version (",
+                  doc["format"].dump(), ", version ", doc["version"].dump(), ")");
+  }
   Manifest m;
-  m.step = field(doc, "step", Json::kInt, path).num;
-  m.studentWorldSize = static_cast<int>(field(doc, "student_world_size", Json::kInt, path).num);
-  m.configHash = parseHex(field(doc, "config_hash", Json::kString, path).str, "config_hash", path);
-  m.teacherFingerprint = field(doc, "teacher_fingerprint", Json::kString, path).str;
-  for (const Json& f : field(doc, "files", Json::kArray, path).array) {
-    DISTILL_CHECK_T(CheckpointError, f.kind == Json::kObject, "corrupt manifest ", path, ": bad file entry");
+  m.step = intField(doc, "step", path);
+  const int64_t world = intField(doc, "student_world_size", path);
+  if (world < 1 || world > (1 << 20)) corrupt(path, "student_world_size " + std::to_string(world));
+  m.studentWorldSize = static_cast<int>(world);
+  m.configHash = hexField(doc, "config_hash", 16, path);
+  m.teacherFingerprint = stringField(doc, "teacher_fingerprint", path);
+  for (const Json& f : field(doc, "files", &Json::is_array, "an array", path)) {
+    if (!f.is_object()) corrupt(path, "a files entry is not an object: " + f.dump());
     ManifestFile mf;
-    mf.name = field(f, "name", Json::kString, path).str;
-    mf.size = field(f, "size", Json::kInt, path).num;
-    mf.crc32c = static_cast<uint32_t>(parseHex(field(f, "crc32c", Json::kString, path).str, "crc32c", path));
-    DISTILL_CHECK_T(CheckpointError, !mf.name.empty() && mf.name.find('/') == std::string::npos &&
-                                         mf.size >= 0,
-                    "corrupt manifest ", path, ": bad file entry \"", mf.name, "\"");
+    mf.name = stringField(f, "name", path);
+    mf.size = intField(f, "size", path);
+    mf.crc32c = static_cast<uint32_t>(hexField(f, "crc32c", 8, path));
+    if (mf.name.empty() || mf.name.find('/') != std::string::npos || mf.name == "." || mf.name == ".." ||
+        mf.size < 0) {
+      corrupt(path, "bad files entry " + f.dump());
+    }
     m.files.push_back(std::move(mf));
   }
-  DISTILL_CHECK_T(CheckpointError, m.studentWorldSize >= 1, "corrupt manifest ", path,
-                  ": student_world_size ", m.studentWorldSize);
   return m;
 }
 

@@ -633,3 +633,77 @@ TEST(CkptUnit, FaultSeamFailsTheNthWriteNamingPathAndErrno) {
   EXPECT_THROW(fs.readFile(dir + "/missing"), distill::CheckpointError);
   distill::PosixFileSystem().removeAll(dir);
 }
+
+// ---- manifest parsing (issue 14, item 8) ---------------------------------------
+
+namespace {
+
+constexpr const char* kCrcLine = "  \"manifest_crc32c\": \"";
+
+// `body` (everything before the manifest_crc32c line, ending in '\n') with a
+// correct trailing checksum line: only the parser can object to it.
+std::string withValidCrc(const std::string& body) {
+  char hex[16];
+  std::snprintf(hex, sizeof hex, "%08x", distill::crc32c(body.data(), body.size()));
+  return body + kCrcLine + hex + "\"\n}\n";
+}
+
+std::string manifestBody(const std::string& text) { return text.substr(0, text.rfind(kCrcLine)); }
+
+// The CheckpointError message of parseManifest(text), or "" when it parsed.
+std::string parseError(const std::string& text) {
+  try {
+    distill::parseManifest(text, "m.json");
+  } catch (const distill::CheckpointError& e) {
+    return e.message();
+  }
+  return "";
+}
+
+}  // namespace
+
+// Every reason names what is wrong: a bad \u escape is not "stoul", 10^6 nested
+// '[' with a correct checksum is "too deeply nested", not a stack overflow, and
+// the checksum is checked before anything is parsed.
+TEST(CkptUnit, ManifestErrorsNameTheProblem) {
+  distill::Manifest m;
+  m.step = 3;
+  m.studentWorldSize = 1;
+  m.teacherFingerprint = "FP";
+  m.files = {{"model.pt", 1, 2}};
+  const std::string good = distill::formatManifest(m);
+  ASSERT_EQ(parseError(good), "");
+  ASSERT_EQ(parseError(withValidCrc(manifestBody(good))), "");
+
+  std::string body = manifestBody(good);
+  body.replace(body.find("\"FP\""), 4, "\"\\uZZZZ\"");
+  std::string why = parseError(withValidCrc(body));
+  EXPECT_NE(why.find("corrupt manifest m.json"), std::string::npos) << why;
+  EXPECT_NE(why.find("\\u"), std::string::npos) << why;
+  EXPECT_EQ(why.find("stoul"), std::string::npos) << why;
+
+  why = parseError(withValidCrc(std::string(1000000, '[') + "\n"));
+  EXPECT_NE(why.find("nested"), std::string::npos) << why;
+
+  // A flipped byte in valid JSON: the checksum says so, before any parsing.
+  std::string flipped = good;
+  flipped[flipped.find("model.pt")] = 'M';
+  why = parseError(flipped);
+  EXPECT_NE(why.find("checksum"), std::string::npos) << why;
+  why = parseError(std::string(1000000, '[') + "\n" + kCrcLine + "00000000\"\n}\n");
+  EXPECT_NE(why.find("checksum"), std::string::npos) << why;
+  EXPECT_NE(parseError("").find("manifest_crc32c"), std::string::npos);
+}
+
+// Student rank 0 meets a manifest of 10^6 nested '[' (today: SIGSEGV) and
+// falls back to the intact older checkpoint, naming the reason.
+TEST_F(CkptTest, DeeplyNestedManifestFallsBackToTheOlderCheckpoint) {
+  auto r = run("faulty", 2, {"steps=2"});
+  expectAllOk(r);
+  std::ofstream(ckpt("step_2/manifest.json"), std::ios::trunc)
+      << std::string(1000000, '[') << "\n" << kCrcLine << "00000000\"\n}\n";
+  auto again = run("resume", 2, {});
+  expectAllOk(again);
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(contains(again.logs[i], "LOADED 1")) << again.logs[i];
+  EXPECT_TRUE(contains(again.logs[0], "skipping corrupt checkpoint " + ckpt("step_2"))) << again.logs[0];
+}

@@ -111,8 +111,12 @@ struct Manifest {
 
 // CRC32C (Castagnoli) of `n` bytes, continuing from `crc` (0 to start).
 uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
-// The manifest as JSON, ending in its own CRC32C; parse checks that CRC and
-// every field (CheckpointError naming `path` otherwise).
+// The manifest as JSON (written and read with nlohmann-json), its last line
+// but one the CRC32C of every byte before it. parseManifest checks that CRC
+// before parsing anything, refuses nesting deeper than 8 levels before
+// parsing, then checks every field; any problem is a CheckpointError naming
+// `path` and what is wrong ("checksum ... recorded, ... computed", "invalid
+// JSON: ... '\u' must be followed by 4 hex digits", "field \"step\" missing").
 std::string formatManifest(const Manifest& m);
 Manifest parseManifest(const std::string& text, const std::string& path);
 
