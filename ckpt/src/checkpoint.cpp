@@ -17,30 +17,25 @@
 #include "distill/core/logging.h"
 #include "distill/core/student_group.h"
 #include "distill/core/trace.h"
+#include "layout.h"
 
 namespace distill {
 namespace {
 
 using torch::serialize::InputArchive;
 using torch::serialize::OutputArchive;
+using namespace ckpt_layout;
 
-constexpr const char* kManifest = "manifest.json";
-constexpr const char* kModel = "model.pt";
-constexpr const char* kOptimizer = "optimizer.pt";
-constexpr const char* kTrain = "train_state.pt";
 constexpr int64_t kRankFormat = 1;
 
-std::string rankFile(int r) { return "rank_" + std::to_string(r) + ".pt"; }
-std::string stepName(int64_t step) { return "step_" + std::to_string(step); }
-
-// "step_12" -> 12, "step_12.tmp" -> 12 with *tmp set; -1 for anything else.
-int64_t parseStepName(const std::string& name, bool* tmp) {
-  if (name.rfind("step_", 0) != 0) return -1;
-  std::string rest = name.substr(5);
-  *tmp = rest.size() > 4 && rest.compare(rest.size() - 4, 4, ".tmp") == 0;
-  if (*tmp) rest.resize(rest.size() - 4);
-  if (rest.empty() || rest.size() > 18 || rest.find_first_not_of("0123456789") != std::string::npos) return -1;
-  return std::stoll(rest);
+// Rank `root`'s `text` on every rank (two broadcasts; for error paths).
+std::string broadcastText(StudentGroup& group, const std::string& text, int root, const std::string& what) {
+  auto len = torch::full({1}, static_cast<int64_t>(text.size()), torch::kLong);
+  group.broadcast(len, root, what + " (length)");
+  auto bytes = torch::zeros({len.item<int64_t>()}, torch::kUInt8);
+  if (group.rank() == root && !text.empty()) std::memcpy(bytes.data_ptr(), text.data(), text.size());
+  if (bytes.numel() > 0) group.broadcast(bytes, root, what);
+  return std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel()));
 }
 
 std::string toBytes(OutputArchive& a) {
@@ -302,30 +297,32 @@ struct CheckpointManager::Impl {
     }
     fs->rename(tmpDir, final);
     fs->syncDir(opts.dir);
+    // The commit point (layout.h): from here on loadLatest takes this one.
     fs->writeFile(path("latest.tmp"), stepName(step) + "\n");
-    fs->rename(path("latest.tmp"), path("latest"));
+    fs->rename(path("latest.tmp"), path(kLatest));
     fs->syncDir(opts.dir);
     DISTILL_LOG(kInfo) << "checkpoint step " << step << " published: " << final << " (" << m.files.size()
                        << " files, " << total << " bytes, publish " << toMs(Clock::now() - start) << " ms)";
     prune(step);
   }
 
-  // Rank 0: keeps `step` and the keep_last-1 newest complete checkpoints older
-  // than it; removes older ones and older partial ones. Newer ones are left
-  // alone (with a warning: loadLatest would prefer them). Failures are warnings.
+  // Rank 0, once `latest` names `step`: removes every step_N.tmp/, every
+  // step_N/ newer than `step` (never loadable now), and all but the
+  // keep_last-1 newest older ones. Failures are warnings.
   void prune(int64_t step) {
     try {
       std::vector<int64_t> older;
       for (const auto& name : fs->list(opts.dir)) {
         bool tmp = false;
-        int64_t s = parseStepName(name, &tmp);
-        if (s < 0 || s == step) continue;
-        if (s > step && !tmp) {
-          DISTILL_LOG(kWarning) << "checkpoint: " << path(name) << " is newer than step " << step
-                                << " just saved; loadLatest would prefer it";
-        } else if (tmp && s < step) {
+        const int64_t s = parseStepName(name, &tmp);
+        if (s < 0 || (s == step && !tmp)) continue;
+        if (tmp) {
           fs->removeAll(path(name));
-        } else if (!tmp) {
+        } else if (s > step) {
+          DISTILL_LOG(kWarning) << "checkpoint: removing " << path(name) << ": newer than step " << step
+                                << ", which `latest` now names, so it can never be loaded";
+          fs->removeAll(path(name));
+        } else {
           older.push_back(s);
         }
       }
@@ -334,8 +331,7 @@ struct CheckpointManager::Impl {
         fs->removeAll(path(stepName(older[i])));
       }
     } catch (const std::exception& e) {
-      DISTILL_LOG(kWarning) << "checkpoint: pruning old checkpoints in " << opts.dir
-                            << " failed: " << messageOf(e);
+      DISTILL_LOG(kWarning) << "checkpoint: pruning old checkpoints in " << opts.dir << " failed: " << messageOf(e);
     }
   }
 
@@ -419,32 +415,24 @@ struct CheckpointManager::Impl {
     return files;
   }
 
-  // Rank 0: the newest complete, verified checkpoint (warnings for the rest).
+  // Rank 0: the checkpoint to load (scanCheckpoints), with a warning for each
+  // one passed over. Every candidate corrupt: a CheckpointError naming each
+  // (on_corrupt=error) or a warning and a clean start (restart).
   std::optional<Manifest> choose() {
-    std::vector<int64_t> complete;
-    for (const auto& name : fs->list(opts.dir)) {
-      bool tmp = false;
-      int64_t s = parseStepName(name, &tmp);
-      if (s < 0) continue;
-      if (tmp) {
-        DISTILL_LOG(kWarning) << "checkpoint: skipping partial checkpoint " << path(name)
-                              << ": never published (a save did not finish)";
-      } else {
-        complete.push_back(s);
-      }
+    CheckpointScan scan = scanCheckpoints(opts.dir, *fs);
+    for (const auto& w : scan.skipped) DISTILL_LOG(kWarning) << "checkpoint: " << w;
+    for (const auto& r : scan.rejected) DISTILL_LOG(kWarning) << "checkpoint: skipping corrupt checkpoint " << r;
+    if (scan.chosen || scan.rejected.empty()) return scan.chosen;
+    std::string all;
+    for (const auto& r : scan.rejected) all += (all.empty() ? "" : "; ") + r;
+    const std::string text = "no intact checkpoint in " + opts.dir + ": " + all;
+    if (opts.on_corrupt == "restart") {
+      DISTILL_LOG(kWarning) << "checkpoint: " << text
+                            << "; checkpoint.on_corrupt=restart: training starts from scratch";
+      return std::nullopt;
     }
-    std::sort(complete.rbegin(), complete.rend());
-    for (int64_t s : complete) {
-      const std::string dir = path(stepName(s));
-      try {
-        Manifest m = verifyCheckpoint(dir, *fs);
-        DISTILL_CHECK_T(CheckpointError, m.step == s, "manifest of ", dir, " says step ", m.step);
-        return m;
-      } catch (const std::exception& e) {
-        DISTILL_LOG(kWarning) << "checkpoint: skipping corrupt checkpoint " << dir << ": " << messageOf(e);
-      }
-    }
-    return std::nullopt;
+    DISTILL_THROW(CheckpointError, text,
+                  "; nothing was loaded or removed (checkpoint.on_corrupt: restart starts from scratch instead)");
   }
 
   // Reads `name` of checkpoint `dir`, checking it against the manifest.
@@ -537,6 +525,8 @@ CheckpointManager::CheckpointManager(StudentContext& ctx, CheckpointOptions opts
                   "checkpoint.on_error must be stop or continue, got ", s.opts.on_error);
   DISTILL_CHECK_T(ConfigError, s.opts.keep_last >= 1, "checkpoint.keep_last must be >= 1, got ",
                   s.opts.keep_last);
+  DISTILL_CHECK_T(ConfigError, s.opts.on_corrupt == "error" || s.opts.on_corrupt == "restart",
+                  "checkpoint.on_corrupt must be error or restart, got ", s.opts.on_corrupt);
   if (s.opts.dir.empty()) return;  // disabled, on every rank alike (same config)
 
   // Rank 0 makes the directory; the broadcast is the student-group barrier
@@ -688,10 +678,12 @@ std::optional<LoadedState> CheckpointManager::loadLatest(torch::nn::Module& mode
   s.group->broadcast(choice, 0, "checkpoint load: choice");
   const int64_t status = choice[0].item<int64_t>(), step = choice[1].item<int64_t>();
   const int64_t savedWorld = choice[2].item<int64_t>();
-  DISTILL_CHECK_T(CheckpointError, status != 2, "checkpoint load: ",
-                  err.empty() ? "student rank 0 could not scan " + s.opts.dir + " (its log says why)" : err);
+  if (status == 2) {  // every rank throws rank 0's reason
+    err = broadcastText(*s.group, err, 0, "checkpoint load: why not");
+    DISTILL_THROW(CheckpointError, "checkpoint load: ", err);
+  }
   if (status == 0) {
-    DISTILL_LOG(kInfo) << "checkpoint: no complete checkpoint in " << s.opts.dir << ": clean start";
+    DISTILL_LOG(kInfo) << "checkpoint: no checkpoint to load in " << s.opts.dir << ": clean start";
     return std::nullopt;
   }
   const std::string dir = s.path(stepName(step));

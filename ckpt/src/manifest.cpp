@@ -6,8 +6,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
 #include "distill/ckpt/checkpoint.h"
 #include "distill/core/errors.h"
+#include "layout.h"
 
 #if defined(__x86_64__)
 #include <nmmintrin.h>
@@ -224,10 +227,10 @@ Manifest parseManifest(const std::string& text, const std::string& path) {
 }
 
 Manifest verifyCheckpoint(const std::string& stepDir, FileSystem& fs) {
-  const std::string mpath = stepDir + "/manifest.json";
+  const std::string mpath = stepDir + "/" + ckpt_layout::kManifest;
   Manifest m = parseManifest(fs.readFile(mpath), mpath);
-  std::vector<std::string> required = {"model.pt", "optimizer.pt", "train_state.pt"};
-  for (int r = 0; r < m.studentWorldSize; ++r) required.push_back("rank_" + std::to_string(r) + ".pt");
+  std::vector<std::string> required = {ckpt_layout::kModel, ckpt_layout::kOptimizer, ckpt_layout::kTrain};
+  for (int r = 0; r < m.studentWorldSize; ++r) required.push_back(ckpt_layout::rankFile(r));
   for (const auto& name : required) {
     DISTILL_CHECK_T(CheckpointError, m.find(name), "manifest ", mpath, " does not list ", name);
   }
@@ -241,6 +244,70 @@ Manifest verifyCheckpoint(const std::string& stepDir, FileSystem& fs) {
                     ", the manifest says ", hex(f.crc32c, 8));
   }
   return m;
+}
+
+CheckpointScan scanCheckpoints(const std::string& root, FileSystem& fs) {
+  namespace L = ckpt_layout;
+  CheckpointScan scan;
+  std::vector<int64_t> complete;
+  for (const auto& name : fs.list(root)) {
+    bool tmp = false;
+    const int64_t s = L::parseStepName(name, &tmp);
+    if (s < 0) continue;
+    if (tmp) {
+      scan.skipped.push_back("skipping partial checkpoint " + root + "/" + name +
+                             ": never published (a save did not finish)");
+    } else {
+      complete.push_back(s);
+    }
+  }
+  std::sort(complete.rbegin(), complete.rend());
+  const std::string latestPath = root + "/" + L::kLatest;
+  if (fs.exists(latestPath)) {
+    std::string text;
+    try {
+      text = fs.readFile(latestPath);
+    } catch (const Error& e) {
+      text = "(" + e.message() + ")";
+    }
+    bool tmp = false;
+    const std::string name = text.size() > 1 && text.back() == '\n' ? text.substr(0, text.size() - 1) : text;
+    const int64_t s = L::parseStepName(name, &tmp);
+    if (s < 0 || tmp) {
+      scan.skipped.push_back(latestPath + " is unreadable (\"" + text.substr(0, 40) +
+                             "\"): every complete checkpoint is a candidate");
+    } else if (std::find(complete.begin(), complete.end(), s) == complete.end()) {
+      scan.skipped.push_back(latestPath + " names " + name +
+                             ", which does not exist: every complete checkpoint is a candidate");
+    } else {
+      scan.latest = s;
+    }
+  }
+  std::vector<int64_t> candidates;
+  for (int64_t s : complete) {
+    if (scan.latest >= 0 && s > scan.latest) {
+      scan.skipped.push_back("skipping uncommitted checkpoint " + root + "/" + L::stepName(s) + ": " + latestPath +
+                             " names " + L::stepName(scan.latest) +
+                             " (a save was interrupted between renaming it and moving latest)");
+    } else {
+      candidates.push_back(s);
+    }
+  }
+  for (int64_t s : candidates) {
+    const std::string dir = root + "/" + L::stepName(s);
+    try {
+      Manifest m = verifyCheckpoint(dir, fs);
+      DISTILL_CHECK_T(CheckpointError, m.step == s, "manifest ", dir, "/", L::kManifest, " says step ", m.step);
+      scan.chosen = std::move(m);
+      scan.chosenDir = dir;
+      break;
+    } catch (const Error& e) {
+      scan.rejected.push_back(dir + ": " + e.message());
+    } catch (const std::exception& e) {
+      scan.rejected.push_back(dir + ": " + e.what());
+    }
+  }
+  return scan;
 }
 
 }  // namespace distill

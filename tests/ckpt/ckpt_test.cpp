@@ -51,6 +51,7 @@ distill::Config childConfig(const Args& a) {
   c.checkpoint.async = get(a, "async", "0") == "1";
   c.checkpoint.on_error = get(a, "on_error", "stop");
   c.checkpoint.keep_last = std::stoi(get(a, "keep", "3"));
+  c.checkpoint.on_corrupt = get(a, "on_corrupt", "error");
   return c;
 }
 
@@ -707,3 +708,173 @@ TEST_F(CkptTest, DeeplyNestedManifestFallsBackToTheOlderCheckpoint) {
   for (int i = 0; i < 2; ++i) EXPECT_TRUE(contains(again.logs[i], "LOADED 1")) << again.logs[i];
   EXPECT_TRUE(contains(again.logs[0], "skipping corrupt checkpoint " + ckpt("step_2"))) << again.logs[0];
 }
+
+// ---- every checkpoint corrupt (issue 14, item 9) ---------------------------------
+
+namespace {
+
+void flipByte(const std::string& path, std::streamoff at) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(at);
+  char c = 0;
+  f.read(&c, 1);
+  c ^= 0x5a;
+  f.seekp(at);
+  f.write(&c, 1);
+}
+
+}  // namespace
+
+// No checkpoint at all, or only a partial one, is a clean start. Checkpoints
+// that are all corrupt are an error on every rank naming each and why
+// (checkpoint.on_corrupt: error, the default), and nothing is removed; with
+// on_corrupt: restart, a warning naming them and a clean start.
+TEST_F(CkptTest, EveryCheckpointCorruptIsAnErrorNamingEach) {
+  auto fresh = run("resume", 2, {});
+  expectAllOk(fresh);
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(contains(fresh.logs[i], "LOADED none")) << fresh.logs[i];
+
+  auto r = run("faulty", 2, {"steps=2"});
+  expectAllOk(r);
+  flipByte(ckpt("step_1/model.pt"), 100);
+  std::ofstream(ckpt("step_2/manifest.json"), std::ios::trunc) << "{}";
+  auto bad = run("resume", 2, {});
+  for (int i = 0; i < 2; ++i) {
+    expectExit(bad, i, 2);
+    EXPECT_FALSE(contains(bad.logs[i], "LOADED")) << bad.logs[i];
+    EXPECT_TRUE(contains(bad.logs[i], "no intact checkpoint in " + ckpt())) << bad.logs[i];
+    EXPECT_TRUE(contains(bad.logs[i], ckpt("step_2") + ": corrupt manifest " + ckpt("step_2/manifest.json")))
+        << bad.logs[i];
+    EXPECT_TRUE(contains(bad.logs[i], ckpt("step_1") + ": corrupt file " + ckpt("step_1/model.pt"))) << bad.logs[i];
+    EXPECT_TRUE(contains(bad.logs[i], "checkpoint.on_corrupt")) << bad.logs[i];
+  }
+  EXPECT_TRUE(fileExists(ckpt("step_1/model.pt")));
+  EXPECT_TRUE(fileExists(ckpt("step_2/model.pt")));
+
+  auto restart = run("resume", 2, {"on_corrupt=restart"});
+  expectAllOk(restart);
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(contains(restart.logs[i], "LOADED none")) << restart.logs[i];
+  EXPECT_TRUE(contains(restart.logs[0], ckpt("step_1") + ": corrupt file")) << restart.logs[0];
+  EXPECT_TRUE(contains(restart.logs[0], "checkpoint.on_corrupt=restart")) << restart.logs[0];
+
+  // Only a partial checkpoint (a kill during the first save): a clean start.
+  distill::PosixFileSystem().removeAll(ckpt());
+  distill::PosixFileSystem().createDirs(ckpt("step_1.tmp"));
+  auto partial = run("resume", 2, {});
+  expectAllOk(partial);
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(contains(partial.logs[i], "LOADED none")) << partial.logs[i];
+}
+
+// ---- kill during save (issue 14, item 10) ------------------------------------------
+
+namespace {
+
+// Once armed, counts every file-system call of this process (caller's thread
+// and background writer alike) and SIGKILLs the process at the `killAt`-th
+// (0: never). The fault hook runs before each system call, so each count is a
+// point between two of them.
+class KillAtFileSystem : public distill::PosixFileSystem {
+ public:
+  explicit KillAtFileSystem(int64_t killAt) : killAt_(killAt) {}
+  void arm() { armed_ = true; }
+  int64_t calls() const { return calls_.load(); }
+
+ protected:
+  int fault(distill::FsOp, const std::string&) override {
+    if (armed_ && ++calls_ == killAt_) raise(SIGKILL);
+    return 0;
+  }
+
+ private:
+  int64_t killAt_;
+  std::atomic<bool> armed_{false};
+  std::atomic<int64_t> calls_{0};
+};
+
+}  // namespace
+
+// Saves (and waits for) steps 1..3, keep_last 2; rank `victim` dies at the
+// `kill_at`-th file-system call of save 3. Prints "CALLS n" (calls of save 3).
+DISTILL_TEST_ROLE(killsave) {
+  Args a = parseArgs(args);
+  return studentMain(a, [&](distill::StudentContext& ctx) {
+    const bool victim = std::to_string(ctx.rank()) == get(a, "victim");
+    auto fs = std::make_shared<KillAtFileSystem>(victim ? std::stoll(get(a, "kill_at", "0")) : 0);
+    Trainer t(ctx);
+    distill::CheckpointManager m(ctx, ctx.config().checkpoint, "teacher-v1", fs);
+    for (int s = 1; s <= 3; ++s) {
+      t.step();
+      if (s == 3) fs->arm();
+      if (!t.save(m) || !m.wait()) return 1;
+    }
+    report("CALLS " + std::to_string(fs->calls()));
+    return 0;
+  });
+}
+
+// A student is SIGKILLed at a file-system call of a save, sync and async: the
+// last calls of student rank 0's save (manifest, renames, `latest`, pruning)
+// each, and random earlier ones, plus random ones of rank 1. After every trial
+// the loader's choice (scanCheckpoints, what student rank 0 runs; the real
+// loader in processes for every 4th trial) is step 2 or 3, and `latest` names
+// exactly that checkpoint, intact: never a missing one, never an older one.
+TEST_F(CkptTest, KillDuringSaveTrials) {
+  const char* seedEnv = std::getenv("DISTILL_CKPT_SEED");
+  const uint64_t seed = seedEnv ? std::stoull(seedEnv) : static_cast<uint64_t>(::time(nullptr));
+  std::printf("[ measure ] kill trials seed %llu (DISTILL_CKPT_SEED reproduces it)\n",
+              static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  constexpr int64_t kTail = 12;   // the last kTail calls of rank 0, each
+  constexpr int kEarlier = 2;     // random earlier calls of rank 0
+  constexpr int kRank1 = 2;       // random calls of rank 1
+  int trials = 0, published = 0, loads = 0;
+  const auto t0 = steady_clock::now();
+  for (const std::string async : {"0", "1"}) {
+    distill::PosixFileSystem().removeAll(ckpt());
+    auto dry = run("killsave", 2, {"victim=0", "kill_at=0", "keep=2", "async=" + async});
+    expectAllOk(dry);
+    std::vector<int64_t> calls;
+    for (int i = 0; i < 2; ++i) {
+      auto c = linesOf(dry.logs[i], "CALLS");
+      ASSERT_EQ(c.size(), 1u) << dry.logs[i];
+      calls.push_back(std::stoll(c[0]));
+    }
+    std::printf("[ measure ] async=%s: save 3 makes %lld file-system calls on rank 0, %lld on rank 1\n",
+                async.c_str(), static_cast<long long>(calls[0]), static_cast<long long>(calls[1]));
+    ASSERT_GT(calls[0], kTail);
+    std::vector<std::pair<int, int64_t>> points;  // (victim, kill_at)
+    for (int64_t k = calls[0] - kTail + 1; k <= calls[0]; ++k) points.push_back({0, k});
+    for (int i = 0; i < kEarlier; ++i) {
+      points.push_back({0, std::uniform_int_distribution<int64_t>(1, calls[0] - kTail)(rng)});
+    }
+    for (int i = 0; i < kRank1; ++i) points.push_back({1, std::uniform_int_distribution<int64_t>(1, calls[1])(rng)});
+    for (auto [victim, k] : points) {
+      SCOPED_TRACE("async=" + async + " victim rank " + std::to_string(victim) + " killed at call " + std::to_string(k));
+      distill::PosixFileSystem().removeAll(ckpt());
+      auto r = run("killsave", 2, {"victim=" + std::to_string(victim), "kill_at=" + std::to_string(k), "keep=2",
+                                   "async=" + async, "timeout=5"});
+      EXPECT_TRUE(!r.status[victim].exited && r.status[victim].signal == SIGKILL)
+          << r.status[victim].describe() << "\n" << r.logs[victim];
+      distill::PosixFileSystem fs;
+      auto scan = distill::scanCheckpoints(ckpt(), fs);
+      ASSERT_TRUE(scan.chosen) << (scan.rejected.empty() ? "" : scan.rejected[0]);
+      const std::string chosen = std::to_string(scan.chosen->step);
+      EXPECT_TRUE(chosen == "2" || chosen == "3") << chosen;
+      EXPECT_TRUE(scan.rejected.empty()) << scan.rejected[0];
+      EXPECT_EQ(dt::readFile(ckpt("latest")), "step_" + chosen + "\n") << "`latest` lags the loader's choice";
+      EXPECT_NO_THROW(distill::verifyCheckpoint(ckpt("step_" + chosen), fs));
+      if (trials % 4 == 0) {  // the real loader agrees
+        auto load = run("resume", 2, {});
+        expectAllOk(load);
+        for (int i = 0; i < 2; ++i) EXPECT_EQ(linesOf(load.logs[i], "LOADED"), std::vector<std::string>{chosen});
+        ++loads;
+      }
+      ++trials;
+      published += chosen == "3";
+      if (HasFailure()) return;
+    }
+  }
+  std::printf("[ measure ] %d kill trials (%d checked by loading), step 3 published in %d, %.1f s\n", trials, loads,
+              published, duration<double>(steady_clock::now() - t0).count());
+}
+

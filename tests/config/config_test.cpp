@@ -129,6 +129,8 @@ const std::vector<BadCase>& badCases() {
        "transport.cuda_ipc: must be one of auto, on, off; found \"maybe\""},
       {kSelf + "checkpoint:\n  on_error: retry\n",
        "checkpoint.on_error: must be one of stop, continue; found \"retry\""},
+      {kSelf + "checkpoint:\n  on_corrupt: skip\n",
+       "checkpoint.on_corrupt: must be one of error, restart; found \"skip\""},
       // required
       {"run:\n  name: x\n", "teacher.kind: required key is missing"},
       {"", "teacher.kind: required key is missing"},
@@ -316,9 +318,9 @@ TEST(Config, DumpAndHashAreStableAndSensitive) {
 
 TEST(Config, KeysInSchemaOrder) {
   const auto keys = configKeys();
-  EXPECT_EQ(keys.size(), 51u);
+  EXPECT_EQ(keys.size(), 52u);
   EXPECT_EQ(keys.front(), "run.name");
-  EXPECT_EQ(keys.back(), "checkpoint.on_error");
+  EXPECT_EQ(keys.back(), "checkpoint.on_corrupt");
   EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()).size(), keys.size());
 }
 

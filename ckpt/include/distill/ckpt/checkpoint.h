@@ -12,14 +12,20 @@
 //   step_N.tmp/          being written (never loaded; ignored with a warning)
 //   step_N/              published: manifest.json, model.pt, optimizer.pt,
 //                        train_state.pt, rank_<r>.pt for every student rank r
-//   latest               "step_N": the newest published checkpoint
+//   latest               "step_N": the commit point. A checkpoint is published
+//                        once `latest` names it; loadLatest takes that one (or,
+//                        if it is corrupt, the newest older one that verifies)
+//                        and never a step_N/ newer than `latest`.
 // Publishing: every rank writes and fsyncs its rank_<r>.pt into step_N.tmp/; the
 // ranks agree (collective) that all did; student rank 0 writes the shared files
 // and the manifest (step, student world size, config hash, teacher fingerprint,
 // size and CRC32C of every file), fsyncs them and the directory, renames
 // step_N.tmp -> step_N, fsyncs the root, then moves `latest` (write latest.tmp,
-// fsync, rename, fsync the root) and deletes all but the newest keep_last.
-// A crash at any point leaves the previous checkpoint complete.
+// fsync, rename, fsync the root) and removes what that superseded: every
+// step_N.tmp/, every step_N/ newer than the new one, and all but the newest
+// keep_last. A crash at any point leaves the previous checkpoint complete and
+// `latest` naming it, or the new one complete and `latest` naming it
+// (tests/ckpt/ckpt_test.cpp, KillDuringSaveTrials).
 //
 // Collectives and threads: every call below is collective — each student rank
 // calls the same methods in the same order, from the thread that issues its
@@ -125,6 +131,23 @@ Manifest parseManifest(const std::string& text, const std::string& path);
 // manifest; throws CheckpointError naming the first bad file. Reads every file.
 Manifest verifyCheckpoint(const std::string& stepDir, FileSystem& fs);
 
+// What loadLatest finds in a checkpoint directory (student rank 0 runs it).
+// `latest` is the commit point: the checkpoint it names and the older complete
+// ones are the candidates, newest first, and the first that verifies is
+// chosen. A step_N/ newer than `latest` (a save interrupted between renaming
+// its directory and moving `latest`) and every step_N.tmp/ are never loaded.
+// Without a `latest` that names an existing checkpoint (a directory written
+// before there was one, or edited by hand) every complete one is a candidate.
+struct CheckpointScan {
+  std::optional<Manifest> chosen;    // the checkpoint to load, verified
+  std::string chosenDir;
+  int64_t latest = -1;               // the step `latest` names; -1: none (or unreadable)
+  std::vector<std::string> rejected;  // "<dir>: why" for each candidate that failed, newest first
+  std::vector<std::string> skipped;   // warnings: partial and uncommitted ones, a bad `latest`
+};
+// Throws CheckpointError only when `root` cannot be listed.
+CheckpointScan scanCheckpoints(const std::string& root, FileSystem& fs);
+
 class CheckpointManager {
  public:
   // `ctx` must outlive the manager.
@@ -167,14 +190,19 @@ class CheckpointManager {
   // files, agrees, publishes); the same result as save(). Sync mode: true.
   bool wait();
 
-  // Collective. Loads the newest complete and verified checkpoint into `model`
-  // and `optimizer` (on the device of the model's parameters), restores this
+  // Collective. Loads the published checkpoint (scanCheckpoints: the one
+  // `latest` names, or the newest older one that verifies) into `model` and
+  // `optimizer` (on the device of the model's parameters), restores this
   // rank's RNG states (`rng` too, when given) and returns the train and rank
-  // state; nullopt when there is none (clean start). Rank 0 chooses (partial
-  // and corrupt checkpoints are skipped with a warning naming them) and
-  // broadcasts the step, so every rank loads the same one. A checkpoint of a
-  // different student world size is a CheckpointError: per-rank state cannot be
-  // re-split. Any rank failing to load is a CheckpointError on every rank.
+  // state; nullopt when there is none (clean start: no checkpoint, or only
+  // partial ones). Rank 0 chooses (partial, uncommitted and corrupt
+  // checkpoints are skipped with a warning naming them and why) and broadcasts
+  // the step, so every rank loads the same one. Checkpoints present but every
+  // one corrupt: a CheckpointError on every rank naming each and why
+  // (checkpoint.on_corrupt=error), or a warning and nullopt (restart); nothing
+  // is removed. A checkpoint of a different student world size is a
+  // CheckpointError: per-rank state cannot be re-split. Any rank failing to
+  // load is a CheckpointError on every rank.
   std::optional<LoadedState> loadLatest(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                                         std::mt19937_64* rng = nullptr);
 

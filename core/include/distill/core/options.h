@@ -90,6 +90,7 @@ struct CheckpointOptions {
   bool async = false;                     // write in a background thread
   bool resume = true;                     // load the newest complete checkpoint at start
   std::string on_error = "stop";          // stop | continue: what a failed save does
+  std::string on_corrupt = "error";       // error | restart: loadLatest when every checkpoint is corrupt
 };
 
 // trainer: the trainer's own keys (data file, model sizes, ...). distill checks
