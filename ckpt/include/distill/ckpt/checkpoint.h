@@ -29,20 +29,35 @@
 //
 // Collectives and threads: every call below is collective — each student rank
 // calls the same methods in the same order, from the thread that issues its
-// training collectives (as with any c10d group). In async mode the background
-// writer does file I/O only, never a collective: the agreement that a
-// checkpoint's rank files are durable, and its publication, happen in the
-// caller's thread at the next save(), wait() or loadLatest(). So an async
-// checkpoint is published only once one of those is called: call wait() on
-// every rank before the manager is destroyed (the destructor issues no
-// collective; it only waits for the writer and logs what was left unpublished).
+// training collectives (as with any c10d group). Sync mode agrees through the
+// group (an all-reduce of every rank's outcome, a broadcast of rank 0's
+// verdict). In async mode each rank's background writer does file I/O and
+// exchanges notes (StudentGroup::notes, on the group's rendezvous store),
+// never a collective: it writes the rank's files and posts that they are
+// durable; student rank 0's writer awaits every rank's note, publishes, and
+// posts the verdict, which every writer reads before it goes idle. So an async
+// checkpoint is published as soon as every rank's files are durable, whether
+// or not anything else is called; the next save(), wait() or loadLatest()
+// reports its outcome, and the destructor waits for the writer: a save that
+// returned is published (or its failure logged) before the manager is gone.
 //
 // Errors: a failed save (disk full, unwritable directory, ...) is a
 // CheckpointError naming the path and strerror(errno) on the rank that failed;
-// the others name that rank. The previous checkpoint and the live model and
-// optimizer are untouched. checkpoint.on_error=stop throws it on every rank;
-// continue logs it and save() returns false on every rank. A peer lost during a
-// save is the group's PeerLostError/TimeoutError (whatever on_error says).
+// the others name that rank; every rank says which checkpoint is left in
+// place (or that there is none). The previous checkpoint and the live model
+// and optimizer are untouched. checkpoint.on_error=stop throws it on every
+// rank; continue logs it and save() returns false on every rank. A peer lost
+// during a sync save is the group's PeerLostError/TimeoutError (whatever
+// on_error says); during an async one, a failed save (a rank that never
+// reports within run.collective_timeout_s, or the store gone with rank 0).
+//
+// Space: keep_last is a most. When a save fails for want of space (ENOSPC,
+// EDQUOT) on some ranks and nothing else, student rank 0 removes every partial
+// step_N.tmp/, every uncommitted step_N/ and the oldest complete checkpoint —
+// never the one loadLatest would take now — and every rank writes its files
+// again, once. So a directory with room for two checkpoints keeps saving for
+// ever; one with room for fewer cannot (the newest is never removed before a
+// newer one is published), and the error says so.
 
 #include <cstdint>
 #include <memory>
@@ -160,8 +175,10 @@ class CheckpointManager {
   explicit CheckpointManager(StudentContext& ctx);
   CheckpointManager(StudentContext& ctx, CheckpointOptions opts, std::string teacherFingerprint = "",
                     std::shared_ptr<FileSystem> fs = nullptr);
-  // Waits (bounded by run.collective_timeout_s) for the background writer and
-  // logs an unreported error or an unpublished checkpoint. No collective.
+  // Async: waits (bounded by 3 x run.collective_timeout_s) for the background
+  // writer to finish the save in flight — its files, the other ranks' notes,
+  // publication on rank 0, the verdict — and logs its failure, if any. No
+  // collective: it is safe on every exit path, exceptions included.
   ~CheckpointManager();
   CheckpointManager(const CheckpointManager&) = delete;
   CheckpointManager& operator=(const CheckpointManager&) = delete;
@@ -174,20 +191,22 @@ class CheckpointManager {
   // Collective. Saves checkpoint `step` (directory step_<step>; normally
   // train.step). Reads model and optimizer, never changes them.
   // Sync: returns once it is published and durable on every rank.
-  // Async: first finishes the previous async save (its agreement and
-  // publication, see above); then, in this thread, copies the model's
-  // parameters and buffers to CPU and serializes the optimizer state into
-  // memory (torch's Optimizer offers no deep copy), and hands serialization of
-  // the copies and all file I/O to the background thread; returns before the
-  // files are written. The caller may then update model and optimizer at once. An error of the background write surfaces at
-  // the next save()/wait()/loadLatest().
+  // Async: first waits for the previous async save and reports its outcome;
+  // then, in this thread, copies the model's parameters and buffers to CPU and
+  // serializes the optimizer state into memory (torch's Optimizer offers no
+  // deep copy), and hands serialization of the copies, all file I/O and the
+  // publication (see above) to the background thread; returns before the
+  // files are written. The caller may then update model and optimizer at once.
+  // A failure of the background work surfaces at the next save(), wait() or
+  // loadLatest() (or is logged by the destructor).
   // Returns false when a checkpoint failed and on_error=continue (this one, or
   // in async mode the previous one); throws CheckpointError when on_error=stop.
   bool save(int64_t step, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
             const TrainState& train, const RankState& rank = {}, std::mt19937_64* rng = nullptr);
 
-  // Collective. Finishes the async save in flight, if any (waits for its
-  // files, agrees, publishes); the same result as save(). Sync mode: true.
+  // Collective. Waits for the async save in flight, if any (its files and its
+  // publication), and reports its outcome like save(). Sync mode: true. Not
+  // needed before destruction; useful to learn the last save's outcome.
   bool wait();
 
   // Collective. Loads the published checkpoint (scanCheckpoints: the one
