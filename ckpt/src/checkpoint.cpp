@@ -246,6 +246,8 @@ struct CheckpointCore {
   std::string fingerprint;
   std::shared_ptr<FileSystem> fs;
   uint64_t cfgHash = 0;
+  Config config;           // this run's
+  std::string configYaml;  // dumpConfig(config): each checkpoint's config.yaml
   int rank = 0;
   int world = 1;
   Millis timeout{0};
@@ -622,6 +624,7 @@ struct CheckpointCore {
     ta.write("data_index", c10::IValue(train.data.index));
     ta.write("extra", bytesTensor(train.extra), true);
     files.push_back({kTrain, toBytes(ta), nullptr});
+    files.push_back({kConfig, configYaml, nullptr});
     return files;
   }
 
@@ -643,6 +646,26 @@ struct CheckpointCore {
     }
     DISTILL_THROW(CheckpointError, text,
                   "; nothing was loaded or removed (checkpoint.on_corrupt: restart starts from scratch instead)");
+  }
+
+  // Rank 0: how the config checkpoint `m` was saved under differs from this
+  // run's, in training keys (the only ones its config hash covers).
+  std::string configChange(const Manifest& m) {
+    const std::string dir = path(stepName(m.step));
+    if (!m.find(kConfig)) {
+      return "its config hash differs (it records no " + std::string(kConfig) + ": saved by an older distill)";
+    }
+    try {
+      auto changes = configChanges(readVerified(dir, m, kConfig), config);
+      if (changes.empty()) {
+        return "its config hash differs, but no training key does (hashed by another version of distill?)";
+      }
+      std::string out;
+      for (const auto& c : changes) out += (out.empty() ? "" : ", ") + c;
+      return out;
+    } catch (const Error& e) {
+      return "its config hash differs (" + dir + "/" + kConfig + " cannot be compared: " + e.message() + ")";
+    }
   }
 
   // Reads `name` of checkpoint `dir`, checking it against the manifest.
@@ -838,6 +861,8 @@ CheckpointManager::CheckpointManager(StudentContext& ctx, CheckpointOptions opts
   c.fingerprint = std::move(teacherFingerprint);
   c.fs = fs ? std::move(fs) : posixFileSystem();
   c.cfgHash = configHash(ctx.config());
+  c.config = ctx.config();
+  c.configYaml = dumpConfig(c.config);
   c.rank = ctx.rank();
   c.world = ctx.worldSize();
   c.timeout = s.group->timeout();
@@ -1012,7 +1037,8 @@ std::optional<LoadedState> CheckpointManager::loadLatest(torch::nn::Module& mode
                   "ranks; resume with ", savedWorld, " students or start from a fresh checkpoint.dir");
   if (chosen) {
     if (chosen->configHash != c.cfgHash) {
-      DISTILL_LOG(kWarning) << "checkpoint " << dir << " was saved under another config (hash differs)";
+      DISTILL_LOG(kWarning) << "checkpoint " << dir << " was saved under another config: " << c.configChange(*chosen)
+                            << "; resuming from it all the same";
     }
     if (chosen->teacherFingerprint != c.fingerprint) {
       DISTILL_LOG(kWarning) << "checkpoint " << dir << " was saved with teacher \"" << chosen->teacherFingerprint

@@ -8,7 +8,10 @@
 
 #include <algorithm>
 
+#include <map>
+
 #include "distill/ckpt/checkpoint.h"
+#include "distill/core/config.h"
 #include "distill/core/errors.h"
 #include "layout.h"
 
@@ -308,6 +311,92 @@ CheckpointScan scanCheckpoints(const std::string& root, FileSystem& fs) {
     }
   }
   return scan;
+}
+
+namespace {
+
+// The entries of a dumpConfig() text, "section.key" -> value as written. The
+// dump is distill's own canonical format (section lines, then "  key: value";
+// trainer keys quoted), so it is read line by line rather than re-validated
+// with parseConfig: a config built in code (which no file check saw) or one
+// from another version of the schema still compares key by key.
+std::vector<std::pair<std::string, std::string>> dumpEntries(const std::string& yaml) {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::string section;
+  size_t lineNo = 0;
+  for (size_t at = 0; at < yaml.size();) {
+    size_t end = yaml.find('\n', at);
+    if (end == std::string::npos) end = yaml.size();
+    const std::string line = yaml.substr(at, end - at);
+    at = end + 1;
+    ++lineNo;
+    auto bad = [&] {
+      DISTILL_THROW(ConfigError, "config.yaml line ", lineNo, " is not as dumpConfig writes it: ", line.substr(0, 80));
+    };
+    if (line.empty()) continue;
+    if (line[0] != ' ') {
+      if (line.back() != ':' || line.find(' ') != std::string::npos) bad();
+      section = line.substr(0, line.size() - 1);
+      continue;
+    }
+    if (section.empty() || line.size() < 3 || line.compare(0, 2, "  ") != 0) bad();
+    std::string key;
+    size_t i = 2;
+    if (line[i] == '"') {  // a quoted trainer key: undo core's quote()
+      for (++i; i < line.size() && line[i] != '"'; ++i) {
+        char c = line[i];
+        if (c == '\\' && i + 1 < line.size()) {
+          const char e = line[++i];
+          if (e == 'n') {
+            c = '\n';
+          } else if (e == 't') {
+            c = '\t';
+          } else if (e == 'x' && i + 2 < line.size() && isHex(line.substr(i + 1, 2), 2)) {
+            c = static_cast<char>(std::stoi(line.substr(i + 1, 2), nullptr, 16));
+            i += 2;
+          } else {
+            c = e;
+          }
+        }
+        key += c;
+      }
+      if (i >= line.size()) bad();
+      ++i;
+    } else {
+      const size_t colon = line.find(": ", i);
+      if (colon == std::string::npos) bad();
+      key = line.substr(i, colon - i);
+      i = colon;
+    }
+    if (line.compare(i, 2, ": ") != 0) bad();
+    out.emplace_back(section + "." + key, line.substr(i + 2));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> configChanges(const std::string& savedYaml, const Config& now) {
+  std::map<std::string, std::string> saved;
+  std::vector<std::string> savedOrder;
+  for (auto& [key, value] : dumpEntries(savedYaml)) {
+    savedOrder.push_back(key);
+    saved[key] = std::move(value);
+  }
+  std::vector<std::string> out;
+  std::map<std::string, bool> seen;
+  for (const auto& e : configEntries(now)) {
+    seen[e.key] = true;
+    if (!e.training) continue;
+    auto it = saved.find(e.key);
+    const std::string before = it == saved.end() ? "(unset)" : it->second;
+    if (before != e.value) out.push_back(e.key + ": " + before + " -> " + e.value);
+  }
+  // Trainer keys only the saved run had (a schema key this version lacks is not compared).
+  for (const auto& key : savedOrder) {
+    if (!seen.count(key) && key.rfind("trainer.", 0) == 0) out.push_back(key + ": " + saved[key] + " -> (unset)");
+  }
+  return out;
 }
 
 }  // namespace distill

@@ -18,6 +18,7 @@
 #include <regex>
 
 #include "distill/ckpt/checkpoint.h"
+#include "distill/core/config.h"
 #include "distill/core/context.h"
 #include "distill/core/errors.h"
 #include "distill/core/student_group.h"
@@ -55,6 +56,9 @@ distill::Config childConfig(const Args& a) {
   c.checkpoint.on_error = get(a, "on_error", "stop");
   c.checkpoint.keep_last = std::stoi(get(a, "keep", "3"));
   c.checkpoint.on_corrupt = get(a, "on_corrupt", "error");
+  if (a.count("alpha")) c.loss.alpha = std::stod(get(a, "alpha"));
+  if (a.count("seed")) c.run.seed = std::stoll(get(a, "seed"));
+  if (a.count("log_dir")) c.run.log_dir = get(a, "log_dir");
   return c;
 }
 
@@ -1086,4 +1090,44 @@ TEST_F(CkptTest, AsyncStopCheckpointIsPublishedBeforeExit) {
   auto again = run("resume", 2, {});
   expectAllOk(again);
   for (int i = 0; i < 2; ++i) EXPECT_TRUE(contains(again.logs[i], "LOADED 7")) << again.logs[i];
+}
+
+// ---- the config a checkpoint was saved under (issue 14, item 14) -----------------------
+
+// The warning names the training keys that differ, with both values; keys that
+// cannot change the training (log_dir, timeouts) change nothing and are not named.
+TEST_F(CkptTest, ConfigChangeWarningNamesTheKeys) {
+  auto r = run("faulty", 2, {"steps=1"});
+  expectAllOk(r);
+  EXPECT_TRUE(fileExists(ckpt("step_1/config.yaml")));
+  auto runtimeOnly = run("resume", 2, {"timeout=30", "log_dir=/elsewhere"});
+  expectAllOk(runtimeOnly);
+  EXPECT_TRUE(contains(runtimeOnly.logs[0], "LOADED 1")) << runtimeOnly.logs[0];
+  EXPECT_FALSE(contains(runtimeOnly.logs[0], "another config")) << runtimeOnly.logs[0];
+
+  auto changed = run("resume", 2, {"alpha=0.9", "seed=7", "log_dir=/elsewhere"});
+  expectAllOk(changed);
+  const std::string& log = changed.logs[0];
+  EXPECT_TRUE(contains(log, "LOADED 1")) << log;
+  EXPECT_TRUE(contains(log, "checkpoint " + ckpt("step_1") + " was saved under another config")) << log;
+  EXPECT_TRUE(contains(log, "loss.alpha: 0.5 -> 0.9")) << log;
+  EXPECT_TRUE(contains(log, "run.seed: 0 -> 7")) << log;
+  EXPECT_FALSE(contains(log, "run.log_dir")) << log;
+  EXPECT_FALSE(contains(log, "collective_timeout_s")) << log;
+}
+
+TEST(CkptUnit, ConfigChangesNameTrainingKeysWithBothValues) {
+  distill::Config saved;
+  saved.teacher.kind = "self";
+  saved.trainer.values["lr"] = "3e-3";
+  distill::Config now = saved;
+  EXPECT_TRUE(distill::configChanges(distill::dumpConfig(saved), now).empty());
+  now.run.log_dir = "/x";
+  now.loss.temperature = 2.0;
+  now.trainer.values.erase("lr");
+  now.trainer.values["batch"] = "8";
+  EXPECT_EQ(distill::configChanges(distill::dumpConfig(saved), now),
+            (std::vector<std::string>{"loss.temperature: 1 -> 2", "trainer.batch: (unset) -> \"8\"",
+                                      "trainer.lr: \"3e-3\" -> (unset)"}));
+  EXPECT_THROW(distill::configChanges("loss: [", now), distill::ConfigError);
 }

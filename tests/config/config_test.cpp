@@ -483,3 +483,35 @@ TEST(Config, ReferenceFileSetsEveryKeyToItsDefault) {
 }
 
 }  // namespace
+
+// What a checkpoint's "saved under another config" warning rests on: keys that
+// cannot change the training (log_dir, ports, timeouts, checkpoint schedule)
+// keep configHash and are left out of configDiff(..., trainingOnly); a training
+// key changes the hash and is named, as is a trainer key set on one side only.
+TEST(Config, HashAndDiffCoverTrainingKeysOnly) {
+  const Config a = selfDefaults();
+  Config runtime = a;
+  runtime.run.log_dir = "/elsewhere";
+  runtime.run.master_port = a.run.master_port + 1;
+  runtime.run.collective_timeout_s = a.run.collective_timeout_s * 2;
+  runtime.checkpoint.every_steps = 7;
+  runtime.checkpoint.on_corrupt = "restart";
+  EXPECT_EQ(configHash(runtime), configHash(a));
+  EXPECT_TRUE(distill::configDiff(a, runtime, /*trainingOnly=*/true).empty());
+  EXPECT_EQ(distill::configDiff(a, runtime),
+            (std::vector<std::string>{"run.master_port", "run.log_dir", "run.collective_timeout_s",
+                                      "checkpoint.every_steps", "checkpoint.on_corrupt"}));
+
+  Config training = runtime;
+  training.loss.alpha = 0.9;
+  training.run.seed = a.run.seed + 1;
+  training.trainer.values["lr"] = "1e-3";
+  EXPECT_NE(configHash(training), configHash(a));
+  EXPECT_EQ(distill::configDiff(a, training, true),
+            (std::vector<std::string>{"run.seed", "loss.alpha", "trainer.lr"}));
+  // configEntries says which keys are which.
+  for (const auto& e : distill::configEntries(a)) {
+    if (e.key == "run.log_dir" || e.key == "checkpoint.on_corrupt") EXPECT_FALSE(e.training) << e.key;
+    if (e.key == "loss.alpha" || e.key == "run.seed") EXPECT_TRUE(e.training) << e.key;
+  }
+}

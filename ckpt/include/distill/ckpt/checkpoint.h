@@ -11,7 +11,9 @@
 // Layout under checkpoint.dir:
 //   step_N.tmp/          being written (never loaded; ignored with a warning)
 //   step_N/              published: manifest.json, model.pt, optimizer.pt,
-//                        train_state.pt, rank_<r>.pt for every student rank r
+//                        train_state.pt, rank_<r>.pt for every student rank r,
+//                        config.yaml (dumpConfig of the run that saved it; on
+//                        resume, the training keys that differ are named)
 //   latest               "step_N": the commit point. A checkpoint is published
 //                        once `latest` names it; loadLatest takes that one (or,
 //                        if it is corrupt, the newest older one that verifies)
@@ -162,6 +164,14 @@ struct CheckpointScan {
 };
 // Throws CheckpointError only when `root` cannot be listed.
 CheckpointScan scanCheckpoints(const std::string& root, FileSystem& fs);
+
+// The training keys (those configHash covers; see configEntries) whose values
+// differ between the config a checkpoint was saved under — its config.yaml,
+// dumpConfig() of that run — and `now`, in schema order, each
+// "key: <saved> -> <now>" with the values as dumpConfig writes them ("(unset)"
+// for a trainer key one side lacks). Throws ConfigError when `savedYaml` is
+// not a dumpConfig() text.
+std::vector<std::string> configChanges(const std::string& savedYaml, const Config& now);
 
 class CheckpointManager {
  public:
