@@ -561,6 +561,7 @@ struct CheckpointCore {
       }
       return;
     }
+    DISTILL_INTERNAL_ASSERT(false, "checkpoint step ", step, ": a retry verdict after the retry");
   }
 
   // The files of this rank for `step`. Async: every tensor is a CPU copy taken
