@@ -1,4 +1,4 @@
-# Third-party dependencies: LibTorch (PyPI wheel), Boost and yaml-cpp (Debian),
+# Third-party dependencies: LibTorch (PyPI wheel), Boost, yaml-cpp and nlohmann-json (Debian),
 # OpenSSL's libcrypto (Debian), GoogleTest (as installed), and the CUDA toolkit for DISTILL_CUDA.
 
 # ---- LibTorch from the torch wheel ----
@@ -16,10 +16,12 @@ if(NOT DISTILL_GLOO_INCLUDE_DIR)
   message(FATAL_ERROR "distill: gloo headers not found; apt-get install libgloo-dev")
 endif()
 
-# ---- Boost.Interprocess, yaml-cpp, OpenSSL (the rendezvous store's HMAC) ----
+# ---- Boost.Interprocess, yaml-cpp, OpenSSL (the rendezvous store's HMAC), nlohmann-json ----
 find_package(Boost 1.74 REQUIRED)
 find_package(yaml-cpp REQUIRED)
 find_package(OpenSSL REQUIRED COMPONENTS Crypto)
+# Header-only; the checkpoint manifest is read and written with it (ckpt/).
+find_package(nlohmann_json 3 REQUIRED)
 
 # ---- CUDA ----
 set(DISTILL_CUDA_ENABLED 0)

@@ -15,7 +15,7 @@ namespace distill {
 namespace {
 
 [[noreturn]] void fail(const char* verb, const std::string& path, int err) {
-  DISTILL_THROW(CheckpointError, "cannot ", verb, " ", path, ": ", errnoString(err));
+  throw FileSystemError(err, std::string("cannot ") + verb + " " + path + ": " + errnoString(err), __FILE__, __LINE__);
 }
 
 // Retries a system call interrupted by a signal; returns its result (errno set on -1).
@@ -64,6 +64,8 @@ bool listNames(const std::string& dir, std::vector<std::string>* out) {
 }
 
 }  // namespace
+
+bool FileSystemError::noSpace() const noexcept { return err_ == ENOSPC || err_ == EDQUOT; }
 
 const char* fsOpName(FsOp op) {
   switch (op) {

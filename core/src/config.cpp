@@ -128,6 +128,7 @@ const std::vector<KeySpec>& schema() {
       DISTILL_KEY(checkpoint, async).runtime(),
       DISTILL_KEY(checkpoint, resume).runtime(),
       DISTILL_KEY(checkpoint, on_error).oneOf({"stop", "continue"}).runtime(),
+      DISTILL_KEY(checkpoint, on_corrupt).oneOf({"error", "restart"}).runtime(),
   };
   return keys;
 }

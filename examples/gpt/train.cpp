@@ -353,23 +353,34 @@ int train(Mode mode, const distill::Config& cfg, distill::Session* session) {
     const double elapsed = elapsedBefore + secondsSince(t0);
     const bool due = step == steps || stop ||
                      (cfg.checkpoint.every_steps > 0 && step % cfg.checkpoint.every_steps == 0);
+    bool saved = false;
     if (due) {
       if (ckpt) {
         // distill: collective on the student group; the teacher takes no part.
+        // With checkpoint.async it returns at once; the CheckpointManager
+        // publishes it (and its destructor waits for that) in the background.
         distill::TrainState state;
         state.step = step;
         state.data.index = step;
         state.extra = "launch=" + std::to_string(launch) + " elapsed=" + std::to_string(elapsed);
-        ckpt->save(step, *model, opt, state);
+        // false: a save failed (this one; async: the previous one) and checkpoint.on_error=continue
+        saved = ckpt->save(step, *model, opt, state);
       } else {
         own.save(*model, opt, step, launch, elapsed);
+        saved = true;
       }
-      if (rank0) progress.line("[" + phase.name() + "] checkpoint saved at step " + std::to_string(step));
+      if (rank0) {
+        progress.line("[" + phase.name() + "] " +
+                      (saved ? "checkpoint saved at step " + std::to_string(step)
+                             : "checkpoint at step " + std::to_string(step) +
+                                   ": a save failed (the log says which and why)"));
+      }
     }
     if (stop && step < steps) {
       if (rank0) {
         progress.line("[" + phase.name() + "] stopped at step " + std::to_string(step) +
-                      " (checkpoint saved): run again to resume");
+                      (saved ? " (checkpoint saved)" : " (a checkpoint failed: see the log)") +
+                      ": run again to resume");
       }
       if (session) session->client->finish();  // distill
       return session ? 0 : 128 + static_cast<int>(gStop);

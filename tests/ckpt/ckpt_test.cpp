@@ -6,15 +6,19 @@
 #include <signal.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <sys/stat.h>
 #include <fstream>
 #include <future>
+#include <numeric>
+#include <mutex>
 #include <random>
 #include <regex>
 
 #include "distill/ckpt/checkpoint.h"
+#include "distill/core/config.h"
 #include "distill/core/context.h"
 #include "distill/core/errors.h"
 #include "distill/core/student_group.h"
@@ -51,6 +55,10 @@ distill::Config childConfig(const Args& a) {
   c.checkpoint.async = get(a, "async", "0") == "1";
   c.checkpoint.on_error = get(a, "on_error", "stop");
   c.checkpoint.keep_last = std::stoi(get(a, "keep", "3"));
+  c.checkpoint.on_corrupt = get(a, "on_corrupt", "error");
+  if (a.count("alpha")) c.loss.alpha = std::stod(get(a, "alpha"));
+  if (a.count("seed")) c.run.seed = std::stoll(get(a, "seed"));
+  if (a.count("log_dir")) c.run.log_dir = get(a, "log_dir");
   return c;
 }
 
@@ -150,8 +158,9 @@ class KillingFileSystem : public distill::PosixFileSystem {
   std::string killAfter_;
 };
 
-// Holds writes of paths containing `gated` until open() (bounded); fails the
-// first write of paths containing `failing` with ENOSPC.
+// Holds writes of paths containing `gated` until open() (bounded); fails every
+// write of paths containing `failing` with ENOSPC (a device that stays full:
+// the save's one retry after making room fails too).
 class GatedFileSystem : public distill::PosixFileSystem {
  public:
   GatedFileSystem(std::string gated, std::string failing)
@@ -166,7 +175,7 @@ class GatedFileSystem : public distill::PosixFileSystem {
       if (gate_.wait_for(seconds(30)) != std::future_status::ready) return EIO;
       passed_ = true;
     }
-    if (!failing_.empty() && path.find(failing_) != std::string::npos && !failed_.exchange(true)) return ENOSPC;
+    if (!failing_.empty() && path.find(failing_) != std::string::npos) return ENOSPC;
     return 0;
   }
 
@@ -174,7 +183,7 @@ class GatedFileSystem : public distill::PosixFileSystem {
   std::string gated_, failing_;
   std::promise<void> opened_;
   std::shared_future<void> gate_;
-  std::atomic<bool> passed_{false}, failed_{false};
+  std::atomic<bool> passed_{false};
 };
 
 distill::FsOp opNamed(const std::string& s) {
@@ -632,4 +641,493 @@ TEST(CkptUnit, FaultSeamFailsTheNthWriteNamingPathAndErrno) {
   EXPECT_EQ(fs.readFile(dir + "/a/b/big"), big);
   EXPECT_THROW(fs.readFile(dir + "/missing"), distill::CheckpointError);
   distill::PosixFileSystem().removeAll(dir);
+}
+
+// ---- manifest parsing (issue 14, item 8) ---------------------------------------
+
+namespace {
+
+constexpr const char* kCrcLine = "  \"manifest_crc32c\": \"";
+
+// `body` (everything before the manifest_crc32c line, ending in '\n') with a
+// correct trailing checksum line: only the parser can object to it.
+std::string withValidCrc(const std::string& body) {
+  char hex[16];
+  std::snprintf(hex, sizeof hex, "%08x", distill::crc32c(body.data(), body.size()));
+  return body + kCrcLine + hex + "\"\n}\n";
+}
+
+std::string manifestBody(const std::string& text) { return text.substr(0, text.rfind(kCrcLine)); }
+
+// The CheckpointError message of parseManifest(text), or "" when it parsed.
+std::string parseError(const std::string& text) {
+  try {
+    distill::parseManifest(text, "m.json");
+  } catch (const distill::CheckpointError& e) {
+    return e.message();
+  }
+  return "";
+}
+
+}  // namespace
+
+// Every reason names what is wrong: a bad \u escape is not "stoul", 10^6 nested
+// '[' with a correct checksum is "too deeply nested", not a stack overflow, and
+// the checksum is checked before anything is parsed.
+TEST(CkptUnit, ManifestErrorsNameTheProblem) {
+  distill::Manifest m;
+  m.step = 3;
+  m.studentWorldSize = 1;
+  m.teacherFingerprint = "FP";
+  m.files = {{"model.pt", 1, 2}};
+  const std::string good = distill::formatManifest(m);
+  ASSERT_EQ(parseError(good), "");
+  ASSERT_EQ(parseError(withValidCrc(manifestBody(good))), "");
+
+  std::string body = manifestBody(good);
+  body.replace(body.find("\"FP\""), 4, "\"\\uZZZZ\"");
+  std::string why = parseError(withValidCrc(body));
+  EXPECT_NE(why.find("corrupt manifest m.json"), std::string::npos) << why;
+  EXPECT_NE(why.find("\\u"), std::string::npos) << why;
+  EXPECT_EQ(why.find("stoul"), std::string::npos) << why;
+
+  why = parseError(withValidCrc(std::string(1000000, '[') + "\n"));
+  EXPECT_NE(why.find("nested"), std::string::npos) << why;
+
+  // A flipped byte in valid JSON: the checksum says so, before any parsing.
+  std::string flipped = good;
+  flipped[flipped.find("model.pt")] = 'M';
+  why = parseError(flipped);
+  EXPECT_NE(why.find("checksum"), std::string::npos) << why;
+  why = parseError(std::string(1000000, '[') + "\n" + kCrcLine + "00000000\"\n}\n");
+  EXPECT_NE(why.find("checksum"), std::string::npos) << why;
+  EXPECT_NE(parseError("").find("manifest_crc32c"), std::string::npos);
+}
+
+// Student rank 0 meets a manifest of 10^6 nested '[' (today: SIGSEGV) and
+// falls back to the intact older checkpoint, naming the reason.
+TEST_F(CkptTest, DeeplyNestedManifestFallsBackToTheOlderCheckpoint) {
+  auto r = run("faulty", 2, {"steps=2"});
+  expectAllOk(r);
+  std::ofstream(ckpt("step_2/manifest.json"), std::ios::trunc)
+      << std::string(1000000, '[') << "\n" << kCrcLine << "00000000\"\n}\n";
+  auto again = run("resume", 2, {});
+  expectAllOk(again);
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(contains(again.logs[i], "LOADED 1")) << again.logs[i];
+  EXPECT_TRUE(contains(again.logs[0], "skipping corrupt checkpoint " + ckpt("step_2"))) << again.logs[0];
+}
+
+// ---- every checkpoint corrupt (issue 14, item 9) ---------------------------------
+
+namespace {
+
+void flipByte(const std::string& path, std::streamoff at) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(at);
+  char c = 0;
+  f.read(&c, 1);
+  c ^= 0x5a;
+  f.seekp(at);
+  f.write(&c, 1);
+}
+
+}  // namespace
+
+// No checkpoint at all, or only a partial one, is a clean start. Checkpoints
+// that are all corrupt are an error on every rank naming each and why
+// (checkpoint.on_corrupt: error, the default), and nothing is removed; with
+// on_corrupt: restart, a warning naming them and a clean start.
+TEST_F(CkptTest, EveryCheckpointCorruptIsAnErrorNamingEach) {
+  auto fresh = run("resume", 2, {});
+  expectAllOk(fresh);
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(contains(fresh.logs[i], "LOADED none")) << fresh.logs[i];
+
+  auto r = run("faulty", 2, {"steps=2"});
+  expectAllOk(r);
+  flipByte(ckpt("step_1/model.pt"), 100);
+  std::ofstream(ckpt("step_2/manifest.json"), std::ios::trunc) << "{}";
+  auto bad = run("resume", 2, {});
+  for (int i = 0; i < 2; ++i) {
+    expectExit(bad, i, 2);
+    EXPECT_FALSE(contains(bad.logs[i], "LOADED")) << bad.logs[i];
+    EXPECT_TRUE(contains(bad.logs[i], "no intact checkpoint in " + ckpt())) << bad.logs[i];
+    EXPECT_TRUE(contains(bad.logs[i], ckpt("step_2") + ": corrupt manifest " + ckpt("step_2/manifest.json")))
+        << bad.logs[i];
+    EXPECT_TRUE(contains(bad.logs[i], ckpt("step_1") + ": corrupt file " + ckpt("step_1/model.pt"))) << bad.logs[i];
+    EXPECT_TRUE(contains(bad.logs[i], "checkpoint.on_corrupt")) << bad.logs[i];
+  }
+  EXPECT_TRUE(fileExists(ckpt("step_1/model.pt")));
+  EXPECT_TRUE(fileExists(ckpt("step_2/model.pt")));
+
+  auto restart = run("resume", 2, {"on_corrupt=restart"});
+  expectAllOk(restart);
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(contains(restart.logs[i], "LOADED none")) << restart.logs[i];
+  EXPECT_TRUE(contains(restart.logs[0], ckpt("step_1") + ": corrupt file")) << restart.logs[0];
+  EXPECT_TRUE(contains(restart.logs[0], "checkpoint.on_corrupt=restart")) << restart.logs[0];
+
+  // Only a partial checkpoint (a kill during the first save): a clean start.
+  distill::PosixFileSystem().removeAll(ckpt());
+  distill::PosixFileSystem().createDirs(ckpt("step_1.tmp"));
+  auto partial = run("resume", 2, {});
+  expectAllOk(partial);
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(contains(partial.logs[i], "LOADED none")) << partial.logs[i];
+}
+
+// ---- kill during save (issue 14, item 10) ------------------------------------------
+
+namespace {
+
+// Once armed, counts every file-system call of this process (caller's thread
+// and background writer alike) and SIGKILLs the process at the `killAt`-th
+// (0: never; then it keeps "op path" of each call). The fault hook runs before
+// each system call, so each count is a point between two of them.
+class KillAtFileSystem : public distill::PosixFileSystem {
+ public:
+  explicit KillAtFileSystem(int64_t killAt) : killAt_(killAt) {}
+  void arm() { armed_ = true; }
+  std::vector<std::string> calls() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return calls_;
+  }
+
+ protected:
+  int fault(distill::FsOp op, const std::string& path) override {
+    if (!armed_) return 0;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (static_cast<int64_t>(calls_.size()) + 1 == killAt_) raise(SIGKILL);
+    calls_.push_back(std::string(distill::fsOpName(op)) + " " + path.substr(path.rfind("/ckpt") + 5));
+    return 0;
+  }
+
+ private:
+  int64_t killAt_;
+  std::atomic<bool> armed_{false};
+  std::mutex mu_;
+  std::vector<std::string> calls_;
+};
+
+}  // namespace
+
+// Saves (and waits for) steps 1..3, keep_last 2; rank `victim` dies at the
+// `kill_at`-th file-system call of save 3. Prints "CALL k op path" for each
+// call of save 3 (relative to the checkpoint directory).
+DISTILL_TEST_ROLE(killsave) {
+  Args a = parseArgs(args);
+  return studentMain(a, [&](distill::StudentContext& ctx) {
+    const bool victim = std::to_string(ctx.rank()) == get(a, "victim");
+    auto fs = std::make_shared<KillAtFileSystem>(victim ? std::stoll(get(a, "kill_at", "0")) : 0);
+    Trainer t(ctx);
+    distill::CheckpointManager m(ctx, ctx.config().checkpoint, "teacher-v1", fs);
+    for (int s = 1; s <= 3; ++s) {
+      t.step();
+      if (s == 3) fs->arm();
+      if (!t.save(m) || !m.wait()) return 1;
+    }
+    auto calls = fs->calls();
+    for (size_t i = 0; i < calls.size(); ++i) report("CALL " + std::to_string(i + 1) + " " + calls[i]);
+    return 0;
+  });
+}
+
+// A student is SIGKILLed at a file-system call of save 3 (of 3, keep_last 2),
+// sync and async. Sync: student rank 0 at every call from its manifest write
+// to pruning (manifest, directory rename, `latest`, each fsync between), at 2
+// random calls among those that write data files and 2 among those that prune;
+// rank 1 at 2 random calls. Async: rank 0 at every call from the directory
+// rename to the one after `latest`'s, at 3 random others, rank 1 at 1. After every trial the
+// loader's choice (scanCheckpoints, what student rank 0 runs; the real loader
+// in processes for every 4th trial) is step 2 or 3, and `latest` names exactly
+// that checkpoint, intact: never a missing one, never an older one.
+TEST_F(CkptTest, KillDuringSaveTrials) {
+  const char* seedEnv = std::getenv("DISTILL_CKPT_SEED");
+  const uint64_t seed = seedEnv ? std::stoull(seedEnv) : static_cast<uint64_t>(::time(nullptr));
+  std::printf("[ measure ] kill trials seed %llu (DISTILL_CKPT_SEED reproduces it)\n",
+              static_cast<unsigned long long>(seed));
+  std::mt19937_64 rng(seed);
+  auto pick = [&](const std::vector<int64_t>& from, size_t n) {
+    std::vector<int64_t> out;
+    std::sample(from.begin(), from.end(), std::back_inserter(out), n, rng);
+    return out;
+  };
+  int trials = 0, published = 0, loads = 0;
+  const auto t0 = steady_clock::now();
+  for (const std::string async : {"0", "1"}) {
+    distill::PosixFileSystem().removeAll(ckpt());
+    auto dry = run("killsave", 2, {"victim=0", "kill_at=0", "keep=2", "async=" + async});
+    expectAllOk(dry);
+    // Rank 0's calls of save 3, in order ("op path"): the index of the first that matches.
+    auto calls = linesOf(dry.logs[0], "CALL");
+    for (auto& c : calls) c = c.substr(c.find(' ') + 1);
+    const int64_t rank1Calls = static_cast<int64_t>(linesOf(dry.logs[1], "CALL").size());
+    auto first = [&](const std::string& what) -> int64_t {
+      for (size_t i = 0; i < calls.size(); ++i) {
+        if (contains(calls[i], what)) return static_cast<int64_t>(i) + 1;
+      }
+      ADD_FAILURE() << "no call " << what << " in\n" << dry.logs[0];
+      return 1;
+    };
+    const int64_t manifest = first(" /step_3.tmp/manifest.json"), renameDir = first("rename /step_3.tmp");
+    const int64_t renameLatest = first("rename /latest.tmp");
+    int64_t pruneList = renameLatest;  // the listing of the directory that starts pruning
+    while (pruneList < static_cast<int64_t>(calls.size()) && calls[pruneList - 1] != "list ") ++pruneList;
+    std::printf("[ measure ] async=%s: save 3 makes %zu file-system calls on rank 0 (manifest at %lld, rename "
+                "at %lld, latest at %lld), %lld on rank 1\n",
+                async.c_str(), calls.size(), static_cast<long long>(manifest), static_cast<long long>(renameDir),
+                static_cast<long long>(renameLatest), static_cast<long long>(rank1Calls));
+    ASSERT_FALSE(HasFailure());
+    std::vector<int64_t> writes, prunes, window, others;
+    for (int64_t k = 1; k <= static_cast<int64_t>(calls.size()); ++k) {
+      (k < manifest ? writes : k <= pruneList ? window : prunes).push_back(k);
+      if (k < renameDir || k > renameLatest) others.push_back(k);
+    }
+    std::vector<std::pair<int, int64_t>> points;  // (victim, kill_at)
+    if (async == "0") {
+      for (int64_t k : window) points.push_back({0, k});
+      for (int64_t k : pick(writes, 2)) points.push_back({0, k});
+      for (int64_t k : pick(prunes, 2)) points.push_back({0, k});
+    } else {
+      for (int64_t k = renameDir; k <= renameLatest + 1; ++k) points.push_back({0, k});
+      for (int64_t k : pick(others, 3)) points.push_back({0, k});
+    }
+    std::vector<int64_t> rank1(static_cast<size_t>(rank1Calls));
+    std::iota(rank1.begin(), rank1.end(), 1);
+    for (int64_t k : pick(rank1, async == "0" ? 2 : 1)) points.push_back({1, k});
+    for (auto [victim, k] : points) {
+      SCOPED_TRACE("async=" + async + " victim rank " + std::to_string(victim) + " killed at call " +
+                   std::to_string(k) + (victim == 0 ? " (" + calls[k - 1] + ")" : ""));
+      distill::PosixFileSystem().removeAll(ckpt());
+      auto r = run("killsave", 2, {"victim=" + std::to_string(victim), "kill_at=" + std::to_string(k), "keep=2",
+                                   "async=" + async, "timeout=5"});
+      EXPECT_TRUE(!r.status[victim].exited && r.status[victim].signal == SIGKILL)
+          << r.status[victim].describe() << "\n" << r.logs[victim];
+      distill::PosixFileSystem fs;
+      auto scan = distill::scanCheckpoints(ckpt(), fs);
+      ASSERT_TRUE(scan.chosen) << (scan.rejected.empty() ? "" : scan.rejected[0]);
+      const std::string chosen = std::to_string(scan.chosen->step);
+      EXPECT_TRUE(chosen == "2" || chosen == "3") << chosen;
+      EXPECT_TRUE(scan.rejected.empty()) << scan.rejected[0];
+      EXPECT_EQ(dt::readFile(ckpt("latest")), "step_" + chosen + "\n") << "`latest` lags the loader's choice";
+      EXPECT_NO_THROW(distill::verifyCheckpoint(ckpt("step_" + chosen), fs));
+      if (trials % 4 == 0) {  // the real loader agrees
+        auto load = run("resume", 2, {});
+        expectAllOk(load);
+        for (int i = 0; i < 2; ++i) EXPECT_EQ(linesOf(load.logs[i], "LOADED"), std::vector<std::string>{chosen});
+        ++loads;
+      }
+      ++trials;
+      published += chosen == "3";
+      if (HasFailure()) return;
+    }
+  }
+  std::printf("[ measure ] %d kill trials (%d checked by loading), step 3 published in %d, %.1f s\n", trials, loads,
+              published, duration<double>(steady_clock::now() - t0).count());
+}
+
+// ---- out of space (issue 14, item 10) -----------------------------------------------
+
+namespace {
+
+// Bytes of the regular files under `dir`, recursively.
+int64_t bytesUnder(const std::string& dir) {
+  int64_t total = 0;
+  distill::PosixFileSystem fs;
+  std::vector<std::string> names;
+  try {
+    names = fs.list(dir);
+  } catch (const distill::CheckpointError&) {
+    return 0;  // removed meanwhile
+  }
+  for (const auto& n : names) {
+    struct stat st;
+    const std::string p = dir + "/" + n;
+    if (::lstat(p.c_str(), &st) != 0) continue;
+    total += S_ISDIR(st.st_mode) ? bytesUnder(p) : static_cast<int64_t>(st.st_size);
+  }
+  return total;
+}
+
+// A device with room for `quota` bytes under `root`: a write that would go
+// beyond it fails with ENOSPC, through the real error path (the fault hook
+// fails its first write(2)), like a full disk.
+class QuotaFileSystem : public distill::PosixFileSystem {
+ public:
+  QuotaFileSystem(std::string root, int64_t quota) : root_(std::move(root)), quota_(quota) {}
+  void writeFile(const std::string& path, const std::string& bytes) override {
+    full_ = bytesUnder(root_) + static_cast<int64_t>(bytes.size()) > quota_;
+    PosixFileSystem::writeFile(path, bytes);
+  }
+
+ protected:
+  int fault(distill::FsOp op, const std::string&) override { return op == distill::FsOp::kWrite && full_ ? ENOSPC : 0; }
+
+ private:
+  std::string root_;
+  int64_t quota_;
+  std::atomic<bool> full_{false};
+};
+
+}  // namespace
+
+// Saves steps 1..steps (every one; a wait() after each when async) with
+// student rank 0's device limited to `quota` bytes (0: no limit). Prints
+// "SAVE step ok" and, at the end, "BYTES n" (the checkpoint directory's size).
+DISTILL_TEST_ROLE(quota) {
+  Args a = parseArgs(args);
+  return studentMain(a, [&](distill::StudentContext& ctx) {
+    const int64_t quota = std::stoll(get(a, "quota", "0"));
+    std::shared_ptr<distill::FileSystem> fs;
+    if (ctx.rank() == 0 && quota > 0) fs = std::make_shared<QuotaFileSystem>(get(a, "dir"), quota);
+    Trainer t(ctx);
+    distill::CheckpointManager m(ctx, ctx.config().checkpoint, "teacher-v1", fs);
+    const int steps = std::stoi(get(a, "steps"));
+    for (int s = 1; s <= steps; ++s) {
+      t.step();
+      bool ok = t.save(m);
+      if (ctx.config().checkpoint.async) ok = m.wait();  // this save's own outcome
+      report("SAVE " + std::to_string(s) + " " + std::to_string(ok));
+    }
+    report("BYTES " + std::to_string(bytesUnder(get(a, "dir"))));
+    return 0;
+  });
+}
+
+// Room for two checkpoints, keep_last 3 (the default): when a save runs out
+// of space, the oldest checkpoint goes (never the newest) and the save is
+// written again, so saving goes on for ever, sync and async. Before, pruning
+// came only after publishing, so no save after the second ever succeeded.
+TEST_F(CkptTest, OutOfSpaceRemovesTheOldestAndSavingGoesOn) {
+  auto dry = run("quota", 2, {"steps=1"});
+  expectAllOk(dry);
+  auto bytes = linesOf(dry.logs[0], "BYTES");
+  ASSERT_EQ(bytes.size(), 1u) << dry.logs[0];
+  const int64_t one = std::stoll(bytes[0]);  // one checkpoint (and `latest`)
+  for (const std::string async : {"0", "1"}) {
+    SCOPED_TRACE("async=" + async);
+    distill::PosixFileSystem().removeAll(ckpt());
+    auto r = run("quota", 2, {"steps=6", "keep=3", "on_error=continue", "async=" + async,
+                              "quota=" + std::to_string(one * 5 / 2)});
+    expectAllOk(r);
+    for (int i = 0; i < 2; ++i) {
+      EXPECT_EQ(linesOf(r.logs[i], "SAVE"), (std::vector<std::string>{"1 1", "2 1", "3 1", "4 1", "5 1", "6 1"}))
+          << r.logs[i];
+    }
+    EXPECT_TRUE(contains(r.logs[0], "checkpoint step 3: no space left in " + ckpt() + "; removed step_1"))
+        << r.logs[0];
+    EXPECT_EQ(dt::readFile(ckpt("latest")), "step_6\n");
+    distill::PosixFileSystem fs;
+    EXPECT_EQ(distill::verifyCheckpoint(ckpt("step_6"), fs).step, 6);
+    EXPECT_EQ(distill::verifyCheckpoint(ckpt("step_5"), fs).step, 5);
+    EXPECT_FALSE(fileExists(ckpt("step_4")));
+  }
+}
+
+// Room for one checkpoint and a half: the newest is never removed before a
+// newer one is published, so the second save fails, saying why and what is
+// kept; room for less than one: the message says there is no earlier one.
+TEST_F(CkptTest, OutOfSpaceSaysWhyAndWhatIsKept) {
+  auto dry = run("quota", 2, {"steps=1"});
+  expectAllOk(dry);
+  const int64_t one = std::stoll(linesOf(dry.logs[0], "BYTES").at(0));
+  distill::PosixFileSystem().removeAll(ckpt());
+  auto r = run("quota", 2, {"steps=3", "keep=1", "on_error=continue", "quota=" + std::to_string(one * 3 / 2)});
+  expectAllOk(r);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(linesOf(r.logs[i], "SAVE"), (std::vector<std::string>{"1 1", "2 0", "3 0"})) << r.logs[i];
+    EXPECT_TRUE(contains(r.logs[i], "needs room for at least two checkpoints")) << r.logs[i];
+    EXPECT_TRUE(contains(r.logs[i], "the newest checkpoint, " + ckpt("step_1") + ", is left as it was")) << r.logs[i];
+    EXPECT_FALSE(contains(r.logs[i], "previous checkpoint is intact")) << r.logs[i];
+  }
+  EXPECT_TRUE(contains(r.logs[0], "No space left on device")) << r.logs[0];
+  auto again = run("resume", 2, {});
+  expectAllOk(again);
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(contains(again.logs[i], "LOADED 1")) << again.logs[i];
+
+  distill::PosixFileSystem().removeAll(ckpt());
+  auto none = run("quota", 2, {"steps=1", "on_error=continue", "quota=" + std::to_string(one / 2)});
+  expectAllOk(none);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(linesOf(none.logs[i], "SAVE"), std::vector<std::string>{"1 0"}) << none.logs[i];
+    EXPECT_TRUE(contains(none.logs[i], "there is no earlier checkpoint in " + ckpt())) << none.logs[i];
+    EXPECT_FALSE(contains(none.logs[i], "previous checkpoint is intact")) << none.logs[i];
+  }
+}
+
+// ---- async: published before the process leaves (issue 14, item 7) ------------------
+
+// The demo's loop: trains to `stop_at`, saving (async) every 3 steps and at
+// the stop, then leaves through the normal path: no wait(), only the
+// CheckpointManager's destructor. Prints "SAVED step ok".
+DISTILL_TEST_ROLE(asyncstop) {
+  Args a = parseArgs(args);
+  a["async"] = "1";
+  return studentMain(a, [&](distill::StudentContext& ctx) {
+    Trainer t(ctx);
+    distill::CheckpointManager m(ctx, ctx.config().checkpoint, "teacher-v1");
+    const int64_t stopAt = std::stoll(get(a, "stop_at"));
+    while (t.train.step < stopAt) {
+      t.step();
+      if (t.train.step % 3 == 0 || t.train.step == stopAt) {
+        report("SAVED " + std::to_string(t.train.step) + " " + std::to_string(t.save(m)));
+      }
+    }
+    return 0;
+  });
+}
+
+// 2 students, async, stop at step 7 (after saves at 3 and 6): the stop
+// checkpoint is published by the time the processes have left, without a
+// wait(); a new run resumes from step 7. (Before: step_7.tmp stayed
+// unpublished, "never published", and the rerun resumed from 6.)
+TEST_F(CkptTest, AsyncStopCheckpointIsPublishedBeforeExit) {
+  auto r = run("asyncstop", 2, {"stop_at=7"});
+  expectAllOk(r);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(linesOf(r.logs[i], "SAVED"), (std::vector<std::string>{"3 1", "6 1", "7 1"})) << r.logs[i];
+    EXPECT_FALSE(contains(r.logs[i], "never published")) << r.logs[i];
+  }
+  EXPECT_EQ(dt::readFile(ckpt("latest")), "step_7\n");
+  EXPECT_FALSE(fileExists(ckpt("step_7.tmp")));
+  auto again = run("resume", 2, {});
+  expectAllOk(again);
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(contains(again.logs[i], "LOADED 7")) << again.logs[i];
+}
+
+// ---- the config a checkpoint was saved under (issue 14, item 14) -----------------------
+
+// The warning names the training keys that differ, with both values; keys that
+// cannot change the training (log_dir, timeouts) change nothing and are not named.
+TEST_F(CkptTest, ConfigChangeWarningNamesTheKeys) {
+  auto r = run("faulty", 2, {"steps=1"});
+  expectAllOk(r);
+  EXPECT_TRUE(fileExists(ckpt("step_1/config.yaml")));
+  auto runtimeOnly = run("resume", 2, {"timeout=30", "log_dir=/elsewhere"});
+  expectAllOk(runtimeOnly);
+  EXPECT_TRUE(contains(runtimeOnly.logs[0], "LOADED 1")) << runtimeOnly.logs[0];
+  EXPECT_FALSE(contains(runtimeOnly.logs[0], "another config")) << runtimeOnly.logs[0];
+
+  auto changed = run("resume", 2, {"alpha=0.9", "seed=7", "log_dir=/elsewhere"});
+  expectAllOk(changed);
+  const std::string& log = changed.logs[0];
+  EXPECT_TRUE(contains(log, "LOADED 1")) << log;
+  EXPECT_TRUE(contains(log, "checkpoint " + ckpt("step_1") + " was saved under another config")) << log;
+  EXPECT_TRUE(contains(log, "loss.alpha: 0.5 -> 0.9")) << log;
+  EXPECT_TRUE(contains(log, "run.seed: 0 -> 7")) << log;
+  EXPECT_FALSE(contains(log, "run.log_dir")) << log;
+  EXPECT_FALSE(contains(log, "collective_timeout_s")) << log;
+}
+
+TEST(CkptUnit, ConfigChangesNameTrainingKeysWithBothValues) {
+  distill::Config saved;
+  saved.teacher.kind = "self";
+  saved.trainer.values["lr"] = "3e-3";
+  distill::Config now = saved;
+  EXPECT_TRUE(distill::configChanges(distill::dumpConfig(saved), now).empty());
+  now.run.log_dir = "/x";
+  now.loss.temperature = 2.0;
+  now.trainer.values.erase("lr");
+  now.trainer.values["batch"] = "8";
+  EXPECT_EQ(distill::configChanges(distill::dumpConfig(saved), now),
+            (std::vector<std::string>{"loss.temperature: 1 -> 2", "trainer.batch: (unset) -> \"8\"",
+                                      "trainer.lr: \"3e-3\" -> (unset)"}));
+  EXPECT_THROW(distill::configChanges("loss: [", now), distill::ConfigError);
 }

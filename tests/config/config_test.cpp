@@ -146,6 +146,8 @@ const std::vector<BadCase>& badCases() {
        "transport.cuda_ipc: must be one of auto, on, off; found \"maybe\""},
       {kSelf + "checkpoint:\n  on_error: retry\n",
        "checkpoint.on_error: must be one of stop, continue; found \"retry\""},
+      {kSelf + "checkpoint:\n  on_corrupt: skip\n",
+       "checkpoint.on_corrupt: must be one of error, restart; found \"skip\""},
       // required
       {"run:\n  name: x\n", "teacher.kind: required key is missing"},
       {"", "teacher.kind: required key is missing"},
@@ -333,9 +335,9 @@ TEST(Config, DumpAndHashAreStableAndSensitive) {
 
 TEST(Config, KeysInSchemaOrder) {
   const auto keys = configKeys();
-  EXPECT_EQ(keys.size(), 53u);
+  EXPECT_EQ(keys.size(), 54u);
   EXPECT_EQ(keys.front(), "run.name");
-  EXPECT_EQ(keys.back(), "checkpoint.on_error");
+  EXPECT_EQ(keys.back(), "checkpoint.on_corrupt");
   EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()).size(), keys.size());
 }
 
@@ -604,3 +606,35 @@ TEST(Config, SuggestionsPreferPrefixesAndSubsequences) {
 }
 
 }  // namespace
+
+// What a checkpoint's "saved under another config" warning rests on: keys that
+// cannot change the training (log_dir, ports, timeouts, checkpoint schedule)
+// keep configHash and are left out of configDiff(..., trainingOnly); a training
+// key changes the hash and is named, as is a trainer key set on one side only.
+TEST(Config, HashAndDiffCoverTrainingKeysOnly) {
+  const Config a = selfDefaults();
+  Config runtime = a;
+  runtime.run.log_dir = "/elsewhere";
+  runtime.run.master_port = a.run.master_port + 1;
+  runtime.run.collective_timeout_s = a.run.collective_timeout_s * 2;
+  runtime.checkpoint.every_steps = 7;
+  runtime.checkpoint.on_corrupt = "restart";
+  EXPECT_EQ(configHash(runtime), configHash(a));
+  EXPECT_TRUE(distill::configDiff(a, runtime, /*trainingOnly=*/true).empty());
+  EXPECT_EQ(distill::configDiff(a, runtime),
+            (std::vector<std::string>{"run.master_port", "run.log_dir", "run.collective_timeout_s",
+                                      "checkpoint.every_steps", "checkpoint.on_corrupt"}));
+
+  Config training = runtime;
+  training.loss.alpha = 0.9;
+  training.run.seed = a.run.seed + 1;
+  training.trainer.values["lr"] = "1e-3";
+  EXPECT_NE(configHash(training), configHash(a));
+  EXPECT_EQ(distill::configDiff(a, training, true),
+            (std::vector<std::string>{"run.seed", "loss.alpha", "trainer.lr"}));
+  // configEntries says which keys are which.
+  for (const auto& e : distill::configEntries(a)) {
+    if (e.key == "run.log_dir" || e.key == "checkpoint.on_corrupt") EXPECT_FALSE(e.training) << e.key;
+    if (e.key == "loss.alpha" || e.key == "run.seed") EXPECT_TRUE(e.training) << e.key;
+  }
+}

@@ -10,6 +10,8 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <optional>
+#include <thread>
 
 #include "distill/core/context.h"
 #include "distill/core/errors.h"
@@ -190,4 +192,72 @@ TEST_F(StudentGroupTest, PortInUseIsNamedAtOnce) {
   auto pos = out.find("ERROR after ");
   ASSERT_NE(pos, std::string::npos) << out;
   EXPECT_LT(std::stol(out.substr(pos + 12)), 5000) << out;
+}
+
+// GroupNotes between 2 students: a background thread of each posts and awaits
+// notes while its main thread runs collectives; a note never posted is nullopt
+// at its deadline; once student rank 0 (the store's host) has exited, an await
+// is a PeerLostError at once, not at its deadline. Prints "NOTES ..." lines.
+DISTILL_TEST_ROLE(notes) {
+  auto config = groupConfig(30, 10);
+  try {
+    distill::StudentContext ctx(distill::Topology::fromEnvironment(), config);
+    auto& g = ctx.group();
+    const int rank = g.rank();
+    auto notes = g.notes("test");
+    std::string got, late;
+    std::thread helper([&] {
+      notes->post("hello/r" + std::to_string(rank), "v" + std::to_string(rank));
+      auto v = notes->await({"hello/r0", "hello/r1"}, milliseconds(10000));
+      got = v[0].value_or("-") + "," + v[1].value_or("-");
+      auto start = steady_clock::now();
+      auto none = notes->await({"hello/r0", "never"}, milliseconds(500));
+      late = std::string(none[0] ? "r0" : "-") + "," + (none[1] ? *none[1] : "-") + " after " +
+             std::to_string(duration_cast<milliseconds>(steady_clock::now() - start).count());
+    });
+    for (int i = 0; i < 20; ++i) {
+      auto t = torch::ones({4});
+      g.allReduce(t, distill::ReduceOp::kSum, "main thread");
+    }
+    helper.join();
+    std::fprintf(stderr, "NOTES got %s\nNOTES late %s\n", got.c_str(), late.c_str());
+    g.barrier("before rank 0 leaves");
+    if (rank == 0) return 0;
+    auto start = steady_clock::now();
+    try {
+      notes->await({"never again"}, milliseconds(30000));
+      std::fprintf(stderr, "NOTES no error\n");
+    } catch (const distill::PeerLostError& e) {
+      std::fprintf(stderr, "NOTES lost after %lld ms: %s\n",
+                   static_cast<long long>(duration_cast<milliseconds>(steady_clock::now() - start).count()),
+                   e.what());
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ERROR %s\n", e.what());
+    return exitCodeFor(e);
+  }
+}
+
+TEST_F(StudentGroupTest, NotesBetweenBackgroundThreads) {
+  const int port = dt::freePort();
+  std::vector<std::string> logs{log(0), log(1)};
+  std::vector<dt::Child> kids;
+  for (int r = 0; r < 2; ++r) kids.push_back(dt::spawnRole("notes", {}, envFor(r, 3, port), logs[r]));
+  for (int r = 0; r < 2; ++r) {
+    auto st = kids[r].join(seconds(60));
+    std::string out = dt::readFile(logs[r]);
+    EXPECT_TRUE(st.exited && st.code == 0) << "rank " << r << ": " << st.describe() << "\n" << out;
+    EXPECT_NE(out.find("NOTES got v0,v1"), std::string::npos) << out;
+    auto pos = out.find("NOTES late r0,- after ");
+    ASSERT_NE(pos, std::string::npos) << out;
+    long ms = std::stol(out.substr(pos + 22));
+    EXPECT_GE(ms, 450) << out;
+    EXPECT_LT(ms, 3000) << out;
+  }
+  std::string out = dt::readFile(logs[1]);
+  auto pos = out.find("NOTES lost after ");
+  ASSERT_NE(pos, std::string::npos) << out;
+  EXPECT_LT(std::stol(out.substr(pos + 17)), 10000) << out;
+  EXPECT_NE(out.find("lost the rendezvous store"), std::string::npos) << out;
 }

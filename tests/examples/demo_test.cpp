@@ -14,6 +14,7 @@
 
 #include "demo_common.h"
 #include "demo_support.h"
+#include "distill/ckpt/file_system.h"
 #include "distill/core/config.h"
 #include "distill/core/errors.h"
 #include "png.h"
@@ -190,4 +191,80 @@ TEST(Demo, InterruptedDistilledRunResumesAndTheDemoFinishes) {
   }
   std::printf("tiny demo with an interruption: %.1f s\n",
               std::chrono::duration<double>(SteadyClock::now() - t0).count());
+}
+
+// Issue 14 items 7 and 9, through the demo as written: with checkpoint.async
+// the stop checkpoint that the trainer reports saved is published before the
+// students leave (before: step_N.tmp, "never published", and the rerun
+// started from an earlier checkpoint or step 0); when every checkpoint is
+// corrupt the rerun fails naming each, and metrics.jsonl is left alone
+// (before: a silent start from step 0 that truncated it); repaired, it resumes.
+TEST(Demo, AsyncStopCheckpointIsPublishedAndCorruptCheckpointsStopTheRun) {
+  TinyDemo demo;
+  {
+    Console teacher({binPath("distill-gpt"), "train-teacher", "--config", demo.config});
+    const ExitStatus st = teacher.finish(Ms(60000));
+    ASSERT_TRUE(st.exited && st.code == 0) << st.describe() << "\n" << teacher.text();
+  }
+  auto distilled = [&](int64_t steps) {
+    return std::vector<std::string>{binPath("distill-run"), "--config", demo.config, "--set",
+                                    "run.steps=" + std::to_string(steps), "--set", "checkpoint.async=true", "--",
+                                    binPath("distill-gpt"), "distill"};
+  };
+  int64_t stoppedAt = -1;
+  {
+    Console run(distilled(100000), {{"OMP_NUM_THREADS", "1"}});
+    ASSERT_TRUE(run.waitFor("checkpoint saved at step 5", Ms(40000))) << run.text();
+    ::kill(run.pid(), SIGINT);
+    const ExitStatus st = run.finish(Ms(30000));
+    EXPECT_TRUE(st.exited && st.code == 128 + SIGINT) << st.describe() << "\n" << run.text();
+    std::smatch m;
+    const std::string text = run.text();
+    ASSERT_TRUE(std::regex_search(text, m, std::regex(R"(\[distilled\] stopped at step (\d+))"))) << text;
+    stoppedAt = std::stoll(m[1]);
+    EXPECT_EQ(text.find("never published"), std::string::npos) << text;
+  }
+  const std::string ckpt = demo.logDir + "/distilled/checkpoints";
+  const std::string stopped = "step_" + std::to_string(stoppedAt);
+  EXPECT_EQ(readFile(ckpt + "/latest"), stopped + "\n");
+  EXPECT_TRUE(ex::fileExists(ckpt + "/" + stopped + "/manifest.json"));
+  EXPECT_FALSE(ex::fileExists(ckpt + "/" + stopped + ".tmp"));
+
+  // Every checkpoint corrupt: the run fails naming each; nothing is lost.
+  std::vector<std::string> steps;
+  for (const auto& name : distill::PosixFileSystem().list(ckpt)) {
+    if (name.rfind("step_", 0) == 0 && name.find(".tmp") == std::string::npos) steps.push_back(name);
+  }
+  ASSERT_FALSE(steps.empty());
+  auto flip = [](const std::string& path) {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(64);
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 0x5a;
+    f.seekp(64);
+    f.write(&c, 1);
+  };
+  for (const auto& s : steps) flip(ckpt + "/" + s + "/model.pt");
+  const std::string metrics = readFile(demo.phaseFile("distilled", "metrics.jsonl"));
+  ASSERT_FALSE(metrics.empty());
+  {
+    Console run(distilled(stoppedAt + 3), {{"OMP_NUM_THREADS", "1"}});
+    const ExitStatus st = run.finish(Ms(60000));
+    const std::string text = run.text();
+    EXPECT_FALSE(st.exited && st.code == 0) << st.describe() << "\n" << text;
+    EXPECT_NE(text.find("no intact checkpoint in " + ckpt), std::string::npos) << text;
+    for (const auto& s : steps) EXPECT_NE(text.find(ckpt + "/" + s + ": corrupt file"), std::string::npos) << text;
+    EXPECT_EQ(text.find("[distilled] resumed"), std::string::npos) << text;
+  }
+  EXPECT_EQ(readFile(demo.phaseFile("distilled", "metrics.jsonl")), metrics);
+
+  // Repaired: the run resumes where it stopped and finishes.
+  for (const auto& s : steps) flip(ckpt + "/" + s + "/model.pt");
+  Console run(distilled(stoppedAt + 3), {{"OMP_NUM_THREADS", "1"}});
+  const ExitStatus st = run.finish(Ms(60000));
+  EXPECT_TRUE(st.exited && st.code == 0) << st.describe() << "\n" << run.text();
+  EXPECT_NE(run.text().find("[distilled] resumed from step " + std::to_string(stoppedAt) + " (launch 2)"),
+            std::string::npos)
+      << run.text();
 }

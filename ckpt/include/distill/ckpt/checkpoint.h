@@ -11,32 +11,55 @@
 // Layout under checkpoint.dir:
 //   step_N.tmp/          being written (never loaded; ignored with a warning)
 //   step_N/              published: manifest.json, model.pt, optimizer.pt,
-//                        train_state.pt, rank_<r>.pt for every student rank r
-//   latest               "step_N": the newest published checkpoint
+//                        train_state.pt, rank_<r>.pt for every student rank r,
+//                        config.yaml (dumpConfig of the run that saved it; on
+//                        resume, the training keys that differ are named)
+//   latest               "step_N": the commit point. A checkpoint is published
+//                        once `latest` names it; loadLatest takes that one (or,
+//                        if it is corrupt, the newest older one that verifies)
+//                        and never a step_N/ newer than `latest`.
 // Publishing: every rank writes and fsyncs its rank_<r>.pt into step_N.tmp/; the
 // ranks agree (collective) that all did; student rank 0 writes the shared files
 // and the manifest (step, student world size, config hash, teacher fingerprint,
 // size and CRC32C of every file), fsyncs them and the directory, renames
 // step_N.tmp -> step_N, fsyncs the root, then moves `latest` (write latest.tmp,
-// fsync, rename, fsync the root) and deletes all but the newest keep_last.
-// A crash at any point leaves the previous checkpoint complete.
+// fsync, rename, fsync the root) and removes what that superseded: every
+// step_N.tmp/, every step_N/ newer than the new one, and all but the newest
+// keep_last. A crash at any point leaves the previous checkpoint complete and
+// `latest` naming it, or the new one complete and `latest` naming it
+// (tests/ckpt/ckpt_test.cpp, KillDuringSaveTrials).
 //
 // Collectives and threads: every call below is collective — each student rank
 // calls the same methods in the same order, from the thread that issues its
-// training collectives (as with any c10d group). In async mode the background
-// writer does file I/O only, never a collective: the agreement that a
-// checkpoint's rank files are durable, and its publication, happen in the
-// caller's thread at the next save(), wait() or loadLatest(). So an async
-// checkpoint is published only once one of those is called: call wait() on
-// every rank before the manager is destroyed (the destructor issues no
-// collective; it only waits for the writer and logs what was left unpublished).
+// training collectives (as with any c10d group). Sync mode agrees through the
+// group (an all-reduce of every rank's outcome, a broadcast of rank 0's
+// verdict). In async mode each rank's background writer does file I/O and
+// exchanges notes (StudentGroup::notes, on the group's rendezvous store),
+// never a collective: it writes the rank's files and posts that they are
+// durable; student rank 0's writer awaits every rank's note, publishes, and
+// posts the verdict, which every writer reads before it goes idle. So an async
+// checkpoint is published as soon as every rank's files are durable, whether
+// or not anything else is called; the next save(), wait() or loadLatest()
+// reports its outcome, and the destructor waits for the writer: a save that
+// returned is published (or its failure logged) before the manager is gone.
 //
 // Errors: a failed save (disk full, unwritable directory, ...) is a
 // CheckpointError naming the path and strerror(errno) on the rank that failed;
-// the others name that rank. The previous checkpoint and the live model and
-// optimizer are untouched. checkpoint.on_error=stop throws it on every rank;
-// continue logs it and save() returns false on every rank. A peer lost during a
-// save is the group's PeerLostError/TimeoutError (whatever on_error says).
+// the others name that rank; every rank says which checkpoint is left in
+// place (or that there is none). The previous checkpoint and the live model
+// and optimizer are untouched. checkpoint.on_error=stop throws it on every
+// rank; continue logs it and save() returns false on every rank. A peer lost
+// during a sync save is the group's PeerLostError/TimeoutError (whatever
+// on_error says); during an async one, a failed save (a rank that never
+// reports within run.collective_timeout_s, or the store gone with rank 0).
+//
+// Space: keep_last is a most. When a save fails for want of space (ENOSPC,
+// EDQUOT) on some ranks and nothing else, student rank 0 removes every partial
+// step_N.tmp/, every uncommitted step_N/ and the oldest complete checkpoint —
+// never the one loadLatest would take now — and every rank writes its files
+// again, once. So a directory with room for two checkpoints keeps saving for
+// ever; one with room for fewer cannot (the newest is never removed before a
+// newer one is published), and the error says so.
 
 #include <cstdint>
 #include <memory>
@@ -111,8 +134,12 @@ struct Manifest {
 
 // CRC32C (Castagnoli) of `n` bytes, continuing from `crc` (0 to start).
 uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
-// The manifest as JSON, ending in its own CRC32C; parse checks that CRC and
-// every field (CheckpointError naming `path` otherwise).
+// The manifest as JSON (written and read with nlohmann-json), its last line
+// but one the CRC32C of every byte before it. parseManifest checks that CRC
+// before parsing anything, refuses nesting deeper than 8 levels before
+// parsing, then checks every field; any problem is a CheckpointError naming
+// `path` and what is wrong ("checksum ... recorded, ... computed", "invalid
+// JSON: ... '\u' must be followed by 4 hex digits", "field \"step\" missing").
 std::string formatManifest(const Manifest& m);
 Manifest parseManifest(const std::string& text, const std::string& path);
 
@@ -120,6 +147,31 @@ Manifest parseManifest(const std::string& text, const std::string& path);
 // with its size and checksum, the rank files of every rank listed. Returns the
 // manifest; throws CheckpointError naming the first bad file. Reads every file.
 Manifest verifyCheckpoint(const std::string& stepDir, FileSystem& fs);
+
+// What loadLatest finds in a checkpoint directory (student rank 0 runs it).
+// `latest` is the commit point: the checkpoint it names and the older complete
+// ones are the candidates, newest first, and the first that verifies is
+// chosen. A step_N/ newer than `latest` (a save interrupted between renaming
+// its directory and moving `latest`) and every step_N.tmp/ are never loaded.
+// Without a `latest` that names an existing checkpoint (a directory written
+// before there was one, or edited by hand) every complete one is a candidate.
+struct CheckpointScan {
+  std::optional<Manifest> chosen;    // the checkpoint to load, verified
+  std::string chosenDir;
+  int64_t latest = -1;               // the step `latest` names; -1: none (or unreadable)
+  std::vector<std::string> rejected;  // "<dir>: why" for each candidate that failed, newest first
+  std::vector<std::string> skipped;   // warnings: partial and uncommitted ones, a bad `latest`
+};
+// Throws CheckpointError only when `root` cannot be listed.
+CheckpointScan scanCheckpoints(const std::string& root, FileSystem& fs);
+
+// The training keys (those configHash covers; see configEntries) whose values
+// differ between the config a checkpoint was saved under — its config.yaml,
+// dumpConfig() of that run — and `now`, in schema order, each
+// "key: <saved> -> <now>" with the values as dumpConfig writes them ("(unset)"
+// for a trainer key one side lacks). Throws ConfigError when `savedYaml` is
+// not a dumpConfig() text.
+std::vector<std::string> configChanges(const std::string& savedYaml, const Config& now);
 
 class CheckpointManager {
  public:
@@ -133,8 +185,10 @@ class CheckpointManager {
   explicit CheckpointManager(StudentContext& ctx);
   CheckpointManager(StudentContext& ctx, CheckpointOptions opts, std::string teacherFingerprint = "",
                     std::shared_ptr<FileSystem> fs = nullptr);
-  // Waits (bounded by run.collective_timeout_s) for the background writer and
-  // logs an unreported error or an unpublished checkpoint. No collective.
+  // Async: waits (bounded by 3 x run.collective_timeout_s) for the background
+  // writer to finish the save in flight — its files, the other ranks' notes,
+  // publication on rank 0, the verdict — and logs its failure, if any. No
+  // collective: it is safe on every exit path, exceptions included.
   ~CheckpointManager();
   CheckpointManager(const CheckpointManager&) = delete;
   CheckpointManager& operator=(const CheckpointManager&) = delete;
@@ -147,30 +201,37 @@ class CheckpointManager {
   // Collective. Saves checkpoint `step` (directory step_<step>; normally
   // train.step). Reads model and optimizer, never changes them.
   // Sync: returns once it is published and durable on every rank.
-  // Async: first finishes the previous async save (its agreement and
-  // publication, see above); then, in this thread, copies the model's
-  // parameters and buffers to CPU and serializes the optimizer state into
-  // memory (torch's Optimizer offers no deep copy), and hands serialization of
-  // the copies and all file I/O to the background thread; returns before the
-  // files are written. The caller may then update model and optimizer at once. An error of the background write surfaces at
-  // the next save()/wait()/loadLatest().
+  // Async: first waits for the previous async save and reports its outcome;
+  // then, in this thread, copies the model's parameters and buffers to CPU and
+  // serializes the optimizer state into memory (torch's Optimizer offers no
+  // deep copy), and hands serialization of the copies, all file I/O and the
+  // publication (see above) to the background thread; returns before the
+  // files are written. The caller may then update model and optimizer at once.
+  // A failure of the background work surfaces at the next save(), wait() or
+  // loadLatest() (or is logged by the destructor).
   // Returns false when a checkpoint failed and on_error=continue (this one, or
   // in async mode the previous one); throws CheckpointError when on_error=stop.
   bool save(int64_t step, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
             const TrainState& train, const RankState& rank = {}, std::mt19937_64* rng = nullptr);
 
-  // Collective. Finishes the async save in flight, if any (waits for its
-  // files, agrees, publishes); the same result as save(). Sync mode: true.
+  // Collective. Waits for the async save in flight, if any (its files and its
+  // publication), and reports its outcome like save(). Sync mode: true. Not
+  // needed before destruction; useful to learn the last save's outcome.
   bool wait();
 
-  // Collective. Loads the newest complete and verified checkpoint into `model`
-  // and `optimizer` (on the device of the model's parameters), restores this
+  // Collective. Loads the published checkpoint (scanCheckpoints: the one
+  // `latest` names, or the newest older one that verifies) into `model` and
+  // `optimizer` (on the device of the model's parameters), restores this
   // rank's RNG states (`rng` too, when given) and returns the train and rank
-  // state; nullopt when there is none (clean start). Rank 0 chooses (partial
-  // and corrupt checkpoints are skipped with a warning naming them) and
-  // broadcasts the step, so every rank loads the same one. A checkpoint of a
-  // different student world size is a CheckpointError: per-rank state cannot be
-  // re-split. Any rank failing to load is a CheckpointError on every rank.
+  // state; nullopt when there is none (clean start: no checkpoint, or only
+  // partial ones). Rank 0 chooses (partial, uncommitted and corrupt
+  // checkpoints are skipped with a warning naming them and why) and broadcasts
+  // the step, so every rank loads the same one. Checkpoints present but every
+  // one corrupt: a CheckpointError on every rank naming each and why
+  // (checkpoint.on_corrupt=error), or a warning and nullopt (restart); nothing
+  // is removed. A checkpoint of a different student world size is a
+  // CheckpointError: per-rank state cannot be re-split. Any rank failing to
+  // load is a CheckpointError on every rank.
   std::optional<LoadedState> loadLatest(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                                         std::mt19937_64* rng = nullptr);
 

@@ -1,8 +1,9 @@
 #pragma once
 
 // The one seam through which checkpoint code touches the file system
-// (STYLE.md habit 12). Every failure is a CheckpointError whose message names
-// the operation, the path and strerror(errno), e.g.
+// (STYLE.md habit 12). Every failure is a FileSystemError (a CheckpointError
+// carrying the errno) whose message names the operation, the path and
+// strerror(errno), e.g.
 //   "cannot write /ckpt/step_20.tmp/rank_1.pt: No space left on device (errno 28)".
 //
 // Thread safety: PosixFileSystem keeps no state and may be used from several
@@ -15,7 +16,23 @@
 #include <string>
 #include <vector>
 
+#include "distill/core/errors.h"
+
 namespace distill {
+
+// The CheckpointError a FileSystem throws, with the errno of the failed call
+// (so that a caller can tell "no space left" from other failures).
+class FileSystemError : public CheckpointError {
+ public:
+  FileSystemError(int err, std::string msg, const char* file, int line)
+      : CheckpointError(std::move(msg), ErrorWhere{}, file, line), err_(err) {}
+  int errorNumber() const noexcept { return err_; }
+  // ENOSPC or EDQUOT: the device or the quota is full.
+  bool noSpace() const noexcept;
+
+ private:
+  int err_;
+};
 
 // The system calls behind FileSystem, as seen by the fault hook.
 enum class FsOp { kMkdir, kOpen, kWrite, kFsync, kClose, kRead, kRename, kRemove, kList };

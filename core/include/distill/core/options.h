@@ -96,10 +96,11 @@ struct LossOptions {
 struct CheckpointOptions {
   std::string dir;                        // checkpoint root ("" = checkpoints off)
   int64_t every_steps = 0;                // save every N steps (0 = only when the trainer asks)
-  int keep_last = 3;                      // complete checkpoints kept (>= 1)
-  bool async = false;                     // write in a background thread
+  int keep_last = 3;                      // complete checkpoints kept at most (>= 1)
+  bool async = false;                     // write and publish in a background thread
   bool resume = true;                     // load the newest complete checkpoint at start
   std::string on_error = "stop";          // stop | continue: what a failed save does
+  std::string on_corrupt = "error";       // error | restart: loadLatest when every checkpoint is corrupt
 };
 
 // trainer: the trainer's own keys (data file, model sizes, ...). distill checks

@@ -32,6 +32,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,38 @@ struct StudentOptions;
 class StudentContext;
 
 enum class ReduceOp { kSum, kMax, kMin, kAvg };
+
+// Notes between the ranks of the group outside any collective: a key/value
+// board on the group's rendezvous store (served by student rank 0's process).
+// Made for a background thread of a rank that must hear from the other ranks
+// while its main thread goes on issuing collectives: the async checkpoint
+// writer of each rank posts that its files are durable, student rank 0's
+// writer awaits every note, publishes, and posts the outcome.
+//
+// Each GroupNotes has a connection of its own to the store; use one from one
+// thread at a time. Nothing here is matched across ranks like a collective.
+// Every wait has a deadline; once student rank 0's process is gone every call
+// throws PeerLostError.
+class GroupNotes {
+ public:
+  ~GroupNotes();
+  GroupNotes(const GroupNotes&) = delete;
+  GroupNotes& operator=(const GroupNotes&) = delete;
+
+  void post(const std::string& key, const std::string& value);
+  // The values of `keys`, in order. Returns as soon as every key is posted,
+  // or when `timeout` has passed; a key still not posted then is nullopt.
+  std::vector<std::optional<std::string>> await(const std::vector<std::string>& keys,
+                                                std::chrono::milliseconds timeout);
+  // Removes `key`; a key never posted is fine.
+  void erase(const std::string& key);
+
+ private:
+  friend class StudentGroup;
+  GroupNotes();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 class StudentGroup {
  public:
@@ -65,6 +98,11 @@ class StudentGroup {
                  const std::string& what = "all_reduce");
   void broadcast(std::vector<at::Tensor>& tensors, int root, const std::string& what = "broadcast");
   void broadcast(at::Tensor& tensor, int root, const std::string& what = "broadcast");
+
+  // A note board whose keys live under `prefix` (store keys
+  // "distill/students/notes/<prefix>/<key>"), with its own store connection.
+  // Not a collective; callable from any thread.
+  std::unique_ptr<GroupNotes> notes(const std::string& prefix);
 
  private:
   friend class StudentContext;
