@@ -569,7 +569,7 @@ TEST(Config, OptionOverridesNameTheirOption) {
     EXPECT_EQ(e.message(), "config " + path + ": 4 problem(s):\n"
                            "run.nproc_per_node: must be in [2, 256], found 2000000000 (from --nproc-per-node)\n"
                            "run.nnodes: expected an integer, found string \"x\" (from --nnodes)\n"
-                           "run.master_port: must be in [1, 65535], found 70000 (from --master-port)\n"
+                           "run.master_port: must be in [0, 65535], found 70000 (from --master-port)\n"
                            "loss.alpha: must be in [0, 1], found 2 (from --set)");
   }
   const Config c = distill::loadConfig(
