@@ -96,6 +96,8 @@ struct TeacherOutput {
   at::Tensor topkValues;   // [N, k]: the teacher's logits of its top-k tokens
   at::Tensor topkIndices;  // [N, k] int32 | int64: their token ids, unique per row
   at::Tensor logsumexp;    // optional [N]: logsumexp(teacher logits / T) over the full vocab
+  at::Tensor logTail;      // optional [N]: logsumexp(teacher logits / T) over the NON-top-k
+                           // tokens, -inf when k = V: the exact tail mass (see above)
 };
 
 struct LossResult {
