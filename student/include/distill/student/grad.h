@@ -18,7 +18,9 @@
 
 namespace distill {
 
-// Non-ignored tokens of a step across the student group (one all-reduce).
+// Non-ignored tokens of a step across the student group (one all-reduce). 0
+// when every label of the step is ignored: distillLoss takes that normalizer
+// for micro-batches without valid tokens (zero loss, zero gradient).
 double stepTokenCount(StudentGroup& group, const std::vector<at::Tensor>& microBatchLabels,
                       int64_t ignoreIndex);
 
