@@ -45,6 +45,10 @@ struct Problem {
   at::Tensor tLogits;                   // [N, V] or undefined
   at::Tensor tValues, tIndices;         // [N, k], [N, k] int64
   at::Tensor tLse, tLogTail;            // [N] or undefined each
+  // Top-k, computed once for all rows (O(N k)) and shared by the logsumexp
+  // check and the chunks: the log of what the top-k probabilities sum to,
+  // logsumexp(values / T), with logTail logaddexp(that, logTail) [N].
+  at::Tensor tLogSum;
   double eps = 0;                       // epsilon of the coarsest dtype of the top-k teacher data
 };
 
@@ -100,26 +104,24 @@ Divergence divergence(Kind kind, double beta, at::Tensor& logq, at::Tensor& logp
     // log M = logaddexp(log beta + log q, log(1-beta) + log p), from the
     // log-probabilities: log(beta q + (1-beta) p) is -inf where both underflow
     // (|log q|, |log p| > ~745 in float64, ~104 in float32) while p or q is
-    // still a denormal > 0, and p (log p - log M) is then inf. -inf only where
-    // p == q == 0, and those terms are masked to 0.
+    // still a denormal > 0, and p (log p - log M) is then inf.
+    // -inf log-probabilities are raised to kLogFloor first: exp() of both is
+    // exactly 0 in float32 and float64, so no value changes, but log M and
+    // every log ratio are then finite and 0 * (log ratio) is 0 without the
+    // masking passes of weighted() (which pays for logaddexp's extra cost).
+    constexpr double kLogFloor = -1e4;
+    logq.clamp_min_(kLogFloor);
+    logp.clamp_min_(kLogFloor);
     at::Tensor logm = logq + std::log(beta);
     at::logaddexp_out(logm, logm, logp + std::log1p(-beta));
     at::Tensor q = logq.exp(), p = logp.exp();
-    at::Tensor kq;
-    {
-      at::Tensor d = logq.sub_(logm);
-      kq = weighted(d, q).sum(1);
-    }
-    at::Tensor d = logp.sub_(logm);  // log p - log M
+    at::Tensor kq = logq.sub_(logm).mul_(q).sum(1);  // KL(q || M)
+    at::Tensor d = logp.sub_(logm);                   // log p - log M
     logm.reset();
-    at::Tensor kp;
-    {
-      at::Tensor e = d * p;
-      kp = e.masked_fill_(p == 0, 0).sum(1);
-    }
+    at::Tensor kp = (d * p).sum(1);                   // KL(p || M)
     out.kd = kq.mul_(beta).add_(kp, 1 - beta);
     // d/ds of beta KL(q||M) + (1-beta) KL(p||M) is (1-beta) p (log p/M - KL(p||M)).
-    if (needGrad) out.grad = weighted(d.sub_(kp.unsqueeze(1)), p).mul_(1 - beta);
+    if (needGrad) out.grad = d.sub_(kp.unsqueeze(1)).mul_(p).mul_(1 - beta);
   }
   return out;
 }
@@ -183,18 +185,19 @@ void denseChunk(const Problem& pb, const at::Tensor& z, const Rows& rows, at::Te
 // (-inf: its tail is empty).
 at::Tensor teacherBuckets(const Problem& pb, const at::Tensor& rows, const at::Tensor& studentLogTail) {
   at::Tensor vals = pb.tValues.index_select(0, rows).to(pb.compute).div_(pb.temperature);  // our own copy
-  if (pb.tLogTail.defined()) {
-    // The exact tail: a plain log-softmax over [values / T, logTail].
-    at::Tensor tail = pb.tLogTail.index_select(0, rows).to(pb.compute).unsqueeze(1);
-    return at::log_softmax(at::cat({vals, tail}, 1), 1);
-  }
-  if (!pb.tLse.defined()) {  // the truncated target: no mass outside the top-k
+  if (!pb.tLse.defined() && !pb.tLogTail.defined()) {  // the truncated target: no mass outside the top-k
     return at::cat({at::log_softmax(vals, 1), at::full({vals.size(0), 1}, -kInf, vals.options())}, 1);
   }
-  // logsumexp only: the tail is 1 - sum q_i, in log space.
+  at::Tensor logSum = pb.tLogSum.index_select(0, rows);
+  if (pb.tLogTail.defined()) {
+    // The exact tail: log-softmax over [values / T, logTail], whose normaliser
+    // logSum is already known.
+    at::Tensor tail = pb.tLogTail.index_select(0, rows).to(pb.compute).unsqueeze(1);
+    return at::cat({vals, tail}, 1).sub_(logSum.unsqueeze(1));
+  }
+  // logsumexp only: the tail is 1 - sum q_i, in log space; lseK = log sum q_i.
   at::Tensor lse = pb.tLse.index_select(0, rows).to(pb.compute);
-  at::Tensor logqK = vals.sub_(lse.unsqueeze(1));
-  at::Tensor lseK = at::logsumexp(logqK, 1);
+  at::Tensor lseK = logSum.sub_(lse);
   at::Tensor logqTail;
   if (vals.size(1) == pb.v) {
     logqTail = at::full_like(lseK, -kInf);  // k = V: no tail at all, whatever the rounding says
@@ -208,9 +211,11 @@ at::Tensor teacherBuckets(const Problem& pb, const at::Tensor& rows, const at::T
     at::Tensor floor = at::where(studentLogTail == -kInf, at::full_like(logR, -kInf), logR);
     logqTail = at::where(logqTail < logR, floor, logqTail);
   }
-  // Renormalised: absorbs the rounding that the logsumexp check (prepare) tolerates.
-  at::Tensor logq = at::cat({logqK, logqTail.unsqueeze(1)}, 1);
-  return logq.sub_(at::logsumexp(logq, 1, /*keepdim=*/true));
+  // Renormalised (log of sum q_i + q_tail; 0 up to rounding unless sum q_i > 1,
+  // within the tolerance of the logsumexp check, or the tail was raised to r).
+  at::Tensor norm = at::logaddexp(lseK, logqTail);
+  vals.sub_((lse + norm).unsqueeze(1));  // log q_i = values / T - lse - norm
+  return at::cat({vals, logqTail.sub_(norm).unsqueeze(1)}, 1);
 }
 
 // One chunk of valid rows: adds the kd and ce sums to the accumulators and, when
@@ -358,8 +363,7 @@ struct DataCheck {
 // the probabilities sum above 1 (or, with the tail, to anything but 1) by more
 // than rounding; see losses.h.
 DataCheck logsumexpCheck(const Problem& pb, const at::Tensor& keep) {
-  at::Tensor s = at::logsumexp(pb.tValues.to(pb.compute).div(pb.temperature), 1);
-  if (pb.tLogTail.defined()) s = at::logaddexp(s, pb.tLogTail.to(pb.compute));
+  const at::Tensor& s = pb.tLogSum;
   at::Tensor lse = pb.tLse.to(pb.compute);
   at::Tensor diff = s - lse;
   at::Tensor tol = lse.abs().mul(8 * pb.eps).add_(kLogsumexpTolerance);
@@ -476,6 +480,10 @@ Problem prepare(const at::Tensor& z, const at::Tensor& labels, const TeacherOutp
                           DISTILL_THROW(ProtocolError, "distillLoss: teacher top-k indices: repeated index "
                                         "within a token's top-k");
                         }});
+    }
+    if (pb.tLse.defined() || pb.tLogTail.defined()) {
+      pb.tLogSum = at::logsumexp(pb.tValues.to(pb.compute).div(pb.temperature), 1);
+      if (pb.tLogTail.defined()) pb.tLogSum = at::logaddexp(pb.tLogSum, pb.tLogTail.to(pb.compute));
     }
     if (pb.tLse.defined()) checks.push_back(logsumexpCheck(pb, keep));
   }

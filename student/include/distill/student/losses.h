@@ -104,8 +104,8 @@
 // top-k) plus O(N * k) vectors, independent of N. No [N, V] intermediate exists
 // and no chunk's buffers outlive its chunk. Measured on CPU (tests/losses),
 // float32, V = 128000, N = 512, chunk_tokens = 64 (31 MiB per buffer): beyond
-// inputs and gradient, dense forward_kl 258 MiB (8.3 buffers), dense jsd 289
-// MiB (9.3), top-k 94 MiB (3.0); plain autograd over the batch: 1000 MiB
+// inputs and gradient, dense forward_kl 258 MiB (8.3 buffers), dense jsd 281
+// MiB (9.0), top-k 94 MiB (3.0); plain autograd over the batch: 1000 MiB
 // beyond the gradient. So N = 4096 needs the 2 GB gradient plus the same
 // ~300 MiB. The default chunk_tokens =
 // 4096 costs ~2 GB per buffer at that V: lower it for big vocabularies. Ignored
