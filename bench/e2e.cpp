@@ -113,17 +113,18 @@ int inner(const Args& a, int argc, char** argv) {
   std::vector<at::Tensor> params = model->parameters();
   ex::Gpt teacher = ex::loadGpt(cfg.teacher.weights);  // the in-process baseline's copy of the teacher
 
-  // What the server sends for these logits (full, or top-k + logsumexp), for in_process.
+  // What the server sends for these logits (full, or its top-k output), for in_process.
   auto shapeLikeServer = [&](const at::Tensor& logits) {
     distill::TeacherOutput o;
     if (cfg.teacher.topk == 0) {
       o.logits = logits;
       return o;
     }
-    auto [values, indices] = at::topk(logits, cfg.teacher.topk, -1);
-    o.topkValues = values;
-    o.topkIndices = indices.to(at::kInt);
-    o.logsumexp = at::logsumexp(logits / cfg.loss.temperature, -1);
+    auto out = distill::topkOutput(logits, cfg.teacher.topk, cfg.loss.temperature);
+    o.topkValues = out.at(distill::protocol::kTopkValues);
+    o.topkIndices = out.at(distill::protocol::kTopkIndices);
+    o.logsumexp = out.at(distill::protocol::kLogsumexp);
+    o.logTail = out.at(distill::protocol::kLogTail);
     return o;
   };
 

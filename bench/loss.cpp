@@ -3,7 +3,11 @@
 // the same run, one torch thread. Prints JSON lines:
 //   {"bench":"loss","kind":"forward_kl","teacher":"full|top32","n":1024,"v":256,"ms_p50":…,"ce_ms_p50":…,"ratio_to_ce":…}
 //
-//   build/bin/bench_loss [--n 1024] [--v 256] [--reps 200]
+//   build/bin/bench_loss [--n 1024] [--v 256] [--reps 200] [--no-tail]
+//
+// top32 is what the teacher server sends (topkOutput: values, indices,
+// logsumexp and log tail); --no-tail leaves the log tail out (an older
+// teacher: the logsumexp-only path).
 #include <distill/distill.h>
 #include <torch/torch.h>
 
@@ -37,13 +41,15 @@ double timeMs(int reps, F&& f) {
 int main(int argc, char** argv) {
   int64_t n = 1024, v = 256;
   int reps = 200;
-  for (int i = 1; i + 1 < argc; i += 2) {
+  bool noTail = false;
+  for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
-    if (f == "--n") n = std::stoll(argv[i + 1]);
-    else if (f == "--v") v = std::stoll(argv[i + 1]);
-    else if (f == "--reps") reps = std::stoi(argv[i + 1]);
+    if (f == "--no-tail") noTail = true;
+    else if (f == "--n" && i + 1 < argc) n = std::stoll(argv[++i]);
+    else if (f == "--v" && i + 1 < argc) v = std::stoll(argv[++i]);
+    else if (f == "--reps" && i + 1 < argc) reps = std::stoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: bench_loss [--n N] [--v V] [--reps R]\n");
+      std::fprintf(stderr, "usage: bench_loss [--n N] [--v V] [--reps R] [--no-tail]\n");
       return 2;
     }
   }
@@ -63,11 +69,12 @@ int main(int argc, char** argv) {
       o.kind = kind;
       o.temperature = 1.0;
       distill::TeacherOutput t;
-      if (topk) {
-        auto [values, indices] = at::topk(teacher, 32, -1);
-        t.topkValues = values;
-        t.topkIndices = indices.to(at::kInt);
-        t.logsumexp = at::logsumexp(teacher, -1);
+      if (topk) {  // what the teacher server sends: values, indices, logsumexp, log tail
+        auto out = distill::topkOutput(teacher, 32, o.temperature);
+        t.topkValues = out.at(distill::protocol::kTopkValues);
+        t.topkIndices = out.at(distill::protocol::kTopkIndices);
+        t.logsumexp = out.at(distill::protocol::kLogsumexp);
+        if (!noTail) t.logTail = out.at(distill::protocol::kLogTail);
       } else {
         t.logits = teacher;
       }

@@ -33,6 +33,10 @@ if ! python3 -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0
   python3 -m pip install -q "torch==$TORCH_VERSION" ||
     python3 -m pip install -q --break-system-packages "torch==$TORCH_VERSION"
 fi
+# mpmath (tests/losses/reference.py's exact values) comes with torch through sympy; make sure.
+if ! python3 -c "import mpmath" 2>/dev/null; then
+  python3 -m pip install -q mpmath || python3 -m pip install -q --break-system-packages mpmath
+fi
 
 # ---- configure (once) and build ----
 if [ ! -f "$BUILD/build.ninja" ]; then

@@ -51,6 +51,7 @@ TeacherOutput TeacherReply::output() const {
     o.topkValues = tensor(protocol::kTopkValues);
     o.topkIndices = tensor(protocol::kTopkIndices);
     if (has(protocol::kLogsumexp)) o.logsumexp = tensor(protocol::kLogsumexp);
+    if (has(protocol::kLogTail)) o.logTail = tensor(protocol::kLogTail);
   }
   return o;
 }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -35,14 +36,32 @@ Kind parseKind(const std::string& k) {
 struct Problem {
   Kind kind = Kind::kForward;
   double temperature = 1, alpha = 0.5, beta = 0.5, normalizer = 1;
+  bool needKd = true, needCe = true;    // terms of nonzero weight: the others are not computed
   int64_t chunk = 1, n = 0, v = 0;
   at::ScalarType compute = at::kFloat;  // arithmetic dtype of the chunks
   at::Tensor labels;                    // [N] int64
   at::Tensor valid;                     // [Nv] int64: rows whose label is not ignored
   bool allValid = false;                // valid == 0..N-1: chunks are plain row ranges (views, no gathers)
   at::Tensor tLogits;                   // [N, V] or undefined
-  at::Tensor tValues, tIndices, tLse;   // [N, k], [N, k] int64, [N] or undefined
+  at::Tensor tValues, tIndices;         // [N, k], [N, k] int64
+  at::Tensor tLse, tLogTail;            // [N] or undefined each
+  // Top-k, computed once for all rows (O(N k)) and shared by the logsumexp
+  // check and the chunks: the log of what the top-k probabilities sum to,
+  // logsumexp(values / T), with logTail logaddexp(that, logTail) [N].
+  at::Tensor tLogSum;
+  double eps = 0;                       // epsilon of the coarsest dtype of the top-k teacher data
 };
+
+// Machine epsilon of a floating dtype (the teacher data's rounding).
+double epsOf(at::ScalarType t) {
+  switch (t) {
+    case at::kDouble: return std::numeric_limits<double>::epsilon();
+    case at::kFloat: return std::numeric_limits<float>::epsilon();
+    case at::kHalf: return 0x1p-10;
+    case at::kBFloat16: return 0x1p-7;
+    default: return std::numeric_limits<float>::epsilon();
+  }
+}
 
 // w * d with 0 where w == 0 (the 0 log 0 = 0 convention: d may be +-inf there).
 at::Tensor& weighted(at::Tensor& d, const at::Tensor& w) {
@@ -82,24 +101,27 @@ Divergence divergence(Kind kind, double beta, at::Tensor& logq, at::Tensor& logp
     }
     if (needGrad) out.grad = weighted(d.sub_(out.kd.unsqueeze(1)), p);  // p (log p/q - KL)
   } else {
+    // log M = logaddexp(log beta + log q, log(1-beta) + log p), from the
+    // log-probabilities: log(beta q + (1-beta) p) is -inf where both underflow
+    // (|log q|, |log p| > ~745 in float64, ~104 in float32) while p or q is
+    // still a denormal > 0, and p (log p - log M) is then inf.
+    // -inf log-probabilities are raised to kLogFloor first: exp() of both is
+    // exactly 0 in float32 and float64, so no value changes, but log M and
+    // every log ratio are then finite and 0 * (log ratio) is 0 without the
+    // masking passes of weighted() (which pays for logaddexp's extra cost).
+    constexpr double kLogFloor = -1e4;
+    logq.clamp_min_(kLogFloor);
+    logp.clamp_min_(kLogFloor);
+    at::Tensor logm = logq + std::log(beta);
+    at::logaddexp_out(logm, logm, logp + std::log1p(-beta));
     at::Tensor q = logq.exp(), p = logp.exp();
-    // log M; M == 0 only where p == q == 0, and those terms are masked to 0.
-    at::Tensor logm = (q * beta).add_(p, 1 - beta).log_();
-    at::Tensor kq;
-    {
-      at::Tensor d = logq.sub_(logm);
-      kq = weighted(d, q).sum(1);
-    }
-    at::Tensor d = logp.sub_(logm);  // log p - log M
+    at::Tensor kq = logq.sub_(logm).mul_(q).sum(1);  // KL(q || M)
+    at::Tensor d = logp.sub_(logm);                   // log p - log M
     logm.reset();
-    at::Tensor kp;
-    {
-      at::Tensor e = d * p;
-      kp = e.masked_fill_(p == 0, 0).sum(1);
-    }
+    at::Tensor kp = (d * p).sum(1);                   // KL(p || M)
     out.kd = kq.mul_(beta).add_(kp, 1 - beta);
     // d/ds of beta KL(q||M) + (1-beta) KL(p||M) is (1-beta) p (log p/M - KL(p||M)).
-    if (needGrad) out.grad = weighted(d.sub_(kp.unsqueeze(1)), p).mul_(1 - beta);
+    if (needGrad) out.grad = d.sub_(kp.unsqueeze(1)).mul_(p).mul_(1 - beta);
   }
   return out;
 }
@@ -128,31 +150,72 @@ void denseChunk(const Problem& pb, const at::Tensor& z, const Rows& rows, at::Te
                 at::Tensor& ceSum) {
   const bool needGrad = grad.defined();
   const double t = pb.temperature;
-  at::Tensor lab = rows.of(pb.labels).unsqueeze(1);  // [C, 1]
   at::Tensor zc = rows.of(z);
-  at::Tensor logp1 = at::log_softmax(zc, 1, pb.compute);  // temperature 1: the hard-label CE
-  ceSum.add_(logp1.gather(1, lab).sum().neg().to(at::kDouble));
+  at::Tensor logp1;  // temperature 1: the hard-label CE, and the KD's log p when T == 1
+  if (pb.needCe || t == 1) logp1 = at::log_softmax(zc, 1, pb.compute);
   at::Tensor gce;
-  if (needGrad && pb.alpha < 1) {
-    gce = logp1.exp();
-    gce.scatter_add_(1, lab, at::full({lab.size(0), 1}, -1.0, gce.options()));
-    gce.mul_((1 - pb.alpha) / pb.normalizer);
+  if (pb.needCe) {
+    at::Tensor lab = rows.of(pb.labels).unsqueeze(1);  // [C, 1]
+    ceSum.add_(logp1.gather(1, lab).sum().neg().to(at::kDouble));
+    if (needGrad) {
+      gce = logp1.exp();
+      gce.scatter_add_(1, lab, at::full({lab.size(0), 1}, -1.0, gce.options()));
+      gce.mul_((1 - pb.alpha) / pb.normalizer);
+    }
   }
-  const bool kdGrad = needGrad && pb.alpha > 0;
-  at::Tensor logp = t == 1 ? std::move(logp1) : at::log_softmax(zc.to(pb.compute).div(t), 1);
-  at::Tensor tc = rows.of(pb.tLogits);
-  at::Tensor logq = t == 1 ? at::log_softmax(tc, 1, pb.compute) : at::log_softmax(tc.to(pb.compute).div(t), 1);
-  Divergence dv = divergence(pb.kind, pb.beta, logq, logp, kdGrad);
-  kdSum.add_(dv.kd.sum().to(at::kDouble));
-  if (!needGrad) return;
-  at::Tensor g;
-  if (kdGrad) {
-    g = dv.grad.mul_(pb.alpha * t / pb.normalizer);  // d(T^2 kd)/dz = T * d kd / ds
-    if (gce.defined()) g.add_(gce);
+  at::Tensor g = std::move(gce);
+  if (pb.needKd) {
+    at::Tensor logp = t == 1 ? std::move(logp1) : at::log_softmax(zc.to(pb.compute).div(t), 1);
+    at::Tensor tc = rows.of(pb.tLogits);
+    at::Tensor logq = t == 1 ? at::log_softmax(tc, 1, pb.compute) : at::log_softmax(tc.to(pb.compute).div(t), 1);
+    Divergence dv = divergence(pb.kind, pb.beta, logq, logp, needGrad);
+    kdSum.add_(dv.kd.sum().to(at::kDouble));
+    if (needGrad) {
+      at::Tensor gkd = dv.grad.mul_(pb.alpha * t / pb.normalizer);  // d(T^2 kd)/dz = T * d kd / ds
+      if (g.defined()) gkd.add_(g);
+      g = std::move(gkd);
+    }
+  }
+  if (needGrad) rows.write(grad, g);
+}
+
+// The teacher's log-probabilities of the k+1 buckets of some rows (the k top
+// tokens, then the tail), from what it sent; see losses.h ("Top-k").
+// `studentLogTail` [C]: the student's logsumexp over the non-top-k tokens
+// (-inf: its tail is empty).
+at::Tensor teacherBuckets(const Problem& pb, const at::Tensor& rows, const at::Tensor& studentLogTail) {
+  at::Tensor vals = pb.tValues.index_select(0, rows).to(pb.compute).div_(pb.temperature);  // our own copy
+  if (!pb.tLse.defined() && !pb.tLogTail.defined()) {  // the truncated target: no mass outside the top-k
+    return at::cat({at::log_softmax(vals, 1), at::full({vals.size(0), 1}, -kInf, vals.options())}, 1);
+  }
+  at::Tensor logSum = pb.tLogSum.index_select(0, rows);
+  if (pb.tLogTail.defined()) {
+    // The exact tail: log-softmax over [values / T, logTail], whose normaliser
+    // logSum is already known.
+    at::Tensor tail = pb.tLogTail.index_select(0, rows).to(pb.compute).unsqueeze(1);
+    return at::cat({vals, tail}, 1).sub_(logSum.unsqueeze(1));
+  }
+  // logsumexp only: the tail is 1 - sum q_i, in log space; lseK = log sum q_i.
+  at::Tensor lse = pb.tLse.index_select(0, rows).to(pb.compute);
+  at::Tensor lseK = logSum.sub_(lse);
+  at::Tensor logqTail;
+  if (vals.size(1) == pb.v) {
+    logqTail = at::full_like(lseK, -kInf);  // k = V: no tail at all, whatever the rounding says
   } else {
-    g = gce;
+    logqTail = log1mexp(lseK.clamp_max(0));
+    // Rounding decides 1 - sum q_i only down to r = 4 eps max(1, |lse|): a
+    // tail below r may be 0 or anything up to r. Taken as 0 where the
+    // student's tail is empty too (so forward KL stays finite), as r elsewhere
+    // (so reverse KL does; a lower bound of the exact value then).
+    at::Tensor logR = lse.abs().clamp_min_(1).mul_(4 * pb.eps).log_();
+    at::Tensor floor = at::where(studentLogTail == -kInf, at::full_like(logR, -kInf), logR);
+    logqTail = at::where(logqTail < logR, floor, logqTail);
   }
-  if (g.defined()) rows.write(grad, g);
+  // Renormalised (log of sum q_i + q_tail; 0 up to rounding unless sum q_i > 1,
+  // within the tolerance of the logsumexp check, or the tail was raised to r).
+  at::Tensor norm = at::logaddexp(lseK, logqTail);
+  vals.sub_((lse + norm).unsqueeze(1));  // log q_i = values / T - lse - norm
+  return at::cat({vals, logqTail.sub_(norm).unsqueeze(1)}, 1);
 }
 
 // One chunk of valid rows: adds the kd and ce sums to the accumulators and, when
@@ -163,49 +226,42 @@ void lossChunk(const Problem& pb, const at::Tensor& z, const Rows& chunk, at::Te
   const at::Tensor rows = chunk.range ? pb.valid.narrow(0, chunk.first, chunk.count) : chunk.index;
   const bool needGrad = grad.defined();
   const double t = pb.temperature;
-  at::Tensor lab = pb.labels.index_select(0, rows).unsqueeze(1);  // [C, 1]
 
   // Hard-label CE at temperature 1; its gradient first, while x still holds z.
   at::Tensor x = z.index_select(0, rows).to(pb.compute);  // our own [C, V] copy
-  at::Tensor lse1 = at::logsumexp(x, 1);
-  ceSum.add_((lse1 - x.gather(1, lab).squeeze(1)).sum().to(at::kDouble));
-  at::Tensor gce;
-  if (needGrad && pb.alpha < 1) {
-    gce = (x - lse1.unsqueeze(1)).exp_();
-    gce.scatter_add_(1, lab, at::full({lab.size(0), 1}, -1.0, gce.options()));
-    gce.mul_((1 - pb.alpha) / pb.normalizer);
+  at::Tensor lse1, gce;
+  if (pb.needCe) {
+    at::Tensor lab = pb.labels.index_select(0, rows).unsqueeze(1);  // [C, 1]
+    lse1 = at::logsumexp(x, 1);
+    ceSum.add_((lse1 - x.gather(1, lab).squeeze(1)).sum().to(at::kDouble));
+    if (needGrad) {
+      gce = (x - lse1.unsqueeze(1)).exp_();
+      gce.scatter_add_(1, lab, at::full({lab.size(0), 1}, -1.0, gce.options()));
+      gce.mul_((1 - pb.alpha) / pb.normalizer);
+    }
   }
-  const bool kdGrad = needGrad && pb.alpha > 0;
+  if (!pb.needKd) {
+    if (needGrad) grad.index_copy_(0, rows, gce.to(grad.scalar_type()));
+    return;
+  }
 
   if (t != 1) x.div_(t);  // x = s = z / T from here on
-  at::Tensor lseS = t != 1 ? at::logsumexp(x, 1) : lse1;
+  at::Tensor lseS = lse1.defined() && t == 1 ? lse1 : at::logsumexp(x, 1);
   lse1.reset();
   at::Tensor gs;  // d kd / d s, unscaled
 
   {
     // k + 1 buckets: the teacher's top-k tokens and the tail (see losses.h).
     at::Tensor idx = pb.tIndices.index_select(0, rows);
-    at::Tensor vals = pb.tValues.index_select(0, rows).to(pb.compute).div_(t);
-    at::Tensor logqK, logqTail;
-    if (pb.tLse.defined()) {
-      logqK = vals.sub_(pb.tLse.index_select(0, rows).to(pb.compute).unsqueeze(1));
-      // Rounding may leave sum q_i a hair above 1: renormalise then, tail 0.
-      at::Tensor lseK = at::logsumexp(logqK, 1);
-      logqK.sub_(lseK.clamp_min(0).unsqueeze(1));
-      logqTail = log1mexp(lseK.clamp_max(0));
-    } else {
-      logqK = at::log_softmax(vals, 1);
-      logqTail = at::full({idx.size(0)}, -kInf, logqK.options());
-    }
     at::Tensor logPK = x.gather(1, idx).sub_(lseS.unsqueeze(1));
     // Tail mass from the logits outside the top-k, never as 1 - sum P_i.
     x.scatter_(1, idx, -kInf);
     at::Tensor lseTail = at::logsumexp(x, 1);
     at::Tensor logP = at::cat({logPK, (lseTail - lseS).unsqueeze(1)}, 1);
-    at::Tensor logq = at::cat({logqK, logqTail.unsqueeze(1)}, 1);
-    Divergence dv = divergence(pb.kind, pb.beta, logq, logP, kdGrad);
+    at::Tensor logq = teacherBuckets(pb, rows, lseTail);
+    Divergence dv = divergence(pb.kind, pb.beta, logq, logP, needGrad);
     kdSum.add_(dv.kd.sum().to(at::kDouble));
-    if (kdGrad) {
+    if (needGrad) {
       // dv.grad[b] is the gradient w.r.t. bucket b's summed logit mass: token j
       // of bucket b gets (p_j / P_b) * dv.grad[b]. For the top-k that ratio is 1;
       // in the tail it is the softmax of the tail logits (stable when P_tail ~ 0).
@@ -218,15 +274,10 @@ void lossChunk(const Problem& pb, const at::Tensor& z, const Rows& chunk, at::Te
   }
 
   if (!needGrad) return;
-  at::Tensor g;
-  if (kdGrad) {
-    // d(T^2 kd)/dz = T * d kd / ds.
-    g = gs.mul_(pb.alpha * t / pb.normalizer);
-    if (gce.defined()) g.add_(gce);
-  } else {
-    g = gce;
-  }
-  if (g.defined()) grad.index_copy_(0, rows, g.to(grad.scalar_type()));
+  // d(T^2 kd)/dz = T * d kd / ds.
+  at::Tensor g = gs.mul_(pb.alpha * t / pb.normalizer);
+  if (gce.defined()) g.add_(gce);
+  grad.index_copy_(0, rows, g.to(grad.scalar_type()));
 }
 
 struct Sums {
@@ -250,11 +301,17 @@ Sums runChunks(const Problem& pb, const at::Tensor& z2, at::Tensor grad2) {
 
 LossResult finish(const Problem& pb, const Sums& s) {
   const double t2 = pb.temperature * pb.temperature;
+  // No valid token: every sum is 0 and the normalizer may be 0 too.
+  const double scale = pb.valid.size(0) == 0 ? 0.0 : 1.0 / pb.normalizer;
+  const at::Tensor notComputed = at::full({}, std::numeric_limits<double>::quiet_NaN(), s.kd.options());
   LossResult r;
-  r.kd = (s.kd * (t2 / pb.normalizer)).to(pb.compute);
-  r.ce = (s.ce * (1 / pb.normalizer)).to(pb.compute);
-  r.loss = (s.kd * (pb.alpha * t2 / pb.normalizer) + s.ce * ((1 - pb.alpha) / pb.normalizer))
-               .to(pb.compute);
+  r.kd = (pb.needKd ? s.kd * (t2 * scale) : notComputed).to(pb.compute);
+  r.ce = (pb.needCe ? s.ce * scale : notComputed).to(pb.compute);
+  // Only the terms of nonzero weight: 0 * inf would be NaN.
+  at::Tensor loss = at::zeros({}, s.kd.options());
+  if (pb.needKd) loss.add_(s.kd, pb.alpha * t2 * scale);
+  if (pb.needCe) loss.add_(s.ce, (1 - pb.alpha) * scale);
+  r.loss = loss.to(pb.compute);
   r.tokens = pb.valid.size(0);
   return r;
 }
@@ -296,15 +353,51 @@ void checkDevice(const char* what, const at::Tensor& t, const at::Tensor& z) {
                   z.device().str());
 }
 
+// A per-row data check, evaluated with all the others in one device sync.
+struct DataCheck {
+  at::Tensor ok;                 // 0-dim bool
+  std::function<void()> fail;    // throws the error (may look at the data again)
+};
+
+// With the teacher's logsumexp: its own top-k (and log tail) must not say that
+// the probabilities sum above 1 (or, with the tail, to anything but 1) by more
+// than rounding; see losses.h.
+DataCheck logsumexpCheck(const Problem& pb, const at::Tensor& keep) {
+  const at::Tensor& s = pb.tLogSum;
+  at::Tensor lse = pb.tLse.to(pb.compute);
+  at::Tensor diff = s - lse;
+  at::Tensor tol = lse.abs().mul(8 * pb.eps).add_(kLogsumexpTolerance);
+  at::Tensor rowOk = (pb.tLogTail.defined() ? diff.abs() : diff).le(tol).logical_and_(at::isfinite(lse));
+  at::Tensor bad = keep.logical_and(rowOk.logical_not());
+  DataCheck c;
+  c.ok = bad.any().logical_not();
+  c.fail = [pb, s, lse, tol, bad] {
+    const int64_t row = bad.nonzero().select(1, 0)[0].item<int64_t>();
+    const double sv = s[row].item<double>(), lv = lse[row].item<double>(), tv = tol[row].item<double>();
+    const bool tail = pb.tLogTail.defined();
+    DISTILL_THROW(ProtocolError, "distillLoss: teacher top-k, token row ", row, " of ", pb.n,
+                  ": the sent logsumexp ", lv, " contradicts the sent top-k",
+                  tail ? " and log tail: logaddexp(logsumexp(values / T), log_tail)" : ": logsumexp(values / T)",
+                  " = ", sv, " at T = loss.temperature = ", pb.temperature, "; they differ by ", sv - lv,
+                  " (the ", tail ? "k+1 buckets'" : "top-k", " probabilities would sum to ", std::exp(sv - lv),
+                  "), beyond the tolerance ", tv, " (kLogsumexpTolerance + 8 eps |logsumexp|, losses.h). "
+                  "A logsumexp sent at another temperature?");
+  };
+  return c;
+}
+
 Problem prepare(const at::Tensor& z, const at::Tensor& labels, const TeacherOutput& teacher,
                 const LossOptions& o, double normalizer) {
   validateLossOptions(o);
-  DISTILL_CHECK_T(ConfigError, std::isfinite(normalizer) && normalizer > 0,
-                  "distillLoss: normalizer must be a positive token count, found ", normalizer);
+  DISTILL_CHECK_T(ConfigError, std::isfinite(normalizer) && normalizer >= 0,
+                  "distillLoss: normalizer must be a positive token count (0 only for a call without "
+                  "non-ignored tokens), found ", normalizer);
   Problem pb;
   pb.kind = parseKind(o.kind);
   pb.temperature = o.temperature;
   pb.alpha = o.alpha;
+  pb.needKd = o.alpha > 0;
+  pb.needCe = o.alpha < 1;
   pb.beta = o.jsd_beta;
   pb.normalizer = normalizer;
   pb.chunk = o.chunk_tokens;
@@ -326,11 +419,16 @@ Problem prepare(const at::Tensor& z, const at::Tensor& labels, const TeacherOutp
                   std::string(c10::toString(labels.scalar_type())) : std::string("undefined"));
   checkDevice("labels", labels, z);
   pb.labels = labels.reshape({pb.n});
+  at::Tensor keep = pb.labels != o.ignore_index;
 
   auto nkShape = [&](const at::Tensor& t, int64_t k) {
     return t.dim() >= 1 && t.size(-1) == k && t.numel() == pb.n * k;
   };
-  std::vector<at::Tensor> dataChecks;  // all evaluated with one device sync
+  std::vector<DataCheck> checks;  // all evaluated with one device sync
+  checks.push_back({(~keep | ((pb.labels >= 0) & (pb.labels < pb.v))).all(), [&] {
+                      DISTILL_THROW(ProtocolError, "distillLoss: labels: every label must be in [0, ", pb.v,
+                                    ") or ignore_index = ", o.ignore_index);
+                    }});
   if (teacher.logits.defined()) {
     const at::Tensor& tl = teacher.logits;
     DISTILL_CHECK_T(ProtocolError, nkShape(tl, pb.v) && at::isFloatingType(tl.scalar_type()),
@@ -357,42 +455,51 @@ Problem prepare(const at::Tensor& z, const at::Tensor& labels, const TeacherOutp
     checkDevice("teacher top-k indices", ti, z);
     pb.tValues = tv.reshape({pb.n, k});
     pb.tIndices = ti.reshape({pb.n, k}).to(at::kLong);
-    if (teacher.logsumexp.defined()) {
-      const at::Tensor& tl = teacher.logsumexp;
-      DISTILL_CHECK_T(ProtocolError, tl.numel() == pb.n && at::isFloatingType(tl.scalar_type()),
-                      "distillLoss: teacher logsumexp: expected floating [", pb.n, "], found ",
-                      shapeOf(tl), " ", c10::toString(tl.scalar_type()));
-      checkDevice("teacher logsumexp", tl, z);
-      pb.tLse = tl.reshape({pb.n});
-    }
-    DISTILL_CHECK_T(ConfigError, pb.kind != Kind::kReverse || pb.tLse.defined(),
-                    "loss.kind reverse_kl with a top-k teacher needs the teacher's logsumexp: "
-                    "without it the teacher has no mass outside its top-k and KL(p_S || p_T) is "
+    pb.eps = std::max(epsOf(pb.compute), epsOf(tv.scalar_type()));
+    auto perToken = [&](const char* what, const at::Tensor& t) {
+      DISTILL_CHECK_T(ProtocolError, t.numel() == pb.n && at::isFloatingType(t.scalar_type()),
+                      "distillLoss: teacher ", what, ": expected floating [", pb.n, "], found ",
+                      shapeOf(t), " ", c10::toString(t.scalar_type()));
+      checkDevice((std::string("teacher ") + what).c_str(), t, z);
+      pb.eps = std::max(pb.eps, epsOf(t.scalar_type()));
+      return t.reshape({pb.n});
+    };
+    if (teacher.logsumexp.defined()) pb.tLse = perToken("logsumexp", teacher.logsumexp);
+    if (teacher.logTail.defined()) pb.tLogTail = perToken("logTail", teacher.logTail);
+    DISTILL_CHECK_T(ConfigError, pb.kind != Kind::kReverse || pb.tLse.defined() || pb.tLogTail.defined(),
+                    "loss.kind reverse_kl with a top-k teacher needs the teacher's logsumexp (or log "
+                    "tail): without it the teacher has no mass outside its top-k and KL(p_S || p_T) is "
                     "infinite; send teacher.logsumexp or use forward_kl | jsd");
-    dataChecks.push_back(((pb.tIndices >= 0) & (pb.tIndices < pb.v)).all());
+    checks.push_back({((pb.tIndices >= 0) & (pb.tIndices < pb.v)).all(), [&] {
+                        DISTILL_THROW(ProtocolError, "distillLoss: teacher top-k indices: every index must "
+                                      "be in [0, ", pb.v, ")");
+                      }});
     if (k > 1) {
       at::Tensor sorted = std::get<0>(pb.tIndices.sort(1));
-      dataChecks.push_back((sorted.narrow(1, 1, k - 1) != sorted.narrow(1, 0, k - 1)).all());
-    } else {
-      dataChecks.push_back(at::ones({}, pb.tIndices.options().dtype(at::kBool)));
+      checks.push_back({(sorted.narrow(1, 1, k - 1) != sorted.narrow(1, 0, k - 1)).all(), [] {
+                          DISTILL_THROW(ProtocolError, "distillLoss: teacher top-k indices: repeated index "
+                                        "within a token's top-k");
+                        }});
     }
+    if (pb.tLse.defined() || pb.tLogTail.defined()) {
+      pb.tLogSum = at::logsumexp(pb.tValues.to(pb.compute).div(pb.temperature), 1);
+      if (pb.tLogTail.defined()) pb.tLogSum = at::logaddexp(pb.tLogSum, pb.tLogTail.to(pb.compute));
+    }
+    if (pb.tLse.defined()) checks.push_back(logsumexpCheck(pb, keep));
   }
 
-  at::Tensor keep = pb.labels != o.ignore_index;
-  dataChecks.insert(dataChecks.begin(),
-                    (~keep | ((pb.labels >= 0) & (pb.labels < pb.v))).all());
-  at::Tensor ok = at::stack(dataChecks).cpu();
+  std::vector<at::Tensor> oks;
+  for (auto& c : checks) oks.push_back(c.ok);
+  at::Tensor ok = at::stack(oks).cpu();
   const bool* okp = ok.data_ptr<bool>();
-  DISTILL_CHECK_T(ProtocolError, okp[0], "distillLoss: labels: every label must be in [0, ",
-                  pb.v, ") or ignore_index = ", o.ignore_index);
-  if (ok.numel() > 1) {
-    DISTILL_CHECK_T(ProtocolError, okp[1], "distillLoss: teacher top-k indices: every index must "
-                    "be in [0, ", pb.v, ")");
-    DISTILL_CHECK_T(ProtocolError, okp[2], "distillLoss: teacher top-k indices: repeated index "
-                    "within a token's top-k");
+  for (size_t i = 0; i < checks.size(); ++i) {
+    if (!okp[i]) checks[i].fail();
   }
   pb.valid = keep.nonzero().squeeze(1);
   pb.allValid = pb.valid.size(0) == pb.n;
+  DISTILL_CHECK_T(ConfigError, normalizer > 0 || pb.valid.size(0) == 0,
+                  "distillLoss: normalizer is 0 but this call has ", pb.valid.size(0),
+                  " non-ignored token(s); pass the step's token count (stepTokenCount)");
   return pb;
 }
 

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <deque>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -16,6 +17,7 @@
 #include "distill/core/protocol.h"
 #include "distill/core/trace.h"
 #include "distill/ipc/channel.h"
+#include "distill/ipc/wire.h"
 
 namespace distill {
 namespace {
@@ -54,6 +56,18 @@ class AutocastScope {
   bool active_ = false;
 };
 
+// A response holds at most ipc::wire::kMaxTensors tensors: the output (the
+// logits, or the top-k's four) and the hidden states must fit, which is known
+// at start-up; otherwise every reply would fail.
+void checkResponseFits(const TeacherOptions& t) {
+  const size_t output = t.topk > 0 ? 4 : 1;
+  DISTILL_CHECK_T(ConfigError, output + t.hidden_states.size() <= size_t(ipc::wire::kMaxTensors),
+                  "teacher.hidden_states: ", t.hidden_states.size(), " hidden state(s) do not fit in a response "
+                  "next to ", t.topk > 0 ? "the top-k output (teacher.topk=" + std::to_string(t.topk) +
+                  ": topk_values, topk_indices, logsumexp, log_tail)" : std::string("the logits"),
+                  ": a message holds at most ", ipc::wire::kMaxTensors, " tensors");
+}
+
 // The dtype and rank of each input, fixed by the first request of the job.
 struct InputSignature {
   bool known = false;
@@ -74,6 +88,7 @@ class Server {
       : ctx_(ctx), cfg_(ctx.config()), model_(std::move(model)) {}
 
   ServeStats run() {
+    checkResponseFits(cfg_.teacher);
     const Topology& topo = ctx_.topology();
     DISTILL_CHECK_T(ConfigError, !topo.segment.empty(),
                     "the teacher has no segment (DISTILL_SEGMENT is not set): start the job with distill-run");
@@ -310,8 +325,7 @@ class Server {
     }
   }
 
-  // Full logits, or top-k values + int32 indices + logsumexp at the loss
-  // temperature (lets the student keep the tail mass), plus hidden states.
+  // Full logits, or the top-k (topkOutput), plus hidden states.
   std::map<std::string, at::Tensor> shape(std::map<std::string, at::Tensor> raw, int64_t batch) {
     auto it = raw.find(cfg_.teacher.output);
     DISTILL_CHECK_T(ProtocolError, it != raw.end(), "teacher model returned no '",
@@ -322,13 +336,7 @@ class Server {
                     "; expected batch ", batch, " in dim 0");
     std::map<std::string, at::Tensor> out;
     if (cfg_.teacher.topk > 0) {
-      DISTILL_CHECK_T(ConfigError, cfg_.teacher.topk <= logits.size(-1), "teacher.topk=",
-                      cfg_.teacher.topk, " exceeds the vocabulary of ", logits.size(-1));
-      auto [values, indices] = at::topk(logits, cfg_.teacher.topk, -1);
-      out[protocol::kTopkValues] = values.to(at::kFloat).contiguous();
-      out[protocol::kTopkIndices] = indices.to(at::kInt).contiguous();
-      out[protocol::kLogsumexp] =
-          at::logsumexp(logits.to(at::kFloat) / cfg_.loss.temperature, -1).contiguous();
+      out = topkOutput(logits, cfg_.teacher.topk, cfg_.loss.temperature);
     } else {
       out[protocol::kLogits] = logits.contiguous();
     }
@@ -386,6 +394,24 @@ class Server {
 };
 
 }  // namespace
+
+std::map<std::string, at::Tensor> topkOutput(const at::Tensor& logits, int64_t k, double temperature) {
+  DISTILL_CHECK_T(ConfigError, logits.dim() >= 1 && k >= 1 && k <= logits.size(-1), "teacher.topk=", k,
+                  " exceeds the vocabulary of ", logits.dim() >= 1 ? logits.size(-1) : 0);
+  std::map<std::string, at::Tensor> out;
+  auto [values, indices] = at::topk(logits, k, -1);
+  // One float32 buffer of logits / T (a new tensor: div never aliases): the
+  // logsumexp over everything, then, with the top-k masked out in place, over
+  // the tail. The tail is summed, never taken as a difference, which cancels
+  // to 0 when the top-k holds nearly all the mass.
+  at::Tensor scaled = logits.to(at::kFloat).div(temperature);
+  out[protocol::kLogsumexp] = at::logsumexp(scaled, -1).contiguous();
+  scaled.scatter_(-1, indices, -std::numeric_limits<float>::infinity());
+  out[protocol::kLogTail] = at::logsumexp(scaled, -1).contiguous();
+  out[protocol::kTopkValues] = values.to(at::kFloat).contiguous();
+  out[protocol::kTopkIndices] = indices.to(at::kInt).contiguous();
+  return out;
+}
 
 std::string checkTagOrder(const std::optional<RequestTag>& prev, const RequestTag& next,
                           int gradAccSteps) {

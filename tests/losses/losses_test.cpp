@@ -15,10 +15,14 @@
 #include <vector>
 
 #include "distill/core/errors.h"
+#include "distill/core/protocol.h"
 #include "distill/student/losses.h"
+#include "distill/teacher/server.h"
 
 namespace distill {
 namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
 
 double maxAbs(const at::Tensor& a, const at::Tensor& b) {
   return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
@@ -29,6 +33,7 @@ double maxAbs(const at::Tensor& a, const at::Tensor& b) {
 struct Case {
   std::string name, kind, mode;
   double temperature = 1, beta = 0.5, alpha = 0.5;
+  std::string dtype = "f64", check = "exact";  // edge cases: precision to run in, exact | bound
   std::map<std::string, at::Tensor> t;
 };
 
@@ -53,26 +58,35 @@ std::map<std::string, at::Tensor> readRecords(const std::string& path) {
   return out;
 }
 
-std::vector<Case> pythonCases(int seed) {
+// Runs reference.py with `args` and reads the cases it lists: the random ones
+// (cases.txt), or with --edge the exact edge cases (edge_cases.txt, with two
+// more columns: dtype and check).
+std::vector<Case> pythonCases(const std::string& args, bool edge = false) {
   char dirTemplate[] = "/tmp/distill_losses_XXXXXX";
   const char* dir = mkdtemp(dirTemplate);
   EXPECT_NE(dir, nullptr);
-  std::string cmd = std::string(DISTILL_TEST_PYTHON) + " " + DISTILL_LOSSES_REFERENCE +
-                    " --seed " + std::to_string(seed) + " --out " + dir +
-                    " --batch 2 --seq 19 --vocab 101 --topk 8";
+  std::string cmd = std::string(DISTILL_TEST_PYTHON) + " " + DISTILL_LOSSES_REFERENCE + " " + args +
+                    " --out " + dir;
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
   std::vector<Case> cases;
-  std::ifstream list(std::string(dir) + "/cases.txt");
+  const std::string listPath = std::string(dir) + (edge ? "/edge_cases.txt" : "/cases.txt");
+  std::ifstream list(listPath);
   std::string path;
   Case c;
-  while (list >> c.name >> c.kind >> c.temperature >> c.beta >> c.alpha >> c.mode >> path) {
+  while (list >> c.name >> c.kind >> c.temperature >> c.beta >> c.alpha >> c.mode) {
+    if (edge) list >> c.dtype >> c.check;
+    list >> path;
     c.t = readRecords(path);
     cases.push_back(c);
     std::remove(path.c_str());
   }
-  std::remove((std::string(dir) + "/cases.txt").c_str());
+  std::remove(listPath.c_str());
   rmdir(dir);
   return cases;
+}
+
+std::vector<Case> pythonCases(int seed) {
+  return pythonCases("--seed " + std::to_string(seed) + " --batch 2 --seq 19 --vocab 101 --topk 8");
 }
 
 TeacherOutput teacherOf(const Case& c, at::ScalarType dtype) {
@@ -85,6 +99,7 @@ TeacherOutput teacherOf(const Case& c, at::ScalarType dtype) {
   if (auto v = get("teacher_values"); v.defined()) t.topkValues = v.to(dtype);
   t.topkIndices = get("teacher_indices");
   if (auto l = get("teacher_lse"); l.defined()) t.logsumexp = l.to(dtype);
+  if (auto l = get("teacher_log_tail"); l.defined()) t.logTail = l.to(dtype);
   return t;
 }
 
@@ -100,7 +115,7 @@ LossOptions optionsOf(const Case& c, int64_t chunk) {
 
 TEST(Losses, MatchPythonReference) {
   std::vector<Case> cases = pythonCases(20240611);
-  ASSERT_EQ(cases.size(), 16u);
+  ASSERT_EQ(cases.size(), 22u);
   double worstLoss64 = 0, worstGrad64 = 0, worstLoss32 = 0, worstGrad32 = 0;
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -140,6 +155,40 @@ TEST(Losses, MatchPythonReference) {
               worstLoss64, worstGrad64, worstLoss32, worstGrad32);
 }
 
+// Issue 14, items 1-3: inputs where the old formulas gave inf or NaN (JSD with
+// both distributions underflowing; a teacher tail that cancels in 1 - sum q;
+// k = V), against exact values (mpmath, from the teacher's full logits) and
+// exact central differences, in the precision each case names.
+TEST(Losses, EdgeCasesMatchExactReference) {
+  std::vector<Case> cases = pythonCases("--edge", /*edge=*/true);
+  ASSERT_EQ(cases.size(), 13u);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const at::ScalarType dtype = c.dtype == "f32" ? at::kFloat : at::kDouble;
+    const double ref = c.t.at("ref_loss").item<double>(), norm = c.t.at("normalizer").item<double>();
+    for (int64_t chunk : {1, 1000}) {
+      at::Tensor z = c.t.at("student").to(dtype).clone().requires_grad_(true);
+      LossResult r = distillLoss(z, c.t.at("labels"), teacherOf(c, dtype), optionsOf(c, chunk), norm);
+      r.loss.backward();
+      const double loss = r.loss.item<double>(), eg = maxAbs(z.grad(), c.t.at("ref_grad"));
+      EXPECT_TRUE(std::isnan(r.ce.item<double>()));  // alpha = 1: ce is not computed
+      EXPECT_EQ(r.kd.item<double>(), loss);
+      EXPECT_TRUE(std::isfinite(loss)) << loss;
+      EXPECT_TRUE(z.grad().isfinite().all().item<bool>()) << z.grad();
+      if (c.check == "bound") {
+        // logsumexp only: the tail below rounding is floored, so a lower bound.
+        EXPECT_GT(loss, 0.0);
+        EXPECT_LE(loss, ref * (1 + 1e-6)) << "exact " << ref;
+        std::printf("%s: %.6g (exact %.6g, without the log tail)\n", c.name.c_str(), loss, ref);
+        continue;
+      }
+      const double tol = dtype == at::kDouble ? 1e-12 : 2e-6;
+      EXPECT_LE(std::abs(loss - ref), tol * std::max(1.0, std::abs(ref))) << loss << " vs exact " << ref;
+      EXPECT_LE(eg, dtype == at::kDouble ? 1e-12 : 2e-6) << z.grad() << c.t.at("ref_grad");
+    }
+  }
+}
+
 // ---- finite differences ---------------------------------------------------
 
 struct Small {
@@ -162,7 +211,8 @@ Small smallProblem(const std::string& mode, double temperature, uint64_t seed) {
     auto [vals, idx] = t.topk(k, 1);
     s.teacher.topkValues = vals;
     s.teacher.topkIndices = idx.to(at::kInt);
-    if (mode == "topk_lse") s.teacher.logsumexp = at::logsumexp(t / temperature, 1);
+    if (mode != "topk") s.teacher.logsumexp = at::logsumexp(t / temperature, 1);
+    if (mode == "topk_tail") s.teacher.logTail = at::logsumexp((t / temperature).scatter(1, idx, -kInf), 1);
   }
   return s;
 }
@@ -173,7 +223,9 @@ TEST(Losses, FiniteDifferences) {
                         {"forward_kl", "topk", 1.0},  {"forward_kl", "topk", 2.5},
                         {"forward_kl", "topk_lse", 2.5}, {"reverse_kl", "dense", 2.5},
                         {"reverse_kl", "topk_lse", 1.0}, {"jsd", "dense", 2.5},
-                        {"jsd", "topk", 1.0}, {"jsd", "topk_lse", 2.5}};
+                        {"jsd", "topk", 1.0}, {"jsd", "topk_lse", 2.5},
+                        {"forward_kl", "topk_tail", 2.5}, {"reverse_kl", "topk_tail", 1.0},
+                        {"jsd", "topk_tail", 2.5}};
   double worst = 0;
   for (const Spec& sp : specs) {
     SCOPED_TRACE(std::string(sp.kind) + " " + sp.mode + " T=" + std::to_string(sp.t));
@@ -324,7 +376,7 @@ TEST(Losses, AllIgnoredAndLowPrecision) {
               distillLoss(s.z.to(at::kBFloat16).to(at::kDouble), s.labels, s.teacher, o, 5.0)
                   .loss.item<double>(), 1e-5);
   // A teacher that rules tokens out (-inf) leaves forward KL and JSD finite.
-  TeacherOutput masked{s.teacher.logits.clone(), {}, {}, {}};
+  TeacherOutput masked{s.teacher.logits.clone(), {}, {}, {}, {}};
   masked.logits.select(1, 0).fill_(-std::numeric_limits<double>::infinity());
   for (const char* kind : {"forward_kl", "jsd"}) {
     o.kind = kind;
@@ -359,7 +411,7 @@ TEST(Losses, Errors) {
     return [=] { distillLoss(z, l, t, opt, norm); };
   };
   std::string m = expectThrow<ProtocolError>(
-      run(s.z, s.labels, TeacherOutput{s.teacher.logits.narrow(1, 0, 8), {}, {}, {}}, o));
+      run(s.z, s.labels, TeacherOutput{s.teacher.logits.narrow(1, 0, 8), {}, {}, {}, {}}, o));
   EXPECT_NE(m.find("[6, 9]"), std::string::npos) << m;
   EXPECT_NE(m.find("[6, 8]"), std::string::npos) << m;
   m = expectThrow<ProtocolError>(run(s.z, s.labels.narrow(0, 0, 5), s.teacher, o));
@@ -401,6 +453,258 @@ TEST(Losses, Errors) {
   m = expectThrow<ConfigError>(
       run(k.z, k.labels, k.teacher, with([](auto& b) { b.kind = "reverse_kl"; })));
   EXPECT_NE(m.find("logsumexp"), std::string::npos) << m;
+}
+
+// ---- issue 14: edge cases that gave inf or NaN ------------------------------
+
+// Rows with an infinite gradient entry or a NaN one.
+int64_t badRows(const at::Tensor& grad) { return (~grad.isfinite()).any(1).sum().item<int64_t>(); }
+
+// Item 1 at scale: float32, V = 32000, T = 0.25, LLM-like logits (a peaked
+// teacher, a student near it): most tokens have p and q below float32's
+// smallest denormal, and log(beta q + (1-beta) p) was -inf for them.
+TEST(Losses, JsdStaysFiniteWhereBothDistributionsUnderflow) {
+  const int64_t n = 256, v = 32000;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(14);
+  at::Tensor t = at::randn({n, v}, gen, at::kFloat) * 3;
+  t.select(1, 0).add_(12);
+  at::Tensor z = (t + at::randn({n, v}, gen, at::kFloat) * 0.5).requires_grad_(true);
+  at::Tensor labels = at::randint(0, v, {n}, gen, at::kLong);
+  LossOptions o;
+  o.kind = "jsd";
+  o.temperature = 0.25;
+  o.chunk_tokens = 64;
+  TeacherOutput teacher;
+  teacher.logits = t;
+  LossResult r = distillLoss(z, labels, teacher, o, double(n));
+  r.loss.backward();
+  EXPECT_TRUE(std::isfinite(r.loss.item<double>())) << r.loss.item<double>();
+  EXPECT_EQ(badRows(z.grad()), 0);
+  // The same in float64 (where nothing underflows here): the float32 loss is right, not just finite.
+  at::Tensor z64 = z.detach().to(at::kDouble).requires_grad_(true);
+  teacher.logits = t.to(at::kDouble);
+  LossResult r64 = distillLoss(z64, labels, teacher, o, double(n));
+  r64.loss.backward();
+  EXPECT_NEAR(r.loss.item<double>(), r64.loss.item<double>(), 1e-5 * r64.loss.item<double>());
+  EXPECT_LT(maxAbs(z.grad(), z64.grad()), 1e-6);
+}
+
+// Item 2 at scale, through the server's own top-k shaping (float32, top-64,
+// V = 32000): rows where the teacher is confident enough that 1 - sum q_i
+// cancels in float32. Reverse KL (and JSD, forward KL) stay finite and agree
+// with the same computed in float64 from the same float32 output.
+TEST(Losses, ServerTopkOutputKeepsTheTeacherTail) {
+  const int64_t n = 256, v = 32000, k = 64;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(15);
+  at::Tensor t = at::randn({n, v}, gen, at::kFloat) * 2;
+  // A confident next token on every row, 18..34 above the bulk.
+  t.select(1, 7).add_(at::rand({n}, gen, at::kFloat) * 16 + 18);
+  at::Tensor z0 = at::randn({n, v}, gen, at::kFloat);
+  at::Tensor labels = at::randint(0, v, {n}, gen, at::kLong);
+  auto out = topkOutput(t, k, 1.0);
+  TeacherOutput sent;
+  sent.topkValues = out.at(protocol::kTopkValues);
+  sent.topkIndices = out.at(protocol::kTopkIndices);
+  sent.logsumexp = out.at(protocol::kLogsumexp);
+  sent.logTail = out.at(protocol::kLogTail);
+  ASSERT_EQ(sent.logTail.scalar_type(), at::kFloat);
+  // The cancellation is there: in float32, the top-k mass rounds to 1 on some rows.
+  at::Tensor topMass = (sent.topkValues - sent.logsumexp.unsqueeze(1)).exp().sum(1);
+  const int64_t cancelled = (topMass >= 1).sum().item<int64_t>();
+  EXPECT_GT(cancelled, 10);
+  for (const char* kind : {"reverse_kl", "forward_kl", "jsd"}) {
+    SCOPED_TRACE(kind);
+    LossOptions o;
+    o.kind = kind;
+    o.chunk_tokens = 64;
+    at::Tensor z = z0.clone().requires_grad_(true);
+    LossResult r = distillLoss(z, labels, sent, o, double(n));
+    r.loss.backward();
+    EXPECT_TRUE(std::isfinite(r.loss.item<double>()));
+    EXPECT_EQ(badRows(z.grad()), 0);
+    TeacherOutput sent64{{}, sent.topkValues.to(at::kDouble), sent.topkIndices,
+                         sent.logsumexp.to(at::kDouble), sent.logTail.to(at::kDouble)};
+    at::Tensor z64 = z0.to(at::kDouble).requires_grad_(true);
+    LossResult r64 = distillLoss(z64, labels, sent64, o, double(n));
+    r64.loss.backward();
+    EXPECT_NEAR(r.loss.item<double>(), r64.loss.item<double>(), 1e-5 * std::abs(r64.loss.item<double>()));
+    EXPECT_LT(maxAbs(z.grad(), z64.grad()), 1e-6);
+    if (std::string(kind) == "reverse_kl") {
+      // Without the log tail (an older teacher): still finite, never NaN.
+      TeacherOutput old = sent;
+      old.logTail = at::Tensor();
+      at::Tensor zo = z0.clone().requires_grad_(true);
+      LossResult ro = distillLoss(zo, labels, old, o, double(n));
+      ro.loss.backward();
+      EXPECT_TRUE(std::isfinite(ro.loss.item<double>()));
+      EXPECT_EQ(badRows(zo.grad()), 0);
+      std::printf("reverse_kl, %ld of %ld rows with top-k mass rounding to 1: %.6f with the log tail, "
+                  "%.6f without (a lower bound)\n", cancelled, n, r.loss.item<double>(), ro.loss.item<double>());
+    }
+  }
+}
+
+// The server's top-k output: the log tail is summed, not subtracted, and -inf when k = V.
+TEST(Losses, ServerTopkOutputLogTail) {
+  at::Tensor t = at::tensor({40.0, 0.0, 0.0, 1.0, 2.0, 3.0}, at::kFloat).view({2, 3});
+  auto out = topkOutput(t, 1, 1.0);
+  EXPECT_EQ(out.size(), 4u);
+  EXPECT_FLOAT_EQ(out.at(protocol::kLogTail)[0].item<float>(), std::log(2.0f));
+  EXPECT_FLOAT_EQ(out.at(protocol::kLogTail)[1].item<float>(), std::log(std::exp(1.0f) + std::exp(2.0f)));
+  EXPECT_EQ(out.at(protocol::kLogsumexp)[0].item<float>(), 40.0f);  // the tail is below its rounding
+  EXPECT_EQ(out.at(protocol::kTopkIndices).scalar_type(), at::kInt);
+  auto all = topkOutput(t, 3, 2.0);
+  EXPECT_TRUE((all.at(protocol::kLogTail) == -kInf).all().item<bool>());
+  EXPECT_THROW(topkOutput(t, 4, 1.0), ConfigError);
+}
+
+// Item 4: a term of weight 0 is not computed, so it cannot poison the loss.
+TEST(Losses, ZeroWeightTermIsNotComputed) {
+  Small s = smallProblem("dense", 1.0, 21);
+  LossOptions o;
+  o.chunk_tokens = 4;
+  // Forward KL is infinite: the student rules out (-inf) a token the teacher likes.
+  at::Tensor zInf = s.z.clone();
+  zInf.select(1, 8).fill_(-kInf);
+  at::Tensor labels = s.labels.clone();
+  labels.masked_fill_(labels == 8, 0);  // keep CE finite
+  o.alpha = 0.3;
+  EXPECT_FALSE(std::isfinite(distillLoss(zInf, labels, s.teacher, o, 5.0).kd.item<double>()));
+  o.alpha = 0;
+  for (const char* mode : {"dense", "topk_tail"}) {
+    SCOPED_TRACE(mode);
+    TeacherOutput teacher = smallProblem(mode, 1.0, 21).teacher;
+    at::Tensor z = zInf.clone().requires_grad_(true);
+    LossResult r = distillLoss(z, labels, teacher, o, 5.0);
+    r.loss.backward();
+    EXPECT_TRUE(std::isnan(r.kd.item<double>()));  // "not computed"
+    // Exactly the hard-label CE: value and gradient.
+    at::Tensor zc = zInf.clone().requires_grad_(true);
+    at::Tensor ce = at::cross_entropy_loss(zc, labels, {}, at::Reduction::Sum, -100) / 5.0;
+    ce.backward();
+    EXPECT_NEAR(r.loss.item<double>(), ce.item<double>(), 1e-14);
+    EXPECT_NEAR(r.ce.item<double>(), ce.item<double>(), 1e-14);
+    EXPECT_LT(maxAbs(z.grad(), zc.grad()), 1e-15);
+  }
+  // alpha = 1 with an infinite CE (the label's logit is -inf, and the teacher rules it out too).
+  at::Tensor zl = s.z.clone();
+  TeacherOutput teacher{s.teacher.logits.clone(), {}, {}, {}, {}};
+  for (int64_t i = 0; i < s.labels.size(0); ++i) {
+    const int64_t l = s.labels[i].item<int64_t>();
+    if (l < 0) continue;
+    zl[i][l] = -kInf;
+    teacher.logits[i][l] = -kInf;
+  }
+  o.alpha = 0.5;
+  EXPECT_FALSE(std::isfinite(distillLoss(zl, s.labels, teacher, o, 5.0).ce.item<double>()));
+  o.alpha = 1;
+  at::Tensor z = zl.clone().requires_grad_(true);
+  LossResult r = distillLoss(z, s.labels, teacher, o, 5.0);
+  r.loss.backward();
+  EXPECT_TRUE(std::isnan(r.ce.item<double>()));
+  EXPECT_TRUE(std::isfinite(r.loss.item<double>()));
+  EXPECT_EQ(r.loss.item<double>(), r.kd.item<double>());
+  EXPECT_TRUE(z.grad().isfinite().all().item<bool>());
+}
+
+// Item 5: a step whose labels are all ignored has a step token count of 0;
+// each of its micro-batches gives a zero loss with a zero gradient.
+TEST(Losses, StepWithoutTokensGivesZeroLoss) {
+  for (const char* mode : {"dense", "topk", "topk_tail"}) {
+    for (double alpha : {0.0, 0.5, 1.0}) {
+      SCOPED_TRACE(std::string(mode) + " alpha " + std::to_string(alpha));
+      Small s = smallProblem(mode, 2.0, 3);
+      LossOptions o;
+      o.alpha = alpha;
+      o.temperature = 2.0;
+      at::Tensor none = at::full_like(s.labels, -100);
+      at::Tensor z = s.z.clone().requires_grad_(true);
+      LossResult r = distillLoss(z, none, s.teacher, o, 0.0);
+      EXPECT_EQ(r.tokens, 0);
+      EXPECT_EQ(r.loss.item<double>(), 0.0);
+      EXPECT_TRUE(r.loss.requires_grad());
+      r.loss.backward();
+      ASSERT_TRUE(z.grad().defined());
+      EXPECT_EQ(z.grad().abs().max().item<double>(), 0.0);
+      // kd and ce are 0, or NaN where their weight is 0 (not computed).
+      EXPECT_EQ(std::isnan(r.kd.item<double>()), alpha == 0.0);
+      EXPECT_EQ(std::isnan(r.ce.item<double>()), alpha == 1.0);
+      if (alpha == 0.5) {
+        EXPECT_EQ(r.kd.item<double>(), 0.0);
+        EXPECT_EQ(r.ce.item<double>(), 0.0);
+      }
+      EXPECT_EQ(distillLoss(s.z, none, s.teacher, o, 0.0).loss.item<double>(), 0.0);  // no grad
+    }
+  }
+  // A normalizer of 0 with valid tokens is still an error, naming the count.
+  Small s = smallProblem("dense", 1.0, 3);
+  LossOptions o;
+  try {
+    distillLoss(s.z, s.labels, s.teacher, o, 0.0);
+    ADD_FAILURE() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(e.message().find("5 non-ignored token(s)"), std::string::npos) << e.message();
+  }
+  EXPECT_THROW(distillLoss(s.z, s.labels, s.teacher, o, -1.0), ConfigError);
+  EXPECT_THROW(distillLoss(s.z, s.labels, s.teacher, o, std::nan("")), ConfigError);
+}
+
+// Item 6: a logsumexp that its own top-k contradicts is refused, naming the
+// row and both values; rounding within the tolerance is not.
+TEST(Losses, LogsumexpContradictingTheTopkIsRefused) {
+  Small s = smallProblem("topk_tail", 1.0, 9);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(9);
+  at::Tensor t = at::randn({6, 9}, gen, at::kDouble) * 2;
+  auto [vals, idx] = t.topk(3, 1);
+  LossOptions o;
+  o.temperature = 1.0;
+  for (const char* kind : {"forward_kl", "reverse_kl", "jsd"}) {
+    for (bool withTail : {false, true}) {
+      SCOPED_TRACE(std::string(kind) + (withTail ? " with log tail" : ""));
+      o.kind = kind;
+      TeacherOutput good{{}, vals, idx, at::logsumexp(t, 1), {}};
+      if (withTail) good.logTail = at::logsumexp(t.scatter(1, idx, -kInf), 1);
+      EXPECT_NO_THROW(distillLoss(s.z, s.labels, good, o, 5.0));
+      // What the top-k (and tail) say the logsumexp is.
+      at::Tensor said = at::logsumexp(vals, 1);
+      if (withTail) said = at::logaddexp(said, good.logTail);
+      // Rounding within the tolerance (1e-4 in log space): accepted, renormalised.
+      TeacherOutput close = good;
+      close.logsumexp = said - 0.5e-4;
+      EXPECT_NO_THROW(distillLoss(s.z, s.labels, close, o, 5.0));
+      // Sent at T = 2 while the loss uses T = 1: the top-k "probabilities" sum above 1.
+      TeacherOutput wrongT = good;
+      wrongT.logsumexp = at::logsumexp(t / 2.0, 1);
+      const int64_t first = (said - wrongT.logsumexp > 1e-3).nonzero()[0][0].item<int64_t>();
+      std::string m = expectThrow<ProtocolError>([&] { distillLoss(s.z, s.labels, wrongT, o, 5.0); });
+      EXPECT_NE(m.find("token row " + std::to_string(first) + " of 6"), std::string::npos) << m;
+      std::ostringstream sent;
+      sent << "the sent logsumexp " << wrongT.logsumexp[first].item<double>() << " contradicts";
+      EXPECT_NE(m.find(sent.str()), std::string::npos) << m;
+      EXPECT_NE(m.find("another temperature"), std::string::npos) << m;
+      // Only just beyond the tolerance, on one valid row.
+      TeacherOutput off = good;
+      off.logsumexp = good.logsumexp.clone();
+      off.logsumexp[4] = said[4] - 2e-4;
+      m = expectThrow<ProtocolError>([&] { distillLoss(s.z, s.labels, off, o, 5.0); });
+      EXPECT_NE(m.find("token row 4 of 6"), std::string::npos) << m;
+      // ... but not on an ignored row (s.labels[2] is ignored), nor a NaN there.
+      TeacherOutput ignored = good;
+      ignored.logsumexp = good.logsumexp.clone();
+      ignored.logsumexp[2] = std::nan("");
+      EXPECT_NO_THROW(distillLoss(s.z, s.labels, ignored, o, 5.0));
+      TeacherOutput nan = good;
+      nan.logsumexp = good.logsumexp.clone();
+      nan.logsumexp[1] = std::nan("");
+      expectThrow<ProtocolError>([&] { distillLoss(s.z, s.labels, nan, o, 5.0); });
+      if (withTail) {
+        // With the tail the two must agree both ways: a logsumexp too large is refused too.
+        TeacherOutput big = good;
+        big.logsumexp = good.logsumexp + 1e-3;
+        expectThrow<ProtocolError>([&] { distillLoss(s.z, s.labels, big, o, 5.0); });
+      }
+    }
+  }
 }
 
 // ---- memory -----------------------------------------------------------------
@@ -472,8 +776,8 @@ TEST(Losses, MemoryIsBoundedByChunks) {
         o.temperature = 2.0;
         o.chunk_tokens = chunk;
         TeacherOutput teacher = std::string(mode) == "dense"
-                                    ? TeacherOutput{t, {}, {}, {}}
-                                    : TeacherOutput{{}, vals, idx.to(at::kInt), lse};
+                                    ? TeacherOutput{t, {}, {}, {}, {}}
+                                    : TeacherOutput{{}, vals, idx.to(at::kInt), lse, {}};
         z.mutable_grad() = at::Tensor();
         const int64_t base = counting().live();
         counting().resetPeak();

@@ -101,6 +101,45 @@ DISTILL_TEST_ROLE(grad_student) {
   return 0;
 }
 
+// Two steps of a data-parallel student: in the first, every label of every
+// micro-batch of every student is ignored (all completions truncated), so the
+// step's token count is 0; the second is ordinary. Prints what it saw.
+DISTILL_TEST_ROLE(empty_step_student) {
+  int argc = 1;
+  char arg0[] = "empty_step_student";
+  char* argv[] = {arg0, nullptr};
+  const distill::Config cfg = distill::jobConfig(argc, argv);
+  distill::StudentContext ctx(distill::Topology::fromEnvironment(), cfg);
+  const int rank = ctx.rank();
+  auto net = makeNet();
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
+  for (int step = 0; step < 2; ++step) {
+    std::vector<Batch> batches;
+    std::vector<at::Tensor> labels;
+    for (int a = 0; a < cfg.student.grad_acc_steps; ++a) {
+      batches.push_back(gradBatch(rank, a));
+      if (step == 0) batches.back().labels.fill_(kIgnore);
+      labels.push_back(batches.back().labels);
+    }
+    const double tokens = distill::stepTokenCount(ctx.group(), labels, cfg.loss.ignore_index);
+    double loss = 0;
+    for (auto& b : batches) {
+      distill::TeacherOutput t;
+      t.logits = b.teacher;
+      distill::LossResult r = distill::distillLoss(net->forward(b.ids), b.labels, t, cfg.loss, tokens);
+      r.loss.backward();
+      loss += r.loss.item<double>();
+    }
+    distill::allReduceGradients(ctx.group(), net->parameters(), cfg.student.bucket_mb);
+    double maxGrad = 0;
+    for (auto& p : net->parameters()) maxGrad = std::max(maxGrad, p.grad().abs().max().item<double>());
+    opt.step();
+    opt.zero_grad();
+    std::fprintf(stderr, "RESULT step %d tokens=%.0f loss=%.17g max_grad=%.17g\n", step, tokens, loss, maxGrad);
+  }
+  return 0;
+}
+
 TEST(StudentGrad, AccumulatedDataParallelGradientEqualsOneBatch) {
   dt::Job job(2, yaml(), /*withSegment=*/false);
   std::vector<std::string> out;
@@ -145,5 +184,26 @@ TEST(StudentGrad, AccumulatedDataParallelGradientEqualsOneBatch) {
     std::printf("rank %d: max |grad - one-batch grad| = %.3e over %lld tokens\n", r, maxDiff,
                 static_cast<long long>(tokens));
     std::remove(out[size_t(r)].c_str());
+  }
+}
+
+// Issue 14 item 5: a step without a single non-ignored label on any student
+// (stepTokenCount 0) trains on: zero loss, zero gradient, and the next step is
+// ordinary. It used to end the run with a ConfigError from distillLoss.
+TEST(StudentGrad, StepWithoutTokensTrainsOn) {
+  dt::Job job(2, yaml(), /*withSegment=*/false);
+  std::vector<dt::Child> kids;
+  for (int r = 0; r < 2; ++r) kids.push_back(job.spawnRole("empty_step_student", r));
+  auto st = dt::joinAll(kids, seconds(60));
+  for (int r = 0; r < 2; ++r) {
+    const std::string log = job.log(r);
+    ASSERT_TRUE(st[size_t(r)].exited && st[size_t(r)].code == 0) << st[size_t(r)].describe() << "\n" << log;
+    EXPECT_EQ(dt::numberAfter(log, "RESULT step 0 tokens="), 0.0) << log;
+    EXPECT_EQ(dt::numberAfter(log, "RESULT step 0 tokens=0 loss="), 0.0) << log;
+    EXPECT_EQ(dt::numberAfter(log, "RESULT step 0 tokens=0 loss=0 max_grad="), 0.0) << log;
+    EXPECT_GT(dt::numberAfter(log, "RESULT step 1 tokens="), 0.0) << log;
+    const size_t at = log.find("RESULT step 1");
+    ASSERT_NE(at, std::string::npos) << log;
+    EXPECT_GT(dt::numberAfter(log.substr(at), "max_grad="), 1e-3) << log;
   }
 }

@@ -55,17 +55,19 @@ std::function<at::Tensor(const at::Tensor&)> inProcessTeacher(const std::string&
   return selfTeacherLogits;
 }
 
-// What the server sends for these logits: full, or top-k + logsumexp at the loss temperature.
+// What the server sends for these logits: full, or its top-k output (values,
+// indices, logsumexp and log tail at the loss temperature).
 distill::TeacherOutput shapeLikeServer(const at::Tensor& logits, const distill::Config& cfg) {
   distill::TeacherOutput o;
   if (cfg.teacher.topk == 0) {
     o.logits = logits;
     return o;
   }
-  auto [values, indices] = at::topk(logits, cfg.teacher.topk, -1);
-  o.topkValues = values;
-  o.topkIndices = indices.to(at::kInt);
-  o.logsumexp = at::logsumexp(logits / cfg.loss.temperature, -1);
+  auto out = distill::topkOutput(logits, cfg.teacher.topk, cfg.loss.temperature);
+  o.topkValues = out.at(distill::protocol::kTopkValues);
+  o.topkIndices = out.at(distill::protocol::kTopkIndices);
+  o.logsumexp = out.at(distill::protocol::kLogsumexp);
+  o.logTail = out.at(distill::protocol::kLogTail);
   return o;
 }
 
@@ -107,8 +109,14 @@ DISTILL_TEST_ROLE(distill_student) {
       return 1;
     }
     ++gets;
+    const distill::TeacherOutput sent = reply.output();
+    if (cfg.teacher.topk > 0 && !(sent.logsumexp.defined() && sent.logTail.defined())) {
+      std::fprintf(stderr, "reply %d: top-k answer without %s\n", k,
+                   sent.logsumexp.defined() ? "log_tail" : "logsumexp");  // the exact tail (losses.h)
+      return 1;
+    }
     at::Tensor logits = table.index_select(0, mb.ids.reshape(-1)).view({kBatch, kSeq, kVocab});
-    auto ring = distill::distillLoss(logits, mb.labels, reply.output(), cfg.loss, normalizer);
+    auto ring = distill::distillLoss(logits, mb.labels, sent, cfg.loss, normalizer);
     at::Tensor local;
     {
       c10::InferenceMode guard;

@@ -2,7 +2,8 @@
 
 // Names of the tensors students and teachers exchange. A request carries the
 // inputs named by teacher.inputs (e.g. "input_ids" [B, T]); a response carries
-// either the full logits or the top-k, plus any named hidden states.
+// either the full logits and up to three named hidden states, or the top-k
+// (values, indices, logsumexp, log_tail: the four tensors a message holds).
 
 namespace distill::protocol {
 
@@ -10,5 +11,7 @@ constexpr const char* kLogits = "logits";            // [B, T, V] teacher logits
 constexpr const char* kTopkValues = "topk_values";   // [B, T, k] teacher logits of its top-k tokens
 constexpr const char* kTopkIndices = "topk_indices"; // [B, T, k] int32 token ids
 constexpr const char* kLogsumexp = "logsumexp";      // [B, T] logsumexp(logits / T) over the vocab
+constexpr const char* kLogTail = "log_tail";         // [B, T] logsumexp(logits / T) over the NON-top-k
+                                                     // tokens (-inf when k = V): the exact tail mass
 
 }  // namespace distill::protocol

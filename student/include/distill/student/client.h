@@ -56,7 +56,7 @@ class TeacherReply {
   TeacherReply& operator=(TeacherReply&&) noexcept;
 
   const Handle& handle() const { return handle_; }
-  // The teacher's output for the loss: full logits, or top-k + logsumexp.
+  // The teacher's output for the loss: full logits, or top-k + logsumexp + log tail.
   TeacherOutput output() const;
   // Any named tensor of the answer (hidden states).
   at::Tensor tensor(const std::string& name) const;

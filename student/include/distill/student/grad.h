@@ -22,7 +22,9 @@ namespace distill {
 // Call it when the step opens, before taking the step's first teacher answer
 // (its result normalises every micro-batch's loss): it also tells the flight
 // recorder that a new step began, so that its collective and the step's
-// others are labelled with the right step.
+// others are labelled with the right step. 0 when every label of the step is
+// ignored: distillLoss takes that normalizer for micro-batches without valid
+// tokens (zero loss, zero gradient).
 double stepTokenCount(StudentGroup& group, const std::vector<at::Tensor>& microBatchLabels,
                       int64_t ignoreIndex);
 

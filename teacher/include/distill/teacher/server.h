@@ -16,6 +16,7 @@
 // makes the model fail. It joins no collective: it has a TeacherContext only.
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -38,6 +39,15 @@ struct ServeStats {
 // Serves until every local student has sent finish. Throws PeerLostError when a
 // student dies before finishing, TimeoutError when admission fails.
 ServeStats serve(TeacherContext& ctx, std::shared_ptr<TeacherModel> model);
+
+// The top-k output the server sends for `logits` [..., V] (teacher.topk = k
+// > 0), by protocol name: topk_values [..., k] float32 (the logits of the top-k
+// tokens), topk_indices [..., k] int32, logsumexp [...] float32 =
+// logsumexp(logits / T) over the vocabulary, and log_tail [...] float32 = the
+// same over the V - k other tokens (-inf when k = V), computed in one pass.
+// See student/losses.h for how the student uses them. ConfigError if k is
+// outside 1..V. Any thread; under inference mode or not.
+std::map<std::string, at::Tensor> topkOutput(const at::Tensor& logits, int64_t k, double temperature);
 
 // The tag of a request, for the order check.
 struct RequestTag {
