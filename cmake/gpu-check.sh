@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# The GPU check (issue "The GPU path, verified on a GPU"): on a bare GPU machine
+# with this working tree, one command that builds distill with CUDA against that
+# machine's torch, runs the whole suite (CUDA tests included), the IPC tests
+# under compute-sanitizer, the benches and the GPU demo, and writes its results
+# to OUT_DIR: results.jsonl (one JSON object per step), one log per step, and the
+# benches' JSON lines.
+#
+#   bash cmake/gpu-check.sh OUT_DIR [--steps build,test,sanitize,bench,demo] [--jobs N] [--rehearse]
+#
+# --rehearse runs the steps on a machine without a GPU (to check the CPU-side
+# steps: unpacking .debs, configuring against them, building); there the CUDA
+# tests skip and the GPU benches fail, so only --steps build means anything.
+#
+# Debian packages the build needs and the machine lacks come from .debs/
+# (fetched here by cmake/gpu-fetch-debs.sh) and are unpacked with dpkg -x into
+# .deps/root, never into /. Exit status: 0 every step passed, 1 a step failed,
+# 2 bad arguments, 3 no GPU visible (nothing is built then).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+REPO=$(pwd)
+
+usage() { echo "usage: $0 OUT_DIR [--steps build,test,sanitize,bench,demo] [--jobs N] [--rehearse]" >&2; exit 2; }
+[ $# -ge 1 ] || usage
+OUT=$1; shift
+case "$OUT" in -*|"") usage ;; esac
+STEPS=build,test,sanitize,bench,demo
+JOBS=$(nproc)
+REHEARSE=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --steps) [ $# -ge 2 ] || usage; STEPS=$2; shift 2 ;;
+    --jobs) [ $# -ge 2 ] || usage; JOBS=$2; shift 2 ;;
+    --rehearse) REHEARSE=1; shift ;;
+    *) echo "gpu-check: unknown argument '$1'" >&2; usage ;;
+  esac
+done
+for s in ${STEPS//,/ }; do
+  case "$s" in build|test|sanitize|bench|demo) ;; *) echo "gpu-check: unknown step '$s' (build, test, sanitize, bench, demo)" >&2; exit 2 ;; esac
+done
+case "$JOBS" in ''|*[!0-9]*|0) echo "gpu-check: --jobs needs a positive number, got '$JOBS'" >&2; exit 2 ;; esac
+mkdir -p "$OUT" || { echo "gpu-check: cannot create OUT_DIR '$OUT'" >&2; exit 2; }
+OUT=$(cd "$OUT" && pwd)
+RESULTS=$OUT/results.jsonl
+: > "$RESULTS"
+want() { case ",$STEPS," in *",$1,"*) return 0 ;; esac; return 1; }
+record() {  # record STEP OK SECONDS [extra JSON fields]
+  local extra=${4:-}
+  echo "{\"step\":\"$1\",\"ok\":$2,\"s\":$3${extra:+,$extra}}" >> "$RESULTS"
+  echo "== $1: ok=$2 (${3} s)"
+}
+FAILED=0
+run_step() {  # run_step NAME COMMAND...: logs to OUT/NAME.log
+  local name=$1; shift
+  local t0=$(date +%s)
+  if "$@" > "$OUT/$name.log" 2>&1; then record "$name" true $(( $(date +%s) - t0 ))
+  else record "$name" false $(( $(date +%s) - t0 )) "\"log\":\"$name.log\""; FAILED=1; fi
+}
+
+# ---- the machine: a GPU, or nothing to do ----
+GPU=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)
+if [ "$REHEARSE" = 1 ]; then
+  GPU="none (rehearsal)"
+elif [ -z "$GPU" ] || ! python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  echo "gpu-check: no GPU visible (nvidia-smi lists none or torch.cuda.is_available() is false); nothing was built" >&2
+  echo "{\"step\":\"gpu\",\"ok\":false,\"error\":\"no GPU visible\"}" >> "$RESULTS"
+  exit 3
+fi
+TORCH=$(python3 -c "import torch; print(torch.__version__)")
+echo "{\"step\":\"machine\",\"ok\":true,\"gpu\":\"$GPU\",\"torch\":\"$TORCH\",\"nvcc\":\"$(nvcc --version 2>/dev/null | tail -1)\",\"date\":\"$(date -u +%FT%TZ)\",\"commit\":\"$(git rev-parse --short HEAD 2>/dev/null)\"}" >> "$RESULTS"
+echo "== GPU: $GPU, torch $TORCH"
+
+# ---- Debian packages from .debs/, unpacked into the repo ----
+ROOT=$REPO/.deps/root
+if ls .debs/*.deb >/dev/null 2>&1; then
+  mkdir -p "$ROOT"
+  for d in .debs/*.deb; do dpkg -x "$d" "$ROOT" || { echo "gpu-check: dpkg -x $d failed" >&2; exit 1; }; done
+  # Debian's absolute .so links (e.g. libssl.so -> /usr/lib/...) would point outside the unpacked root.
+  find "$ROOT" -type l -lname '/*' | while read -r l; do ln -sfn "$ROOT$(readlink "$l")" "$l"; done
+fi
+MULTI=$ROOT/usr/lib/x86_64-linux-gnu
+export CMAKE_PREFIX_PATH=$ROOT/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
+export CPATH=$ROOT/usr/include${CPATH:+:$CPATH}
+export LIBRARY_PATH=$MULTI${LIBRARY_PATH:+:$LIBRARY_PATH}
+export LD_LIBRARY_PATH=$MULTI${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export OMP_NUM_THREADS=1
+BUILD=$REPO/build-gpu
+
+if want build; then
+  run_step configure cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDISTILL_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 -DDISTILL_BUILD_FUZZ=OFF -DDISTILL_PYTHON=python3
+  run_step build cmake --build "$BUILD" -j "$JOBS"
+fi
+[ -x "$BUILD/bin/distill-run" ] || { echo "gpu-check: no build in $BUILD (run the build step)" >&2; exit 1; }
+
+if want test; then
+  # -j4: the multi-process tests measure detection times; 16 cores leave room for 4 at once.
+  run_step ctest ctest --test-dir "$BUILD" --output-on-failure --timeout 600 -j 4
+  # Which gtest cases skipped (a CUDA test that skips on a GPU machine is a failure of this check).
+  grep -E "tests passed|\[  SKIPPED \]|\*\*\*" "$OUT/ctest.log" | sort | uniq -c > "$OUT/ctest-summary.txt" || true
+fi
+
+if want sanitize; then
+  if command -v compute-sanitizer >/dev/null; then
+    for t in ipc_cuda_test ipc_message_test ipc_ring_test; do
+      exe=$(find "$BUILD" -type f -name "$t" -perm -u+x | head -1)
+      [ -n "$exe" ] || { record "sanitize-$t" false 0 '"error":"binary not built"'; FAILED=1; continue; }
+      # --target-processes all: the CUDA test re-executes itself as student and teacher.
+      run_step "sanitize-$t" compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 "$exe"
+    done
+  else
+    record sanitize false 0 '"error":"compute-sanitizer not on PATH"'; FAILED=1
+  fi
+fi
+
+if want bench; then
+  run_step bench_ring_cuda "$BUILD/bin/bench_ring_cuda" --max-mib 1024
+  cp "$OUT/bench_ring_cuda.log" "$OUT/bench_ring_cuda.jsonl" 2>/dev/null
+  run_step bench_loss "$BUILD/bin/bench_loss"
+  run_step bench_ring "$BUILD/bin/bench_ring"
+fi
+
+if want demo; then
+  if [ -f configs/demo-gpu.yaml ]; then
+    rm -rf logs/demo-gpu
+    run_step demo bash examples/gpt/demo.sh --build "$BUILD" --config configs/demo-gpu.yaml
+    for f in summary.json val_loss.png; do [ -f "logs/demo-gpu/$f" ] && cp "logs/demo-gpu/$f" "$OUT/demo-$f"; done
+  else
+    record demo false 0 '"error":"configs/demo-gpu.yaml missing"'; FAILED=1
+  fi
+fi
+echo "== results: $RESULTS"
+exit $FAILED
