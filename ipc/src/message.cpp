@@ -71,6 +71,7 @@ class ChannelCore : public std::enable_shared_from_this<ChannelCore> {
   static_assert(sizeof(Desc::name) == wire::kNameBytes && sizeof(Desc::shape) == wire::kMaxDims * sizeof(int64_t) &&
                     std::tuple_size<decltype(ReceivedMessage::tensors_)>::value == size_t(wire::kMaxTensors),
                 "ReceivedMessage::Desc must hold what wire.h allows");
+  static_assert(kMaxTensors == wire::kMaxTensors, "channel.h's kMaxTensors is the layout's");
 
  public:
   ChannelCore(const Segment& seg, int index, const EndpointOptions& opt)

@@ -17,7 +17,6 @@
 #include "distill/core/protocol.h"
 #include "distill/core/trace.h"
 #include "distill/ipc/channel.h"
-#include "distill/ipc/wire.h"
 
 namespace distill {
 namespace {
@@ -56,16 +55,16 @@ class AutocastScope {
   bool active_ = false;
 };
 
-// A response holds at most ipc::wire::kMaxTensors tensors: the output (the
+// A response holds at most ipc::kMaxTensors tensors: the output (the
 // logits, or the top-k's four) and the hidden states must fit, which is known
 // at start-up; otherwise every reply would fail.
 void checkResponseFits(const TeacherOptions& t) {
   const size_t output = t.topk > 0 ? 4 : 1;
-  DISTILL_CHECK_T(ConfigError, output + t.hidden_states.size() <= size_t(ipc::wire::kMaxTensors),
+  DISTILL_CHECK_T(ConfigError, output + t.hidden_states.size() <= size_t(ipc::kMaxTensors),
                   "teacher.hidden_states: ", t.hidden_states.size(), " hidden state(s) do not fit in a response "
                   "next to ", t.topk > 0 ? "the top-k output (teacher.topk=" + std::to_string(t.topk) +
                   ": topk_values, topk_indices, logsumexp, log_tail)" : std::string("the logits"),
-                  ": a message holds at most ", ipc::wire::kMaxTensors, " tensors");
+                  ": a message holds at most ", ipc::kMaxTensors, " tensors");
 }
 
 // The dtype and rank of each input, fixed by the first request of the job.

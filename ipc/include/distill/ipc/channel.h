@@ -43,6 +43,9 @@ class ChannelCore;
 enum class MsgKind : uint32_t { kRequest = 1, kResponse = 2, kError = 3, kFinish = 4 };  // == wire::Kind
 const char* msgKindName(MsgKind k);
 
+// Tensors per message (the segment layout's limit; checked against it in ipc/src).
+constexpr int kMaxTensors = 4;
+
 // Identity of a message; set by the student, echoed by the teacher.
 struct Tag {
   uint64_t seq = 0;     // per-student message number
@@ -130,7 +133,7 @@ class ReceivedMessage {
   int senderRank_ = -1;
   int student_ = -1;
   std::string errorText_;
-  std::array<Desc, 4> tensors_{};
+  std::array<Desc, kMaxTensors> tensors_{};
   int ntensors_ = 0;
 };
 
