@@ -31,9 +31,7 @@ std::string describe(const at::Tensor& t) {
   return os.str();
 }
 
-std::string tagString(const RequestTag& t) {
-  return "(step " + std::to_string(t.step) + ", acc_step " + std::to_string(t.accStep) + ")";
-}
+std::string tagString(const Tag& t) { return "(" + describe(t) + ")"; }
 
 // teacher.autocast on a CUDA teacher: float16/bfloat16 autocast around forward
 // (restored on scope exit). On CPU the option is refused at start-up.
@@ -130,13 +128,13 @@ class Server {
         // Block for the next request of any student. A student that dies
         // surfaces here as PeerLostError; a quiet period is no error (students
         // may evaluate or checkpoint), so an expired deadline only warns.
-        try {
-          take(endpoint_->waitAny(Deadline::afterSeconds(cfg_.run.peerWaitS())));
-        } catch (const TimeoutError&) {
+        auto m = endpoint_->tryWaitAny(Deadline::afterSeconds(cfg_.run.peerWaitS()));
+        if (!m) {
           DISTILL_LOG(kWarning) << "no request from any student for " << cfg_.run.peerWaitS()
                                 << " s; still waiting (students are alive)";
           continue;
         }
+        take(std::move(*m));
       }
       // Everything else that is ready now joins the batch.
       for (int i = 0; i < students; ++i) {
@@ -190,7 +188,7 @@ class Server {
       DISTILL_LOG(kDebug) << "student " << m.senderRank() << " finished";
       return;
     }
-    RequestTag tag{m.tag().seq, m.tag().step, m.tag().accStep};
+    const Tag tag = m.tag();
     std::string why;
     if (m.kind() != MsgKind::kRequest) {
       why = std::string("unexpected message kind ") + ipc::msgKindName(m.kind());
@@ -351,7 +349,7 @@ class Server {
     return out;
   }
 
-  void answerError(int student, const ipc::Tag& tag, const std::string& text) {
+  void answerError(int student, const Tag& tag, const std::string& text) {
     DISTILL_LOG(kError) << text;
     ipc::OutMessage reply;
     reply.kind = MsgKind::kError;
@@ -383,7 +381,7 @@ class Server {
   std::optional<ipc::Segment> segment_;
   std::optional<ipc::TeacherEndpoint> endpoint_;
   std::deque<Pending> pending_;
-  std::vector<std::optional<RequestTag>> last_;
+  std::vector<std::optional<Tag>> last_;
   std::vector<bool> finished_;
   InputSignature signature_;
   ServeStats stats_;
@@ -412,7 +410,7 @@ std::map<std::string, at::Tensor> topkOutput(const at::Tensor& logits, int64_t k
   return out;
 }
 
-std::string checkTagOrder(const std::optional<RequestTag>& prev, const RequestTag& next,
+std::string checkTagOrder(const std::optional<Tag>& prev, const Tag& next,
                           int gradAccSteps) {
   const std::string g = " (student.grad_acc_steps=" + std::to_string(gradAccSteps) + ")";
   if (next.step < 0 || next.accStep < 0 || next.accStep >= gradAccSteps) {

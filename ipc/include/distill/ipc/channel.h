@@ -32,6 +32,7 @@
 
 #include "distill/core/clock.h"
 #include "distill/core/options.h"
+#include "distill/core/tag.h"
 #include "distill/ipc/segment.h"
 
 namespace distill::ipc {
@@ -46,12 +47,7 @@ const char* msgKindName(MsgKind k);
 // Tensors per message (the segment layout's limit; checked against it in ipc/src).
 constexpr int kMaxTensors = 4;
 
-// Identity of a message; set by the student, echoed by the teacher.
-struct Tag {
-  uint64_t seq = 0;     // per-student message number
-  int64_t step = 0;     // training step
-  int64_t accStep = 0;  // gradient-accumulation index within the step
-};
+// A message's identity is distill::Tag (core/tag.h): set by the student, echoed by the teacher.
 
 struct OutMessage {
   Tag tag;
@@ -195,8 +191,11 @@ class TeacherEndpoint {
   // The next request of student i if one is there.
   std::optional<ReceivedMessage> poll(int student);
   // The next request of any student (round robin); PeerLostError if a student
-  // that has not finished dies meanwhile.
+  // that has not finished dies meanwhile, TimeoutError at the deadline.
   ReceivedMessage waitAny(Deadline deadline);
+  // The same for a wait that may well end empty (a server's idle loop):
+  // nullopt at the deadline; exceptions only for failures (PeerLostError, ...).
+  std::optional<ReceivedMessage> tryWaitAny(Deadline deadline);
   void reply(int student, const OutMessage& msg, Deadline deadline);
   std::vector<at::Tensor> allocateReply(int student, const Tag& tag, const std::vector<TensorSpec>& specs,
                                         Deadline deadline, MsgKind kind = MsgKind::kResponse);
