@@ -22,7 +22,7 @@
 // continues in the same file; DISTILL_TEACHER_RESTART=n tells it which start
 // it is). The segment tells the students a restart is coming, so they wait for
 // it instead of failing; the new incarnation serves the requests left in the
-// rings (see ipc/src/message.cpp). One more death tears the job down.
+// rings (the replay of ipc/src/replay.h). One more death tears the job down.
 //
 // SIGINT/SIGTERM: the first sets the segment's stop flag (students poll
 // Client::stopRequested() to checkpoint and leave) and, if ranks are still

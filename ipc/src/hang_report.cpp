@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "distill/core/clock.h"
+#include "distill/core/tag.h"
 #include "recorder.h"
 #include "segment_impl.h"
 #include "sys.h"
@@ -31,11 +32,7 @@ std::string duration(int64_t ns) {
   return buf;
 }
 
-std::string tag(int64_t step, int64_t accStep, uint64_t seq) {
-  std::ostringstream os;
-  os << "(step " << step << ", acc_step " << accStep << ", seq " << seq << ")";
-  return os.str();
-}
+std::string tag(int64_t step, int64_t accStep, uint64_t seq) { return "(" + describe(Tag{seq, step, accStep}) + ")"; }
 
 std::string peerName(const SegmentImpl& s, int rank) {
   if (rank < 0) return "any student";

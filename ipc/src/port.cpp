@@ -119,7 +119,7 @@ void Port::checkPeer(int index, const WaitDesc& desc, bool finishedIsLost) const
   if (index == seg_->teacherIndex() && index != index_ && state != ProcState::kFinished && teacherMayRestart(pid))
     return;
   ErrorWhere where;
-  if (desc.tagged) where = at(desc.step, desc.accStep);
+  if (desc.tag) where = at(desc.tag->step, desc.tag->accStep);
   where.awaited = wire::waitName(uint32_t(desc.what));
   if (state == ProcState::kDead)
     DISTILL_THROW(PeerLostError, where, describeSelf(), ": peer ", describeProcess(index),
@@ -166,9 +166,10 @@ bool Port::waitUntil(const std::function<bool()>& cond, const WaitDesc& desc, co
   e.waitWhat.store(uint32_t(desc.what), std::memory_order_relaxed);
   e.waitPeer.store(desc.peerIndex >= 0 ? seg_->process(desc.peerIndex).rank.load(std::memory_order_relaxed) : -1,
                    std::memory_order_relaxed);
-  e.waitStep.store(desc.step, std::memory_order_relaxed);
-  e.waitAccStep.store(desc.accStep, std::memory_order_relaxed);
-  e.waitSeq.store(desc.seq, std::memory_order_relaxed);
+  const Tag tag = desc.tag.value_or(Tag{});
+  e.waitStep.store(tag.step, std::memory_order_relaxed);
+  e.waitAccStep.store(tag.accStep, std::memory_order_relaxed);
+  e.waitSeq.store(tag.seq, std::memory_order_relaxed);
   e.waitSinceNs.store(monotonicNs(), std::memory_order_relaxed);
   e.state.store(uint32_t(ProcState::kWaiting), std::memory_order_release);
   struct Restore {
@@ -199,37 +200,6 @@ bool Port::waitUntil(const std::function<bool()>& cond, const WaitDesc& desc, co
     if (now >= deadline.when()) return cond();
     const auto until = std::min(deadline.when(), nextCheck);
     sys::futexWait(&e.doorbell, seq, until - now);
-  }
-}
-
-RingSide::RingSide(const SegmentImpl& seg, int student, bool response)
-    : seg_(&seg),
-      hdr_(&seg.ring(student, response)),
-      student_(student),
-      response_(response),
-      slots_(seg.layout.slots),
-      released_(size_t(seg.layout.slots), 0) {
-  // A consumer that (re)attaches starts at the oldest unreleased message.
-  readNext_ = hdr_->tail.load(std::memory_order_acquire);
-}
-
-void RingSide::publish(int consumerIndex) const {
-  hdr_->head.store(head() + 1, std::memory_order_release);
-  seg_->notify(consumerIndex);
-}
-
-void RingSide::release(uint64_t seq, int producerIndex) {
-  uint64_t tail = hdr_->tail.load(std::memory_order_relaxed);
-  if (seq < tail || seq >= readNext_) return;  // not held (double release)
-  released_[seq % uint64_t(slots_)] = 1;
-  const uint64_t oldTail = tail;
-  while (tail < readNext_ && released_[tail % uint64_t(slots_)]) {
-    released_[tail % uint64_t(slots_)] = 0;
-    ++tail;
-  }
-  if (tail != oldTail) {
-    hdr_->tail.store(tail, std::memory_order_release);
-    seg_->notify(producerIndex);
   }
 }
 

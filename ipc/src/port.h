@@ -2,7 +2,7 @@
 
 // A process attached to the segment as one local rank: owns its process-table
 // entry, its heartbeat thread, and the waits and ring operations of that rank.
-// Internal to ipc/ (endpoints in message.cpp build on it; no torch here).
+// Internal to ipc/ (the channel, channel_core.h, builds on it; no torch here).
 //
 // Threads: the heartbeat thread only writes heartbeatNs. Every other method is
 // called by the endpoint's thread (endpoints are not thread safe).
@@ -31,11 +31,13 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "distill/core/clock.h"
+#include "distill/core/tag.h"
 #include "recorder.h"
 #include "segment_impl.h"
 
@@ -44,10 +46,8 @@ namespace distill::ipc {
 // What a wait is for; fills the process table and error messages.
 struct WaitDesc {
   wire::WaitWhat what = wire::WaitWhat::kNone;
-  int peerIndex = -1;  // process index waited on, -1 = any student
-  bool tagged = false; // step/accStep/seq below are known
-  int64_t step = 0, accStep = 0;
-  uint64_t seq = 0;
+  int peerIndex = -1;      // process index waited on, -1 = any student
+  std::optional<Tag> tag;  // the message waited for or on, when known
 };
 
 class Port {
@@ -111,52 +111,6 @@ class Port {
   std::condition_variable hbCv_;
   bool hbStop_ = false;
   std::thread heartbeat_;
-};
-
-// One side of one SPSC ring, with the side's process-local cursor.
-//   producer: acquire() -> write header + payload -> publish()
-//   consumer: peek() -> read -> release(seq) (out of order allowed; tail
-//             advances over the contiguous released prefix)
-// head/tail are only ever stored by their owner, so plain load+store suffice.
-class RingSide {
- public:
-  RingSide(const SegmentImpl& seg, int student, bool response);
-
-  // Producer side ------------------------------------------------------------
-  // True if a slot is free (head - tail < slots); acquire load of tail pairs
-  // with the consumer's release of the slot, so its reads are complete.
-  bool canWrite() const { return head() - hdr_->tail.load(std::memory_order_acquire) < uint64_t(slots_); }
-  uint64_t writeSeq() const { return head(); }
-  // Makes slot writeSeq() visible to the consumer (release), then wakes it.
-  void publish(int consumerIndex) const;
-
-  // Consumer side ------------------------------------------------------------
-  // True if a message at readNext_ is published (acquire pairs with publish).
-  bool canRead() const { return readNext_ < hdr_->head.load(std::memory_order_acquire); }
-  uint64_t readSeq() const { return readNext_; }
-  void consumed() { ++readNext_; }
-  // Frees the slot of sequence `seq` (after the consumer's last read of it);
-  // tail moves with release; wakes the producer.
-  void release(uint64_t seq, int producerIndex);
-  uint64_t held() const { return readNext_ - hdr_->tail.load(std::memory_order_relaxed); }
-
-  wire::SlotHeader* slot(uint64_t seq) const { return seg_->slot(student_, response_, seq % uint64_t(slots_)); }
-  uint8_t* payload(uint64_t seq) const { return seg_->payload(student_, response_, seq % uint64_t(slots_)); }
-  int64_t capacity() const { return seg_->capacity(response_); }
-  int slots() const { return slots_; }
-  int student() const { return student_; }
-  bool response() const { return response_; }
-
- private:
-  uint64_t head() const { return hdr_->head.load(std::memory_order_relaxed); }
-
-  const SegmentImpl* seg_;
-  wire::RingHeader* hdr_;
-  int student_;
-  bool response_;
-  int slots_;
-  uint64_t readNext_ = 0;
-  std::vector<char> released_;  // consumer: slot released out of order, tail not yet past it
 };
 
 }  // namespace distill::ipc

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "distill/core/trace.h"
-#include "distill/ipc/wire.h"
+#include "wire.h"
 
 namespace distill::ipc {
 

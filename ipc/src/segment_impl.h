@@ -9,7 +9,7 @@
 #include <string>
 
 #include "distill/ipc/segment.h"
-#include "distill/ipc/wire.h"
+#include "wire.h"
 
 namespace distill::ipc {
 

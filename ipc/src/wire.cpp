@@ -1,6 +1,6 @@
 // Pure C++ (no Boost, torch or CUDA): built into distill_ipc and, alone, into
 // the sanitizer test and the libFuzzer target.
-#include "distill/ipc/wire.h"
+#include "wire.h"
 
 #include <cstring>
 #include <sstream>

@@ -16,10 +16,7 @@
 namespace distill {
 namespace {
 
-std::string tagStr(uint64_t seq, int64_t step, int64_t acc) {
-  return "(seq " + std::to_string(seq) + ", step " + std::to_string(step) + ", acc_step " +
-         std::to_string(acc) + ")";
-}
+std::string tagStr(const Tag& t) { return "(" + describe(t) + ")"; }
 }  // namespace
 
 // ---- TeacherReply ----
@@ -80,22 +77,20 @@ struct Client::Impl {
   void receiveOldest() {
     DISTILL_INTERNAL_ASSERT(!inFlight.empty(), "no request in flight");
     Handle want = inFlight.front();
-    ipc::Tag expect{want.seq, want.step, want.accStep};
-    ipc::ReceivedMessage m = endpoint->receive(responseDeadline(), expect);
+    ipc::ReceivedMessage m = endpoint->receive(responseDeadline(), want);
     inFlight.pop_front();
     const auto& t = m.tag();
     if (m.kind() == ipc::MsgKind::kError) {
       DISTILL_THROW(ProtocolError, at(want.step, want.accStep, "teacher answer"),
-                    "the teacher refused request ", tagStr(want.seq, want.step, want.accStep), ": ",
+                    "the teacher refused request ", tagStr(want), ": ",
                     m.errorText());
     }
     DISTILL_CHECK_T(ProtocolError, m.kind() == ipc::MsgKind::kResponse,
                     at(want.step, want.accStep, "teacher answer"), "expected a response, got ",
                     ipc::msgKindName(m.kind()));
-    if (t.seq != want.seq || t.step != want.step || t.accStep != want.accStep) {
+    if (t != want) {
       DISTILL_THROW(ProtocolError, at(want.step, want.accStep, "teacher answer"),
-                    "answer tag ", tagStr(t.seq, t.step, t.accStep), " does not match request ",
-                    tagStr(want.seq, want.step, want.accStep));
+                    "answer tag ", tagStr(t), " does not match request ", tagStr(want));
     }
     received.emplace(want.seq, std::move(m));
   }
@@ -134,9 +129,9 @@ Handle Client::submit(const std::vector<std::pair<std::string, at::Tensor>>& inp
   DISTILL_CHECK_T(ProtocolError, !s.finished, "submit() after finish()");
   setCurrentStep(step, accStep);
   while (static_cast<int64_t>(s.inFlight.size()) >= s.cfg.student.in_flight) s.receiveOldest();
-  Handle h{s.nextSeq++, step, accStep};
+  const Handle h{s.nextSeq++, step, accStep};
   ipc::OutMessage msg;
-  msg.tag = ipc::Tag{h.seq, step, accStep};
+  msg.tag = h;
   msg.kind = ipc::MsgKind::kRequest;
   msg.tensors = inputs;
   s.endpoint->send(msg, s.responseDeadline());
@@ -179,7 +174,7 @@ void Client::finish() {
   s.received.clear();
   ipc::OutMessage msg;
   msg.kind = ipc::MsgKind::kFinish;
-  msg.tag = ipc::Tag{s.nextSeq++, 0, 0};
+  msg.tag = Tag{s.nextSeq++, 0, 0};
   s.endpoint->send(msg, s.responseDeadline());
 }
 

@@ -17,7 +17,6 @@
 #include "distill/core/protocol.h"
 #include "distill/core/trace.h"
 #include "distill/ipc/channel.h"
-#include "distill/ipc/wire.h"
 
 namespace distill {
 namespace {
@@ -32,9 +31,7 @@ std::string describe(const at::Tensor& t) {
   return os.str();
 }
 
-std::string tagString(const RequestTag& t) {
-  return "(step " + std::to_string(t.step) + ", acc_step " + std::to_string(t.accStep) + ")";
-}
+std::string tagString(const Tag& t) { return "(" + describe(t) + ")"; }
 
 // teacher.autocast on a CUDA teacher: float16/bfloat16 autocast around forward
 // (restored on scope exit). On CPU the option is refused at start-up.
@@ -56,16 +53,16 @@ class AutocastScope {
   bool active_ = false;
 };
 
-// A response holds at most ipc::wire::kMaxTensors tensors: the output (the
+// A response holds at most ipc::kMaxTensors tensors: the output (the
 // logits, or the top-k's four) and the hidden states must fit, which is known
 // at start-up; otherwise every reply would fail.
 void checkResponseFits(const TeacherOptions& t) {
   const size_t output = t.topk > 0 ? 4 : 1;
-  DISTILL_CHECK_T(ConfigError, output + t.hidden_states.size() <= size_t(ipc::wire::kMaxTensors),
+  DISTILL_CHECK_T(ConfigError, output + t.hidden_states.size() <= size_t(ipc::kMaxTensors),
                   "teacher.hidden_states: ", t.hidden_states.size(), " hidden state(s) do not fit in a response "
                   "next to ", t.topk > 0 ? "the top-k output (teacher.topk=" + std::to_string(t.topk) +
                   ": topk_values, topk_indices, logsumexp, log_tail)" : std::string("the logits"),
-                  ": a message holds at most ", ipc::wire::kMaxTensors, " tensors");
+                  ": a message holds at most ", ipc::kMaxTensors, " tensors");
 }
 
 // The dtype and rank of each input, fixed by the first request of the job.
@@ -131,13 +128,13 @@ class Server {
         // Block for the next request of any student. A student that dies
         // surfaces here as PeerLostError; a quiet period is no error (students
         // may evaluate or checkpoint), so an expired deadline only warns.
-        try {
-          take(endpoint_->waitAny(Deadline::afterSeconds(cfg_.run.peerWaitS())));
-        } catch (const TimeoutError&) {
+        auto m = endpoint_->tryWaitAny(Deadline::afterSeconds(cfg_.run.peerWaitS()));
+        if (!m) {
           DISTILL_LOG(kWarning) << "no request from any student for " << cfg_.run.peerWaitS()
                                 << " s; still waiting (students are alive)";
           continue;
         }
+        take(std::move(*m));
       }
       // Everything else that is ready now joins the batch.
       for (int i = 0; i < students; ++i) {
@@ -191,7 +188,7 @@ class Server {
       DISTILL_LOG(kDebug) << "student " << m.senderRank() << " finished";
       return;
     }
-    RequestTag tag{m.tag().seq, m.tag().step, m.tag().accStep};
+    const Tag tag = m.tag();
     std::string why;
     if (m.kind() != MsgKind::kRequest) {
       why = std::string("unexpected message kind ") + ipc::msgKindName(m.kind());
@@ -352,7 +349,7 @@ class Server {
     return out;
   }
 
-  void answerError(int student, const ipc::Tag& tag, const std::string& text) {
+  void answerError(int student, const Tag& tag, const std::string& text) {
     DISTILL_LOG(kError) << text;
     ipc::OutMessage reply;
     reply.kind = MsgKind::kError;
@@ -384,7 +381,7 @@ class Server {
   std::optional<ipc::Segment> segment_;
   std::optional<ipc::TeacherEndpoint> endpoint_;
   std::deque<Pending> pending_;
-  std::vector<std::optional<RequestTag>> last_;
+  std::vector<std::optional<Tag>> last_;
   std::vector<bool> finished_;
   InputSignature signature_;
   ServeStats stats_;
@@ -413,7 +410,7 @@ std::map<std::string, at::Tensor> topkOutput(const at::Tensor& logits, int64_t k
   return out;
 }
 
-std::string checkTagOrder(const std::optional<RequestTag>& prev, const RequestTag& next,
+std::string checkTagOrder(const std::optional<Tag>& prev, const Tag& next,
                           int gradAccSteps) {
   const std::string g = " (student.grad_acc_steps=" + std::to_string(gradAccSteps) + ")";
   if (next.step < 0 || next.accStep < 0 || next.accStep >= gradAccSteps) {

@@ -21,6 +21,17 @@ if grep -rnF "$torch_root" "$pkg"; then
   exit 1
 fi
 
+# 1b. Internal headers stay internal: the segment layout (ipc/src/wire.h) is not installed,
+#     and every distill header an installed header includes is installed too.
+inc="$work/prefix/include"
+if [ -n "$(find "$inc" -name wire.h)" ]; then
+  echo "FAIL: the internal segment layout header is installed: $(find "$inc" -name wire.h)"
+  exit 1
+fi
+for h in $(grep -rhoE '^#include "distill/[^"]+"' "$inc" | sed -E 's/^#include "(.*)"/\1/' | sort -u); do
+  [ -f "$inc/$h" ] || { echo "FAIL: an installed header includes $h, which is not installed"; exit 1; }
+done
+
 # 2. The consumer's own Torch_DIR wins: torch through a symlinked root.
 ln -s "$torch_root" "$work/torch"
 cmake -S "$src/tests/consumer/project" -B "$work/build-own-torch" -G Ninja -DCMAKE_PREFIX_PATH="$work/prefix" \

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <string>
 
-#include "distill/ipc/wire.h"
+#include "wire.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   namespace w = distill::ipc::wire;

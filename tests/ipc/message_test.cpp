@@ -11,7 +11,7 @@
 
 #include "distill/core/errors.h"
 #include "distill/ipc/channel.h"
-#include "distill/ipc/wire.h"
+#include "wire.h"
 #include "ipc_test_util.h"
 
 using namespace distill;

@@ -16,7 +16,7 @@
 
 #include "distill/core/errors.h"
 #include "distill/ipc/channel.h"
-#include "distill/ipc/wire.h"
+#include "wire.h"
 #include "ipc_test_util.h"
 
 using namespace distill;
@@ -211,6 +211,36 @@ TEST(IpcRing, StudentKilledWhileTeacherWaits) {
   student0.kill(SIGKILL);
   student0.join(10s);
   student1.join(10s);
+}
+
+// tryWaitAny: a quiet period is no error (nullopt at the deadline, no
+// exception), a request is returned, a dead student is still a PeerLostError.
+TEST(IpcRing, TryWaitAnyEndsEmptyAtTheDeadlineAndThrowsOnlyForFailures) {
+  ScopedName sn;
+  const int hb = 100;
+  auto seg = Segment::create(sn.name, smallLayout(1, 4, hb), kJob);
+  auto student = forkChild([&] {
+    auto s2 = Segment::attach(sn.name, kJob, std::nullopt, Deadline::after(10s));
+    StudentEndpoint s(s2, 0, opts(3));
+    s.waitAdmission(Deadline::after(10s));
+    s.receive(Deadline::after(30s));  // the teacher's go
+    s.send(msgWith(7), Deadline::after(10s));
+    s.receive(Deadline::after(30s));  // never answered
+    return 0;
+  });
+  TeacherEndpoint t(seg, opts(1));
+  t.waitAdmission(Deadline::after(10s));
+  const auto t0 = Clock::now();
+  EXPECT_FALSE(t.tryWaitAny(Deadline::after(150ms)).has_value());
+  EXPECT_GE(Clock::now() - t0, 150ms);
+  t.reply(0, msgWith(0, MsgKind::kResponse), Deadline::after(10s));
+  auto m = t.tryWaitAny(Deadline::after(10s));
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->tag().seq, 7u);
+  m->release();
+  auto [what, elapsed] = lossDetected(seg, 1, student, SIGKILL, [&] { t.tryWaitAny(Deadline::after(20s)); });
+  EXPECT_TRUE(contains(what, "student rank 3")) << what;
+  student.join(10s);
 }
 
 TEST(IpcRing, StoppedPeerIsDetectedAsStalled) {

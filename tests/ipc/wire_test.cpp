@@ -6,7 +6,7 @@
 #include <random>
 #include <string>
 
-#include "distill/ipc/wire.h"
+#include "wire.h"
 
 namespace w = distill::ipc::wire;
 

@@ -30,7 +30,7 @@ TEST(TeacherFaults, StepDriftAndBadInputsAreAnsweredWithErrors) {
   EXPECT_TRUE(dt::contains(teacherLog, "teacher done: 6 requests ")) << teacherLog;
   EXPECT_TRUE(dt::contains(teacherLog, " 3 errors")) << teacherLog;
   std::vector<std::vector<std::string>> expected = {
-      {"ProtocolError", "student rank 0", "request (step 0, acc_step 3) after (step 0, acc_step 1)",
+      {"ProtocolError", "student rank 0", "request (step 0, acc_step 3, seq 3) after (step 0, acc_step 1, seq 2)",
        "acc_step 2 skipped", "grad_acc_steps=4"},
       {"ProtocolError", "student rank 1", "input 'input_ids': expected Long with 2 dims", "found Float [2, 16]"},
       {"ProtocolError", "student rank 2", "missing input 'input_ids' (teacher.inputs); found: tokens"},

@@ -5,11 +5,11 @@
 #include "distill/teacher/server.h"
 
 using distill::checkTagOrder;
-using distill::RequestTag;
+using distill::Tag;
 
 namespace {
 
-RequestTag tag(uint64_t seq, int64_t step, int64_t acc) { return RequestTag{seq, step, acc}; }
+Tag tag(uint64_t seq, int64_t step, int64_t acc) { return Tag{seq, step, acc}; }
 bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 TEST(CheckTagOrder, FirstRequestAndNextAccStepAreFine) {
@@ -22,8 +22,8 @@ TEST(CheckTagOrder, FirstRequestAndNextAccStepAreFine) {
 TEST(CheckTagOrder, SkippedAccStepNamesItAndBothTags) {
   std::string why = checkTagOrder(tag(2, 0, 1), tag(3, 0, 3), 4);
   EXPECT_TRUE(has(why, "acc_step 2 skipped")) << why;
-  EXPECT_TRUE(has(why, "(step 0, acc_step 3)")) << why;
-  EXPECT_TRUE(has(why, "(step 0, acc_step 1)")) << why;
+  EXPECT_TRUE(has(why, "(step 0, acc_step 3, seq 3)")) << why;
+  EXPECT_TRUE(has(why, "(step 0, acc_step 1, seq 2)")) << why;
   EXPECT_TRUE(has(why, "grad_acc_steps=4")) << why;
   why = checkTagOrder(tag(1, 5, 0), tag(2, 5, 3), 8);
   EXPECT_TRUE(has(why, "acc_step 1 to 2 skipped")) << why;
@@ -39,8 +39,8 @@ TEST(CheckTagOrder, NewStepAfterTheLastAccStep) {
 TEST(CheckTagOrder, StepEndedEarly) {
   std::string why = checkTagOrder(tag(2, 0, 1), tag(3, 1, 0), 4);
   EXPECT_TRUE(has(why, "step 0 ended at acc_step 1, expected 3")) << why;
-  EXPECT_TRUE(has(why, "(step 1, acc_step 0)")) << why;
-  EXPECT_TRUE(has(why, "(step 0, acc_step 1)")) << why;
+  EXPECT_TRUE(has(why, "(step 1, acc_step 0, seq 3)")) << why;
+  EXPECT_TRUE(has(why, "(step 0, acc_step 1, seq 2)")) << why;
 }
 
 TEST(CheckTagOrder, NewStepMustStartAtZero) {
@@ -51,7 +51,7 @@ TEST(CheckTagOrder, NewStepMustStartAtZero) {
 TEST(CheckTagOrder, StepBackAndRepeats) {
   std::string why = checkTagOrder(tag(4, 3, 3), tag(5, 2, 0), 4);
   EXPECT_TRUE(has(why, "step went back")) << why;
-  EXPECT_TRUE(has(why, "(step 2, acc_step 0) after (step 3, acc_step 3)")) << why;
+  EXPECT_TRUE(has(why, "(step 2, acc_step 0, seq 5) after (step 3, acc_step 3, seq 4)")) << why;
   why = checkTagOrder(tag(4, 3, 1), tag(5, 3, 1), 4);
   EXPECT_TRUE(has(why, "acc_step did not advance")) << why;
   why = checkTagOrder(tag(4, 3, 2), tag(5, 3, 1), 4);

@@ -16,7 +16,7 @@ namespace distill {
 constexpr double kMinTimeoutS = 0.001;           // 1 ms
 constexpr double kMaxTimeoutS = 30 * 24 * 3600;  // 30 days: 2592000 s
 // Processes on one node, students + teacher: the segment's process table holds
-// at most 255 students (ipc/wire.h kMaxStudents) and the teacher.
+// at most 255 students (ipc/src/wire.h kMaxStudents) and the teacher.
 constexpr int kMaxProcsPerNode = 256;
 
 // run: how the job is laid out and how long anything may wait.

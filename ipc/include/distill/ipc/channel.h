@@ -32,6 +32,7 @@
 
 #include "distill/core/clock.h"
 #include "distill/core/options.h"
+#include "distill/core/tag.h"
 #include "distill/ipc/segment.h"
 
 namespace distill::ipc {
@@ -43,12 +44,10 @@ class ChannelCore;
 enum class MsgKind : uint32_t { kRequest = 1, kResponse = 2, kError = 3, kFinish = 4 };  // == wire::Kind
 const char* msgKindName(MsgKind k);
 
-// Identity of a message; set by the student, echoed by the teacher.
-struct Tag {
-  uint64_t seq = 0;     // per-student message number
-  int64_t step = 0;     // training step
-  int64_t accStep = 0;  // gradient-accumulation index within the step
-};
+// Tensors per message (the segment layout's limit; checked against it in ipc/src).
+constexpr int kMaxTensors = 4;
+
+// A message's identity is distill::Tag (core/tag.h): set by the student, echoed by the teacher.
 
 struct OutMessage {
   Tag tag;
@@ -130,7 +129,7 @@ class ReceivedMessage {
   int senderRank_ = -1;
   int student_ = -1;
   std::string errorText_;
-  std::array<Desc, 4> tensors_{};
+  std::array<Desc, kMaxTensors> tensors_{};
   int ntensors_ = 0;
 };
 
@@ -192,8 +191,11 @@ class TeacherEndpoint {
   // The next request of student i if one is there.
   std::optional<ReceivedMessage> poll(int student);
   // The next request of any student (round robin); PeerLostError if a student
-  // that has not finished dies meanwhile.
+  // that has not finished dies meanwhile, TimeoutError at the deadline.
   ReceivedMessage waitAny(Deadline deadline);
+  // The same for a wait that may well end empty (a server's idle loop):
+  // nullopt at the deadline; exceptions only for failures (PeerLostError, ...).
+  std::optional<ReceivedMessage> tryWaitAny(Deadline deadline);
   void reply(int student, const OutMessage& msg, Deadline deadline);
   std::vector<at::Tensor> allocateReply(int student, const Tag& tag, const std::vector<TensorSpec>& specs,
                                         Deadline deadline, MsgKind kind = MsgKind::kResponse);

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "distill/core/options.h"
+#include "distill/core/tag.h"
 #include "distill/core/topology.h"
 #include "distill/student/losses.h"
 
@@ -36,12 +37,9 @@ namespace ipc {
 class ReceivedMessage;
 }
 
-// A request in flight.
-struct Handle {
-  uint64_t seq = 0;
-  int64_t step = 0;
-  int64_t accStep = 0;
-};
+// A request in flight: its tag (seq, step, acc_step), the name the student API
+// gives it (submit() returns one, get() takes it).
+using Handle = Tag;
 
 enum class ReplyMode {
   kCopy,  // owned tensors; the slot is freed at once

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "distill/core/context.h"
+#include "distill/core/tag.h"
 #include "distill/teacher/model.h"
 
 namespace distill {
@@ -49,16 +50,9 @@ ServeStats serve(TeacherContext& ctx, std::shared_ptr<TeacherModel> model);
 // outside 1..V. Any thread; under inference mode or not.
 std::map<std::string, at::Tensor> topkOutput(const at::Tensor& logits, int64_t k, double temperature);
 
-// The tag of a request, for the order check.
-struct RequestTag {
-  uint64_t seq = 0;
-  int64_t step = 0;
-  int64_t accStep = 0;
-};
-
 // "" if `next` may follow `prev` (nullopt: the student's first request) with
 // grad_acc_steps G; otherwise why not, naming both tags.
-std::string checkTagOrder(const std::optional<RequestTag>& prev, const RequestTag& next,
+std::string checkTagOrder(const std::optional<Tag>& prev, const Tag& next,
                           int gradAccSteps);
 
 // main() of distill-teacher: config from --config/DISTILL_CONFIG and --set,

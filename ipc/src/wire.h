@@ -204,7 +204,7 @@ uint32_t controlChecksum(const ControlBlock& c);
 // One per local process. Identity fields are written by the owner at attach.
 // `doorbell` is the futex word the owner sleeps on; anyone who changes a
 // condition the owner may wait for bumps it (release) and FUTEX_WAKEs when
-// `sleepers` != 0 (see ring.h for the ordering argument).
+// `sleepers` != 0 (see port.h, "Waiting without lost wake-ups", for the ordering argument).
 struct alignas(kCacheLine) ProcessEntry {
   std::atomic<int32_t> pid;          // 0 = never attached
   std::atomic<uint32_t> state;       // ProcState

@@ -1,0 +1,76 @@
+// SlotMemory over CUDA IPC buffers and events (cuda_ipc.h); see cuda_slot_memory.h.
+#include "cuda_slot_memory.h"
+
+#include <c10/cuda/CUDAStream.h>
+
+#include "../port.h"
+#include "cuda_ipc.h"
+#include "distill/core/errors.h"
+#include "distill/ipc/channel.h"
+
+namespace distill::ipc::cuda {
+namespace {
+
+void* streamOf(int device) {
+  return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+}
+
+// Producer side: writes into the consumer's buffer, records the slot's event.
+class ProducerSlotMemory final : public SlotMemory {
+ public:
+  ProducerSlotMemory(const RingSide& ring, const SegmentImpl& seg, int device)
+      : slots_(uint64_t(ring.slots())), device_(device), buffers_(seg, ring.student(), ring.response(), device) {}
+  wire::Location location() const override { return wire::Location::kCuda; }
+  bool accepts(const at::Tensor& t) override { return t.is_cuda() && buffers_.ready(); }
+  void write(uint64_t seq, uint64_t offset, const at::Tensor& t) override {
+    buffers_.copyIn(seq % slots_, offset, t.data_ptr(), t.nbytes(), streamOf(t.device().index()));
+  }
+  // The consumer waits on this event before reading (recorded before the header is published).
+  void written(uint64_t seq) override { buffers_.recordWritten(seq % slots_, streamOf(device_)); }
+  bool readable(uint64_t) override { return false; }
+  Place place(uint64_t, uint64_t) const override { return {nullptr, -1}; }
+  void readsDone() override {}
+
+ private:
+  uint64_t slots_;
+  int device_;
+  ProducerBuffers buffers_;
+};
+
+// Consumer side: owns the buffer, waits on the producer's events.
+class ConsumerSlotMemory final : public SlotMemory {
+ public:
+  ConsumerSlotMemory(const RingSide& ring, const SegmentImpl& seg, int device)
+      : slots_(uint64_t(ring.slots())), buffers_(seg, ring.student(), ring.response(), device) {}
+  wire::Location location() const override { return wire::Location::kCuda; }
+  bool accepts(const at::Tensor&) override { return false; }
+  void write(uint64_t, uint64_t, const at::Tensor&) override {}
+  void written(uint64_t) override {}
+  bool readable(uint64_t seq) override { return buffers_.waitWritten(seq % slots_, streamOf(buffers_.device())); }
+  Place place(uint64_t seq, uint64_t offset) const override {
+    return {static_cast<char*>(buffers_.slotPtr(seq % slots_)) + offset, buffers_.device()};
+  }
+  void readsDone() override { buffers_.readsDone(streamOf(buffers_.device())); }
+
+ private:
+  uint64_t slots_;
+  ConsumerBuffers buffers_;
+};
+
+}  // namespace
+
+DeviceSlotMemory makeSlotMemory(const Port& port, const std::vector<RingSide>& in, const std::vector<RingSide>& out,
+                                const EndpointOptions& options) {
+  DeviceSlotMemory m;
+  if (options.cudaIpc == "off") return m;
+  const bool usable = options.cudaDevice >= 0 && options.cudaDevice < deviceCount();
+  DISTILL_CHECK_T(IpcError, usable || options.cudaIpc != "on", port.describeSelf(),
+                  ": transport.cuda_ipc=on but device ", options.cudaDevice, " is not usable (", deviceCount(),
+                  " CUDA devices visible)");
+  if (!usable) return m;
+  for (const auto& r : in) m.in.push_back(std::make_unique<ConsumerSlotMemory>(r, port.seg(), options.cudaDevice));
+  for (const auto& r : out) m.out.push_back(std::make_unique<ProducerSlotMemory>(r, port.seg(), options.cudaDevice));
+  return m;
+}
+
+}  // namespace distill::ipc::cuda
