@@ -85,6 +85,7 @@
 #include "distill/core/logging.h"
 #include "distill/core/rendezvous.h"
 #include "distill/core/strings.h"
+#include "distill/core/sys.h"
 #include "distill/core/topology.h"
 #include "distill/ipc/hang_report.h"
 #include "distill/ipc/segment.h"
