@@ -317,6 +317,33 @@ TEST_F(LauncherTest, DryRunPrintsThePlanAndStartsNothing) {
   EXPECT_TRUE(readFile(dir_ + "/logs/rank_0.log").empty());
 }
 
+// Issue 15: --help prints the options with their keys' defaults and the
+// trainer's part, and exits 0 (before, it was an unknown option: exit 2);
+// `--set key value` says the right form instead of reading "value" as an option.
+TEST_F(LauncherTest, HelpListsTheOptionsAndSetInTwoWordsNamesTheRightForm) {
+  Launch help({"--help"});
+  auto st = help.finish(Ms(10000));
+  EXPECT_TRUE(st.exited && st.code == 0) << st.describe() << "\n" << help.text();
+  for (const char* want : {"Usage: distill-run [OPTIONS] --config F -- TRAINER ARGS...", "--nproc-per-node N",
+                           "run.nproc_per_node (default 3)", "--set KEY=VALUE", "--dry-run", "--log-dir D",
+                           "run.status_every_s (default 30)"})
+    EXPECT_TRUE(has(help.text(), want)) << want << "\n" << help.text();
+
+  Launch two({"--config", config(), "--set", "run.steps", "3", "--dry-run", "--", binPath("distill-test-trainer")});
+  st = two.finish(Ms(10000));
+  EXPECT_TRUE(st.exited && st.code == 2) << st.describe() << "\n" << two.text();
+  EXPECT_TRUE(has(two.text(), "--set takes key=value as one word: --set run.steps=3, not --set run.steps 3"))
+      << two.text();
+  EXPECT_FALSE(has(two.text(), "distill-run plan")) << two.text();
+
+  Launch extra({"--config", config(), "--set", "run.steps=3", "run.seed=4", "--dry-run", "--",
+                binPath("distill-test-trainer")});
+  st = extra.finish(Ms(10000));
+  EXPECT_TRUE(st.exited && st.code == 2) << st.describe() << "\n" << extra.text();
+  EXPECT_TRUE(has(extra.text(), "run.seed=4")) << extra.text();
+  EXPECT_FALSE(has(extra.text(), "distill-run plan")) << extra.text();
+}
+
 TEST_F(LauncherTest, FailingStudentTearsDownWithSummary) {
   Launch l(jobArgs({}, {"fail", "stubborn"}));
   ASSERT_TRUE(l.waitFor("fail-line 29")) << l.text();
