@@ -3,7 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
+#include <cmath>
 #include <iomanip>
 #include <sstream>
 
@@ -13,24 +13,6 @@ namespace distill::launcher {
 namespace {
 
 constexpr size_t kTailLines = 20;
-const std::string kStatusTag = "DISTILL_STATUS ";
-
-// "DISTILL_STATUS step=3 loss=0.5" anywhere in a line -> {step: 3, loss: 0.5}; false if none.
-bool parseStatus(const std::string& line, std::map<std::string, double>& out) {
-  size_t at = line.find(kStatusTag);
-  if (at == std::string::npos) return false;
-  std::istringstream in(line.substr(at + kStatusTag.size()));
-  std::string kv;
-  while (in >> kv) {
-    size_t eq = kv.find('=');
-    if (eq == std::string::npos) continue;
-    char* end = nullptr;
-    double v = std::strtod(kv.c_str() + eq + 1, &end);
-    if (end != kv.c_str() + eq + 1) out[kv.substr(0, eq)] = v;
-  }
-  return true;
-}
-
 // write(2) of all of `text` to stdout; a console that is gone loses it.
 void writeAll(const std::string& text) {
   size_t done = 0;
@@ -84,10 +66,6 @@ void Console::pump(Rank& r, bool flush) {
 void Console::emit(Rank& r, const std::string& line) {
   r.log << line << '\n';
   r.log.flush();
-  if (parseStatus(line, r.reported)) {
-    statusSeen_ = true;
-    return;  // shown as the status line, kept in the log only
-  }
   write((line.rfind(r.ownPrefix, 0) == 0 ? "" : r.prefix) + line + "\n");
   r.tail.push_back(line);
   if (r.tail.size() > kTailLines) r.tail.pop_front();
@@ -111,24 +89,24 @@ void Console::printStatus(const std::string& text) {
 }
 
 std::string statusText(const std::vector<Rank>& ranks, std::optional<double> teacherBusy) {
-  double step = -1, loss = 0, tps = 0;
-  int nLoss = 0, nTps = 0;
+  int64_t step = -1;
+  double loss = 0, tps = 0, wait = 0;
+  int nLoss = 0, nTps = 0, nWait = 0;
   for (auto& r : ranks) {
-    auto get = [&](const char* k, double& v) {
-      auto it = r.reported.find(k);
-      return it != r.reported.end() && (v = it->second, true);
-    };
-    double v;
-    if (get("step", v)) step = step < 0 ? v : std::min(step, v);
-    if (get("loss", v)) loss += v, ++nLoss;
-    if (get("tokens_per_s", v)) tps += v, ++nTps;
+    if (!r.published) continue;
+    const StudentStatus& s = *r.published;
+    if (s.step >= 0) step = step < 0 ? s.step : std::min(step, s.step);
+    if (!std::isnan(s.loss)) loss += s.loss, ++nLoss;
+    if (!std::isnan(s.tokens_per_s)) tps += s.tokens_per_s, ++nTps;
+    if (!std::isnan(s.teacher_wait_share)) wait += s.teacher_wait_share, ++nWait;
   }
   std::ostringstream os;
   os << std::setprecision(4);
-  if (step >= 0) os << "step=" << static_cast<int64_t>(step) << " ";
+  if (step >= 0) os << "step=" << step << " ";
   if (nLoss) os << "loss=" << loss / nLoss << " ";
   if (nTps) os << "tokens/s=" << static_cast<int64_t>(tps) << " ";
   if (teacherBusy) os << "teacher busy=" << static_cast<int>(100 * *teacherBusy + 0.5) << "% ";
+  if (nWait) os << "teacher wait=" << static_cast<int>(100 * wait / nWait + 0.5) << "% ";
   std::string text = os.str();
   return text.empty() ? "no status yet" : text.substr(0, text.size() - 1);
 }

@@ -2,7 +2,8 @@
 
 // distill-run's console: every rank's output prefixed ("[r3 student] ") and
 // kept whole in its log file; on a terminal one live status line that stays
-// the last line, otherwise a plain status line every run.status_every_s.
+// the last line, otherwise a plain status line every run.status_every_s. The
+// status comes from the segment (Client::publishStatus), never from output.
 
 #include <optional>
 #include <string>
@@ -27,8 +28,6 @@ class Console {
   // to the console; `flush` also a last line without '\n' (the rank ended).
   // Closes r.out at EOF.
   void pump(Rank& r, bool flush);
-  // Whether any rank reported a status yet.
-  bool statusSeen() const { return statusSeen_; }
 
   // The status: on a terminal the live line (redrawn when it changes), else a
   // plain line when run.status_every_s has passed since the last.
@@ -42,14 +41,14 @@ class Console {
   bool tty_;
   double statusEveryS_;
   bool liveShown_ = false;
-  bool statusSeen_ = false;
   std::string live_;  // the live line on the terminal
   Deadline nextStatus_;
 };
 
-// "step=12 loss=0.53 tokens/s=12000 teacher busy=43%": the slowest student's
-// step, mean loss, summed tokens/s over the students that reported; the
-// teacher's busy share once it attached (nullopt before). "no status yet".
+// "step=12 loss=0.53 tokens/s=12000 teacher busy=43% teacher wait=20%": the
+// slowest student's step, mean loss, summed tokens/s over the students that
+// reported; the teacher's busy share once it attached (nullopt before); the
+// students' mean share of a step spent waiting for the teacher. "no status yet".
 std::string statusText(const std::vector<Rank>& ranks, std::optional<double> teacherBusy);
 
 }  // namespace distill::launcher

@@ -10,9 +10,11 @@
 #include <deque>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "distill/core/status.h"
 #include "distill/core/sys.h"
 #include "distill/core/topology.h"
 
@@ -31,7 +33,7 @@ struct Rank {
   int status = 0;
   std::string prefix;     // "[r3 student] " on the console
   std::string ownPrefix;  // "[n0 r3 " : lines distill already prefixed get no second prefix
-  std::map<std::string, double> reported;  // its last DISTILL_STATUS values
+  std::optional<StudentStatus> published;  // a student's last status read from the segment
   std::vector<std::string> deaths;  // teacher: how each restarted incarnation ended
   // When things happened to it (monotonicNs, 0 = never): for the summary's
   // "who failed first", which is not always who exited first.

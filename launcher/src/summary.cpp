@@ -90,8 +90,7 @@ std::string summaryText(const std::vector<Rank>& ranks, const ipc::Segment* seg,
   os << "\n==== distill-run: job " << (e.failedRank || e.hung ? "failed" : "stopped") << ": " << headline << "\n";
   for (auto& r : ranks) {
     os << "  " << (r.exited ? howItEnded(r) : r.prefix + "still running");
-    auto step = r.reported.find("step");
-    if (step != r.reported.end()) os << ", last step " << static_cast<int64_t>(step->second);
+    if (r.published && r.published->step >= 0) os << ", last step " << r.published->step;
     os << "\n";
   }
   if (e.maxRestarts > 0) {

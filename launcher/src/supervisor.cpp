@@ -316,11 +316,25 @@ void Supervisor::tick() {
   if (!seg_ || nextSample_.when() > Clock::now()) return;
   nextSample_ = Deadline::after(kSampleEvery);
   onVerdict(watchdog_.check(*seg_, ranks_, teardownDeadline_.has_value()));
-  if (!console_.statusSeen()) return;
+  if (!readStatuses()) return;
   if (!teacherAttached_) {
     for (auto& p : seg_->processes()) teacherAttached_ |= p.role == "teacher" && p.pid != 0;
   }
-  console_.showStatus(statusText(ranks_, teacherAttached_ ? std::optional<double>(seg_->teacherBusy()) : std::nullopt));
+  console_.showStatus(status());
+}
+
+// Each student's last published status (Client::publishStatus); true once any published one.
+bool Supervisor::readStatuses() {
+  for (auto& r : ranks_) {
+    if (!r.topo.isStudent()) continue;
+    if (auto s = seg_->status(r.topo.localRank)) r.published = s;
+    statusSeen_ |= r.published.has_value();
+  }
+  return statusSeen_;
+}
+
+std::string Supervisor::status() const {
+  return statusText(ranks_, teacherAttached_ ? std::optional<double>(seg_->teacherBusy()) : std::nullopt);
 }
 
 // After the last rank exited: its last output, the last status line, the summary.
@@ -329,8 +343,7 @@ int Supervisor::finish() {
     if (r.out.valid()) console_.pump(r, true);
   }
   const int restarts = seg_ ? seg_->teacherRestarts() : 0;
-  if (console_.statusSeen())
-    console_.printStatus(statusText(ranks_, teacherAttached_ ? std::optional<double>(seg_->teacherBusy()) : std::nullopt));
+  if (seg_ && readStatuses()) console_.printStatus(status());
   if (reason_.empty()) {
     DISTILL_LOG(kInfo) << "job finished: every rank exited 0" << restartsText(ranks_, restarts, cfg_.teacher.max_restarts);
     return 0;

@@ -18,6 +18,11 @@
 //   Client::stopRequested() to checkpoint and leave) and, if ranks are still
 //   running run.stop_grace_s later (--stop-grace-s), forwards SIGTERM; a second
 //   signal forwards at once. distill-run then exits 128 + the signal number.
+// - Status: students publish step, loss, tokens/s, ... in their areas of the
+//   segment (Client::publishStatus); on a terminal one live line shows the
+//   slowest student's step, the mean loss, the summed tokens/s and how busy the
+//   teacher is (its share of time in forward, published in the segment);
+//   otherwise a plain status line every run.status_every_s and one at the end.
 // - The watchdog's verdict (watchdog.h): the hang table to the console and
 //   <log_dir>/hang_report.txt, then per run.on_hang a teardown or nothing.
 //   SIGUSR1 prints the same table at any time and changes nothing.
@@ -74,6 +79,8 @@ class Supervisor {
   void checkRanks();
   void checkDeadlines();
   void tick();
+  bool readStatuses();
+  std::string status() const;
   int finish();
 
   std::string exitZeroProblem(const Rank& r) const;
@@ -107,6 +114,7 @@ class Supervisor {
   Rank* failedRank_ = nullptr;
   bool hung_ = false;  // torn down for a hang
   Deadline nextSample_;
+  bool statusSeen_ = false;       // a student published a status (Client::publishStatus)
   bool teacherAttached_ = false;  // from then on its busy share (published by serve()) is shown
 };
 
