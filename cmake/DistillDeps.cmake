@@ -1,4 +1,4 @@
-# Third-party dependencies: LibTorch (PyPI wheel), Boost, yaml-cpp and nlohmann-json (Debian),
+# Third-party dependencies: LibTorch (PyPI wheel), Boost, yaml-cpp, nlohmann-json and CLI11 (Debian),
 # OpenSSL's libcrypto (Debian), GoogleTest (as installed), and the CUDA toolkit for DISTILL_CUDA.
 
 # ---- LibTorch from the torch wheel ----
@@ -22,6 +22,8 @@ find_package(yaml-cpp REQUIRED)
 find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 # Header-only; the checkpoint manifest is read and written with it (ckpt/).
 find_package(nlohmann_json 3 REQUIRED)
+# Header-only; distill-run's command line (launcher/src/args.cpp). Debian libcli11-dev.
+find_package(CLI11 2 REQUIRED)
 
 # ---- CUDA ----
 set(DISTILL_CUDA_ENABLED 0)

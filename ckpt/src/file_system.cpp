@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "distill/core/errors.h"
+#include "distill/core/sys.h"
 
 namespace distill {
 namespace {
@@ -17,36 +18,6 @@ namespace {
 [[noreturn]] void fail(const char* verb, const std::string& path, int err) {
   throw FileSystemError(err, std::string("cannot ") + verb + " " + path + ": " + errnoString(err), __FILE__, __LINE__);
 }
-
-// Retries a system call interrupted by a signal; returns its result (errno set on -1).
-template <typename F>
-auto retryEintr(F f) -> decltype(f()) {
-  decltype(f()) r;
-  do {
-    r = f();
-  } while (r == -1 && errno == EINTR);
-  return r;
-}
-
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  // close(2) with its error (a deferred write error may only show here).
-  int release() {
-    int fd = fd_;
-    fd_ = -1;
-    return ::close(fd);
-  }
-
- private:
-  int fd_;
-};
 
 // Sorted entry names of `dir` (no "." or ".."); false with errno set on failure.
 bool listNames(const std::string& dir, std::vector<std::string>* out) {
@@ -83,19 +54,9 @@ const char* fsOpName(FsOp op) {
 }
 
 void PosixFileSystem::createDirs(const std::string& path) {
-  std::string prefix;
-  size_t pos = 0;
-  while (pos != std::string::npos) {
-    pos = path.find('/', pos + 1);
-    prefix = path.substr(0, pos);
-    if (prefix.empty() || prefix == "/") continue;
-    if (int e = fault(FsOp::kMkdir, prefix)) fail("create directory", prefix, e);
-    if (::mkdir(prefix.c_str(), 0755) == 0) continue;
-    int e = errno;
-    struct stat st;
-    if (e == EEXIST && ::stat(prefix.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) continue;
-    fail("create directory", prefix, e == EEXIST ? ENOTDIR : e);
-  }
+  std::string at;
+  const int e = makeDirs(path, &at, [&](const std::string& dir) { return fault(FsOp::kMkdir, dir); });
+  if (e != 0) fail("create directory", at, e);
 }
 
 void PosixFileSystem::writeFile(const std::string& path, const std::string& bytes) {
@@ -113,7 +74,7 @@ void PosixFileSystem::writeFile(const std::string& path, const std::string& byte
   if (int e = fault(FsOp::kFsync, path)) fail("fsync", path, e);
   if (retryEintr([&] { return ::fsync(fd.get()); }) != 0) fail("fsync", path, errno);
   if (int e = fault(FsOp::kClose, path)) fail("close", path, e);
-  if (fd.release() != 0 && errno != EINTR) fail("close", path, errno);
+  if (fd.close() != 0 && errno != EINTR) fail("close", path, errno);
 }
 
 std::string PosixFileSystem::readFile(const std::string& path) {

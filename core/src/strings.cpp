@@ -1,8 +1,5 @@
 #include "distill/core/strings.h"
 
-#include <sys/stat.h>
-
-#include <cerrno>
 #include <cstdio>
 
 namespace distill {
@@ -26,24 +23,6 @@ std::string jsonQuote(const std::string& s) {
     }
   }
   return out + "\"";
-}
-
-int makeDirs(const std::string& dir, std::string* failedAt) {
-  std::string cur = !dir.empty() && dir[0] == '/' ? "/" : "";
-  for (size_t start = 0; start <= dir.size();) {
-    size_t end = dir.find('/', start);
-    if (end == std::string::npos) end = dir.size();
-    if (end > start) {
-      cur += dir.substr(start, end - start) + "/";
-      if (::mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) {
-        const int err = errno;
-        if (failedAt) *failedAt = cur;
-        return err;
-      }
-    }
-    start = end + 1;
-  }
-  return 0;
 }
 
 }  // namespace distill

@@ -15,6 +15,7 @@
 
 #include "distill/core/errors.h"
 #include "distill/core/strings.h"
+#include "distill/core/sys.h"
 
 namespace distill::examples {
 

@@ -327,9 +327,10 @@ int train(Mode mode, const distill::Config& cfg, distill::Session* session) {
     }
     const double stepS = secondsSince(stepStart);
     const double myTokensPerS = static_cast<double>(labels.size() * labels[0].numel()) / stepS;
-    if (session) {
-      std::printf("DISTILL_STATUS step=%lld loss=%.4f tokens_per_s=%.0f\n", static_cast<long long>(step), lossSum,
-                  myTokensPerS);  // distill-run's live line
+    if (session) {  // distill-run's live line
+      distill::StudentStatus st;
+      st.step = step, st.loss = lossSum, st.kd = kdSum, st.ce = ceSum, st.tokens_per_s = myTokensPerS;
+      session->client->publishStatus(st);
     }
     progress.step(step, lossSum, ceSum, session ? kdSum : NAN, myTokensPerS * (session ? students : 1));
     if (rank0) {

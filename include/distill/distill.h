@@ -16,6 +16,7 @@
 #include "distill/core/logging.h"
 #include "distill/core/options.h"
 #include "distill/core/protocol.h"
+#include "distill/core/status.h"
 #include "distill/core/student_group.h"
 #include "distill/core/topology.h"
 #include "distill/student/client.h"

@@ -7,6 +7,7 @@
 
 #include <boost/interprocess/mapped_region.hpp>
 #include <boost/interprocess/shared_memory_object.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -49,7 +50,8 @@ LayoutOffsets computeOffsets(const SegmentLayout& l) {
   LayoutOffsets o{};
   const uint64_t procs = uint64_t(l.numStudents) + 1;
   o.processTable = wire::kControlBytes;
-  o.recorder = alignUp(o.processTable + procs * sizeof(wire::ProcessEntry), 4096);
+  o.status = alignUp(o.processTable + procs * sizeof(wire::ProcessEntry), wire::kCacheLine);
+  o.recorder = alignUp(o.status + procs * sizeof(wire::StatusArea), 4096);
   o.config = alignUp(o.recorder + procs * wire::kRecorderBytesPerProcess, 4096);
   o.rings = alignUp(o.config + procs * wire::kConfigBytesPerProcess, 4096);
   o.requestSlotStride = wire::kSlotHeaderBytes + alignUp(uint64_t(l.maxRequestBytes), wire::kPayloadAlign);
@@ -255,6 +257,7 @@ Segment Segment::create(const std::string& name, const SegmentLayout& layout, co
   c->incarnation = std::random_device{}() | (uint64_t(std::random_device{}()) << 32) | 1;
   c->totalBytes = off.total;
   c->processTableOffset = off.processTable;
+  c->statusOffset = off.status;
   c->recorderOffset = off.recorder;
   c->recorderBytesPerProcess = wire::kRecorderBytesPerProcess;
   c->ringsOffset = off.rings;
@@ -316,7 +319,8 @@ Segment Segment::attach(const std::string& name, const std::string& jobId, const
                       c.recorderOffset == off.recorder && c.ringsOffset == off.rings &&
                       c.requestSlotStride == off.requestSlotStride &&
                       c.responseSlotStride == off.responseSlotStride && c.ringPairStride == off.ringPairStride &&
-                      c.configOffset == off.config && c.configBytesPerProcess == wire::kConfigBytesPerProcess,
+                      c.configOffset == off.config && c.configBytesPerProcess == wire::kConfigBytesPerProcess &&
+                      c.statusOffset == off.status,
                   "segment '", name, "': offsets in the control block do not match its layout {", l.describe(), "}");
   DISTILL_CHECK_T(IpcError, m->region.get_size() >= off.total, "segment '", name, "' is ", m->region.get_size(),
                   " bytes, its layout needs ", off.total);
@@ -361,6 +365,48 @@ void Segment::setTeacherBusy(double share) const {
 }
 double Segment::teacherBusy() const {
   return impl_->control().teacherBusyPermille.load(std::memory_order_relaxed) / 1000.0;
+}
+
+void Segment::publishStatus(int localIndex, const StudentStatus& st) const {
+  DISTILL_CHECK_T(IpcError, localIndex >= 0 && localIndex < impl_->numProcesses(), "segment '", impl_->name,
+                  "': no process ", localIndex, " to publish a status for");
+  wire::StatusArea& a = impl_->status(localIndex);
+  // Seqlock, one writer (the owner): odd while the fields change.
+  const uint64_t seq = a.seq.load(std::memory_order_relaxed);
+  a.seq.store(seq + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  a.step.store(st.step, std::memory_order_relaxed);
+  const double values[wire::kStatusUsed] = {st.loss, st.kd, st.ce, st.tokens_per_s, st.teacher_wait_share};
+  for (uint32_t i = 0; i < wire::kStatusUsed; ++i) a.values[i].store(values[i], std::memory_order_relaxed);
+  a.count.store(wire::kStatusUsed, std::memory_order_relaxed);
+  a.seq.store(seq + 2, std::memory_order_release);
+}
+
+std::optional<StudentStatus> Segment::status(int localIndex) const {
+  if (localIndex < 0 || localIndex >= impl_->numProcesses()) return std::nullopt;
+  const wire::StatusArea& a = impl_->status(localIndex);
+  // A writer stopped (SIGSTOP) or killed mid-write leaves seq odd: give up
+  // after a few tries rather than spin; the caller keeps what it had.
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    const uint64_t before = a.seq.load(std::memory_order_acquire);
+    if (before == 0) return std::nullopt;
+    if (before & 1) continue;
+    StudentStatus st;
+    st.step = a.step.load(std::memory_order_relaxed);
+    double v[wire::kStatusUsed];
+    const uint32_t count = std::min<uint32_t>(a.count.load(std::memory_order_relaxed), wire::kStatusUsed);
+    for (uint32_t i = 0; i < wire::kStatusUsed; ++i)
+      v[i] = i < count ? a.values[i].load(std::memory_order_relaxed) : StudentStatus::kUnset;
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (a.seq.load(std::memory_order_relaxed) != before) continue;
+    st.loss = v[wire::kStatusLoss];
+    st.kd = v[wire::kStatusKd];
+    st.ce = v[wire::kStatusCe];
+    st.tokens_per_s = v[wire::kStatusTokensPerS];
+    st.teacher_wait_share = v[wire::kStatusTeacherWait];
+    return st;
+  }
+  return std::nullopt;
 }
 
 void Segment::setTeacherMaxRestarts(int n) const {

@@ -15,7 +15,7 @@ namespace distill::ipc {
 
 // Offsets derived from a layout; create() writes them, attach() recomputes and compares.
 struct LayoutOffsets {
-  uint64_t processTable, recorder, config, rings, requestSlotStride, responseSlotStride, requestRingBytes,
+  uint64_t processTable, status, recorder, config, rings, requestSlotStride, responseSlotStride, requestRingBytes,
       responseRingBytes, ringPairStride, total;
 };
 LayoutOffsets computeOffsets(const SegmentLayout& l);
@@ -33,6 +33,9 @@ struct SegmentImpl {
   int teacherIndex() const { return layout.numStudents; }
   wire::ProcessEntry& process(int index) const {
     return reinterpret_cast<wire::ProcessEntry*>(base + off.processTable)[index];
+  }
+  wire::StatusArea& status(int index) const {
+    return reinterpret_cast<wire::StatusArea*>(base + off.status)[index];
   }
   wire::RecorderArea& recorder(int index) const {
     return *reinterpret_cast<wire::RecorderArea*>(base + off.recorder + uint64_t(index) * wire::kRecorderBytesPerProcess);

@@ -23,11 +23,10 @@ void futexWakeAll(std::atomic<uint32_t>* word) {
 }
 
 std::string readSmallFile(const std::string& path) {
-  int fd = retryEintr([&] { return ::open(path.c_str(), O_RDONLY | O_CLOEXEC); });
-  if (fd < 0) return {};
+  Fd fd(retryEintr([&] { return ::open(path.c_str(), O_RDONLY | O_CLOEXEC); }));
+  if (!fd) return {};
   char buf[1024];
-  ssize_t n = retryEintr([&] { return ::read(fd, buf, sizeof buf); });
-  ::close(fd);
+  ssize_t n = retryEintr([&] { return ::read(fd.get(), buf, sizeof buf); });
   return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
 }
 

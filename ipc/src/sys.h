@@ -5,22 +5,16 @@
 // which loop and re-check their condition, already handle.
 
 #include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <string>
 
+#include "distill/core/sys.h"
+
 namespace distill::ipc::sys {
 
-// Calls f() again while it returns -1 with errno == EINTR.
-template <typename F>
-auto retryEintr(F f) -> decltype(f()) {
-  for (;;) {
-    auto r = f();
-    if (r == -1 && errno == EINTR) continue;
-    return r;
-  }
-}
+// The EINTR retry is core's (core/sys.h), reachable here as sys::retryEintr.
+using distill::retryEintr;
 
 // FUTEX_WAIT (shared: the word is in shared memory) while *word == expected,
 // for at most `timeout`. Returns on wake-up, value change, signal or timeout.

@@ -10,6 +10,8 @@
 //
 //   0                      ControlBlock            (kControlBytes)
 //   processTableOffset     ProcessEntry[numStudents + 1]   students 0..L-2, then the teacher
+//   statusOffset           (numStudents + 1) x StatusArea: what each student published of its
+//                          training (Client::publishStatus; distill-run's status line)
 //   recorderOffset         (numStudents + 1) x RecorderArea (kRecorderBytesPerProcess): the
 //                          flight recorder, one event ring per process, written only by
 //                          the owning process (ipc/src/recorder.h)
@@ -30,8 +32,8 @@ namespace distill::ipc::wire {
 
 constexpr uint64_t kSegmentMagic = 0x314D48534C495444ull;  // "DTILSHM1", little endian
 // 3: checksum over the used prefix; 4: teacherMaxRestarts; 5: recorder; 6: config areas and
-// the teacher's admission refusal (issue 14 item 13); 7: ProcessEntry::endedNs
-constexpr uint32_t kLayoutVersion = 7;
+// the teacher's admission refusal (issue 14 item 13); 7: ProcessEntry::endedNs; 8: status areas
+constexpr uint32_t kLayoutVersion = 8;
 constexpr uint32_t kSlotMagic = 0x544F4C53u;  // "SLOT"
 
 constexpr int kMaxTensors = 4;        // tensors per message
@@ -175,7 +177,8 @@ struct ControlBlock {
   uint64_t ringPairStride;          // bytes per student (request ring + response ring)
   uint64_t configOffset;            // ConfigArea of process 0; one per process
   uint64_t configBytesPerProcess;   // kConfigBytesPerProcess
-  uint64_t reserved[6];
+  uint64_t statusOffset;            // StatusArea of process 0; one per process
+  uint64_t reserved[5];
 
   // Mutable.
   alignas(kCacheLine) std::atomic<uint64_t> admitted;  // teacher incarnation that admitted all students, 0 = not yet
@@ -226,6 +229,25 @@ struct alignas(kCacheLine) ProcessEntry {
                                      // failures by it: who failed first, not who exited first.
 };
 static_assert(sizeof(ProcessEntry) == 128, "ProcessEntry layout");
+
+// ---- Status areas ----------------------------------------------------------------------------------
+// Per process: the training status its owner publishes (core/status.h,
+// StudentStatus), read by distill-run. A seqlock: the owner makes `seq` odd,
+// stores the fields, makes it even (release); a reader that saw the same even
+// seq before and after its (relaxed) loads read one whole record. 0 = never
+// published. values[] holds StudentStatus's doubles in their order (NaN = not
+// reported); `count` says how many the writer knew, the rest are spare.
+enum StatusValue : uint32_t { kStatusLoss, kStatusKd, kStatusCe, kStatusTokensPerS, kStatusTeacherWait, kStatusUsed };
+constexpr int kStatusValues = 13;
+struct alignas(kCacheLine) StatusArea {
+  std::atomic<uint64_t> seq;
+  std::atomic<int64_t> step;
+  std::atomic<uint32_t> count;  // values written (kStatusUsed of the writer)
+  uint32_t reserved;
+  std::atomic<double> values[kStatusValues];
+};
+static_assert(std::atomic<double>::is_always_lock_free, "shared-memory atomics must be lock free");
+static_assert(sizeof(StatusArea) == 128 && kStatusUsed <= kStatusValues, "StatusArea layout");
 
 // ---- Config areas ---------------------------------------------------------------------------------
 // Per process: the description of its config (core's configDescription, opaque

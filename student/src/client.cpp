@@ -178,6 +178,10 @@ void Client::finish() {
   s.endpoint->send(msg, s.responseDeadline());
 }
 
+void Client::publishStatus(const StudentStatus& status) {
+  if (impl_->segment) impl_->segment->publishStatus(impl_->topo.studentLocalRank, status);
+}
+
 bool Client::stopRequested() const { return impl_->segment && impl_->segment->stopRequested(); }
 int64_t Client::outstanding() const { return static_cast<int64_t>(impl_->inFlight.size()); }
 const Config& Client::config() const { return impl_->cfg; }

@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -416,4 +417,71 @@ TEST(IpcSegment, PagesAreReservedSoAFullDevShmCannotSigbus) {
   auto st = child.join(30s);
   if (st.exited && st.code == 77) GTEST_SKIP() << "no mount namespace here (unshare: not permitted)";
   EXPECT_TRUE(st.exited && st.code == 0) << st.describe() << " (SIGBUS: a write into the segment found /dev/shm full)";
+}
+
+// Issue 15: a student's status (Client::publishStatus) goes through its
+// status area, a seqlock: a reader in another process never sees a torn
+// record while the writer rewrites it as fast as it can, unset fields read as
+// unset, and a writer stopped mid-write makes the read give up, not spin.
+TEST(IpcSegment, StatusIsReadWholeWhileAnotherProcessRewritesIt) {
+  ScopedName sn;
+  auto seg = Segment::create(sn.name, smallLayout(2), kJob);
+  EXPECT_FALSE(seg.status(0).has_value());  // never published
+  auto record = [](int64_t i) {
+    StudentStatus st;
+    st.step = i, st.loss = double(i), st.kd = 2.0 * i, st.ce = 3.0 * i, st.tokens_per_s = 4.0 * i;
+    st.teacher_wait_share = (i % 2) ? 0.5 : StudentStatus::kUnset;
+    return st;
+  };
+  // Student 1 rewrites its status as fast as it can until student 0's area
+  // says the reader has seen enough (no sleeps: the segment is the signal).
+  auto writer = forkChild([&] {
+    auto mine = Segment::attach(sn.name, kJob, std::nullopt, Deadline::after(10s));
+    for (int64_t i = 0;; ++i) {
+      mine.publishStatus(1, record(i));
+      if (i % 1024 == 0 && mine.status(0)) return 0;
+    }
+  });
+  // Until the reader saw the record change 1000 times (both processes ran at
+  // once that often), within 60 s.
+  constexpr int64_t kChanges = 1000;
+  int64_t last = -1, reads = 0, changes = 0;
+  const Deadline deadline = Deadline::after(60s);
+  while (changes < kChanges && !deadline.expired()) {
+    const auto st = seg.status(1);
+    if (!st) continue;
+    ++reads;
+    ASSERT_GE(st->step, last);
+    ASSERT_EQ(st->loss, double(st->step));
+    ASSERT_EQ(st->kd, 2.0 * st->step);
+    ASSERT_EQ(st->ce, 3.0 * st->step);
+    ASSERT_EQ(st->tokens_per_s, 4.0 * st->step);
+    if (st->step % 2) ASSERT_EQ(st->teacher_wait_share, 0.5);
+    else ASSERT_TRUE(std::isnan(st->teacher_wait_share));
+    changes += st->step != last;
+    last = st->step;
+  }
+  EXPECT_EQ(changes, kChanges) << "in " << reads << " reads: the reader did not overlap the writer";
+  seg.publishStatus(0, StudentStatus{});  // enough
+  EXPECT_TRUE(writer.join().exited);
+  const int64_t final = seg.status(1)->step;
+  EXPECT_GE(final, last);
+  // A writer stopped between its two seq stores (seq odd): the read gives up.
+  {
+    int fd = ::open(("/dev/shm/" + sn.name).c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    const size_t bytes = seg.sizeBytes();
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    ASSERT_NE(p, MAP_FAILED);
+    auto* c = static_cast<wire::ControlBlock*>(p);
+    auto* area = reinterpret_cast<wire::StatusArea*>(static_cast<char*>(p) + c->statusOffset) + 1;
+    area->seq.fetch_add(1);
+    EXPECT_FALSE(seg.status(1).has_value());
+    area->seq.fetch_add(1);
+    ASSERT_TRUE(seg.status(1).has_value());
+    EXPECT_EQ(seg.status(1)->step, final);
+    ::munmap(p, bytes);
+  }
+  Segment::remove(sn.name);
 }

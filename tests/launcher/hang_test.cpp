@@ -85,7 +85,9 @@ DISTILL_TEST_ROLE(hang) {
     for (int64_t step = 0; step < 8; ++step) {
       if (rank == 1 && step == 4) blockInUserCode(fifo);
       ask(s, step);
-      std::printf("DISTILL_STATUS step=%lld\n", static_cast<long long>(step));
+      distill::StudentStatus st;
+      st.step = step;
+      s.client->publishStatus(st);
     }
   } else if (scenario == "prefetch-acc") {
     // examples/gpt/train.cpp's loop: 2 micro-batches a step, each one's

@@ -90,12 +90,13 @@ int serveDoublerThatDies(distill::Session& s, int killAt, bool always) {
 }  // namespace
 
 // The trainer under distill-run. args[0] = mode:
-//   ok     3 steps through the teacher, raw lines and DISTILL_STATUS lines, finish
+//   ok     3 steps through the teacher, raw lines and a published status each, finish
 //   fail   student 0 prints 30 lines and exits 3; the others wait to be killed
 //          (student 1 ignores SIGTERM when args[1] == "stubborn")
 //   kill   student 0 prints a line and SIGKILLs itself; the others wait
 //   stop   steps until Client::stopRequested(), then "checkpoint" and finish
-//   ignore students print READY and wait to be killed (they ignore the stop flag)
+//   ignore students publish step 7 (and a teacher wait share 0.2 when args[1] ==
+//          "wait-share"), print READY and wait to be killed (they ignore the stop flag)
 //   grad   one step of a tiny model on rank-dependent data, gradients all-reduced
 //   exit0-early     student 1 exits 0 before distill::init; student 0 waits to be killed
 //   hold            students join, print READY with their pid, wait for args[1] (a FIFO), then finish
@@ -144,8 +145,9 @@ DISTILL_TEST_ROLE(job) {
     for (int64_t step = 0; step < 3; ++step) {
       ask(step);
       std::printf("plain line from student %d step %lld\n", rank, static_cast<long long>(step));
-      std::printf("DISTILL_STATUS step=%lld loss=%.2f tokens_per_s=%d\n", static_cast<long long>(step),
-                  1.0 + rank, 1000);
+      distill::StudentStatus st;
+      st.step = step, st.loss = 1.0 + rank, st.tokens_per_s = 1000;
+      s.client->publishStatus(st);
     }
     s.client->finish();
     return 0;
@@ -202,7 +204,10 @@ DISTILL_TEST_ROLE(job) {
     return 5;
   }
   if (mode == "ignore") {
-    std::printf("DISTILL_STATUS step=7 loss=0.25 tokens_per_s=50\nREADY student %d\n", rank);
+    distill::StudentStatus st;
+    st.step = 7, st.loss = 0.25, st.tokens_per_s = 50, st.teacher_wait_share = args.size() > 1 && args[1] == "wait-share" ? 0.2 : st.kUnset;
+    s.client->publishStatus(st);
+    std::printf("READY student %d\n", rank);
     return blockUntilKilled();
   }
   if (mode == "elastic" || mode == "elastic-always") {
@@ -223,7 +228,9 @@ DISTILL_TEST_ROLE(job) {
         ++answers;
       }
       group.barrier();
-      std::printf("DISTILL_STATUS step=%lld\n", static_cast<long long>(step));
+      distill::StudentStatus st;
+      st.step = step;
+      s.client->publishStatus(st);
     }
     std::printf("ANSWERS rank=%d n=%d of %d\n", rank, answers, kSteps * kAcc);
     s.client->finish();
@@ -294,10 +301,10 @@ TEST_F(LauncherTest, PrefixesRawLinesAndShowsStatus) {
                                   std::to_string(r) + " step 2"))
         << l.text();
     EXPECT_TRUE(has(log(r), "\nplain line from student " + std::to_string(r) + " step 1\n")) << log(r);
-    EXPECT_TRUE(has(log(r), "DISTILL_STATUS step=2")) << log(r);
   }
   EXPECT_TRUE(has(l.text(), "[r2 teacher] teacher served 6 requests")) << l.text();
-  // Status lines are not echoed; the final status aggregates them (not a terminal).
+  // The status comes through the segment, not the output; the final status
+  // line aggregates it (not a terminal).
   EXPECT_FALSE(has(l.text(), "DISTILL_STATUS")) << l.text();
   EXPECT_TRUE(has(l.text(), "status: step=2 loss=1.5 tokens/s=2000")) << l.text();
   expectSegmentGone(l);
@@ -315,6 +322,33 @@ TEST_F(LauncherTest, DryRunPrintsThePlanAndStartsNothing) {
   EXPECT_FALSE(distill::ipc::Segment::exists(seg));
   EXPECT_FALSE(has(t, "served")) << "a rank ran:\n" << t;
   EXPECT_TRUE(readFile(dir_ + "/logs/rank_0.log").empty());
+}
+
+// Issue 15: --help prints the options with their keys' defaults and the
+// trainer's part, and exits 0 (before, it was an unknown option: exit 2);
+// `--set key value` says the right form instead of reading "value" as an option.
+TEST_F(LauncherTest, HelpListsTheOptionsAndSetInTwoWordsNamesTheRightForm) {
+  Launch help({"--help"});
+  auto st = help.finish(Ms(10000));
+  EXPECT_TRUE(st.exited && st.code == 0) << st.describe() << "\n" << help.text();
+  for (const char* want : {"Usage: distill-run [OPTIONS] --config F -- TRAINER ARGS...", "--nproc-per-node N",
+                           "run.nproc_per_node (default 3)", "--set KEY=VALUE", "--dry-run", "--log-dir D",
+                           "run.status_every_s (default 30)"})
+    EXPECT_TRUE(has(help.text(), want)) << want << "\n" << help.text();
+
+  Launch two({"--config", config(), "--set", "run.steps", "3", "--dry-run", "--", binPath("distill-test-trainer")});
+  st = two.finish(Ms(10000));
+  EXPECT_TRUE(st.exited && st.code == 2) << st.describe() << "\n" << two.text();
+  EXPECT_TRUE(has(two.text(), "--set takes key=value as one word: --set run.steps=3, not --set run.steps 3"))
+      << two.text();
+  EXPECT_FALSE(has(two.text(), "distill-run plan")) << two.text();
+
+  Launch extra({"--config", config(), "--set", "run.steps=3", "run.seed=4", "--dry-run", "--",
+                binPath("distill-test-trainer")});
+  st = extra.finish(Ms(10000));
+  EXPECT_TRUE(st.exited && st.code == 2) << st.describe() << "\n" << extra.text();
+  EXPECT_TRUE(has(extra.text(), "run.seed=4")) << extra.text();
+  EXPECT_FALSE(has(extra.text(), "distill-run plan")) << extra.text();
 }
 
 TEST_F(LauncherTest, FailingStudentTearsDownWithSummary) {
@@ -438,6 +472,28 @@ TEST_F(LauncherTest, LiveStatusLineOnATerminal) {
   l.kill(SIGTERM);
   auto st = l.finish();
   EXPECT_TRUE(st.exited && st.code == 128 + SIGTERM) << st.describe() << "\n" << l.text();
+  EXPECT_FALSE(has(l.text(), "DISTILL_STATUS")) << l.text();
+  expectSegmentGone(l);
+}
+
+// Issue 15: students publish their status through the segment
+// (Client::publishStatus), not a stdout protocol; off a terminal the periodic
+// status line shows it while the job runs, and the summary each student's
+// last step.
+TEST_F(LauncherTest, PublishedStatusReachesThePeriodicLineAndTheSummary) {
+  Launch l(jobArgs({"--stop-grace-s", "0", "--status-every-s", "1"}, {"ignore", "wait-share"}));
+  // Once both students published and the teacher attached (one write per line).
+  ASSERT_TRUE(l.waitFor("status: step=7 loss=0.25 tokens/s=100 teacher busy=")) << l.text();
+  EXPECT_TRUE(std::regex_search(
+      l.text(), std::regex("\\[distill-run\\] status: step=7 loss=0\\.25 tokens/s=100 teacher busy=[0-9]+% "
+                           "teacher wait=20%\n")))
+      << l.text();
+  l.kill(SIGTERM);
+  auto st = l.finish();
+  EXPECT_TRUE(st.exited && st.code == 128 + SIGTERM) << st.describe() << "\n" << l.text();
+  for (const char* r : {"r0", "r1"})
+    EXPECT_TRUE(std::regex_search(l.text(), std::regex(std::string("\\n  \\[") + r + " student\\] [^\n]*, last step 7\n")))
+        << r << "\n" << l.text();
   EXPECT_FALSE(has(l.text(), "DISTILL_STATUS")) << l.text();
   expectSegmentGone(l);
 }

@@ -1,8 +1,7 @@
 #pragma once
 
-// Small text and file-system helpers shared by the modules, the launcher and
-// the examples. POSIX calls only: no std::filesystem (libtorch.so exports its
-// own copy of it, and a call bound to that copy crashed; README, build notes).
+// Small text helpers shared by the modules, the launcher and the examples
+// (file-system helpers: core/sys.h).
 
 #include <string>
 
@@ -10,9 +9,5 @@ namespace distill {
 
 // `s` as a JSON string literal: quotes, \" \\ \n \t, other control bytes as \u00XX.
 std::string jsonQuote(const std::string& s);
-
-// mkdir -p `dir` (mode 0755). Returns 0, or the errno of the first directory
-// that could not be made, with its path in `*failedAt`.
-int makeDirs(const std::string& dir, std::string* failedAt = nullptr);
 
 }  // namespace distill

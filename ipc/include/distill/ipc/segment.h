@@ -16,6 +16,7 @@
 
 #include "distill/core/clock.h"
 #include "distill/core/options.h"
+#include "distill/core/status.h"
 
 namespace distill::ipc {
 
@@ -104,6 +105,13 @@ class Segment {
   // anyone (launcher status line, hang table) reads it. Relaxed: a gauge.
   void setTeacherBusy(double share) const;
   double teacherBusy() const;
+
+  // Student `localIndex` (its owner only): publishes its training status in
+  // its status area (a seqlock: a few relaxed stores, no system call). Anyone
+  // (distill-run's status line) reads the last one whole; nullopt before the
+  // first, or while a writer stopped mid-write.
+  void publishStatus(int localIndex, const StudentStatus& status) const;
+  std::optional<StudentStatus> status(int localIndex) const;
 
   // Elastic teacher. Launcher: setTeacherMaxRestarts(teacher.max_restarts)
   // before spawning, noteTeacherRestart(pid of the dead one) before each

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "distill/core/options.h"
+#include "distill/core/status.h"
 #include "distill/core/tag.h"
 #include "distill/core/topology.h"
 #include "distill/student/losses.h"
@@ -94,6 +95,13 @@ class Client {
   // leave cleanly (finish()) before the launcher forwards SIGTERM (10 s later).
   // One atomic load of the segment's control block; cheap enough every step.
   bool stopRequested() const;
+
+  // Reports this student's training status (step, loss, tokens/s, the share
+  // of the step spent waiting for the teacher, ...; core/status.h) to
+  // distill-run, which shows it in its status line and summary. Written into
+  // this student's area of the segment: a few relaxed stores, no system call;
+  // call it every step if you like. Fields left unset are not shown.
+  void publishStatus(const StudentStatus& status);
 
   int64_t outstanding() const;
   const Config& config() const;

@@ -1,0 +1,28 @@
+#pragma once
+
+// What a student reports about its training, each step or as often as it
+// likes: Client::publishStatus (student/client.h) writes it into the student's
+// area of the node's segment (a few relaxed stores, no system call), and
+// distill-run reads it from there for its status line and summary. A field
+// left NaN (step: -1) is not reported and not shown.
+//
+// Growing it: add a field at the end here and in the segment's StatusArea
+// (ipc wire.h: spare values are reserved), and bump the segment's layout version.
+
+#include <cstdint>
+#include <limits>
+
+namespace distill {
+
+struct StudentStatus {
+  static constexpr double kUnset = std::numeric_limits<double>::quiet_NaN();
+
+  int64_t step = -1;                     // the step just finished
+  double loss = kUnset;                  // the loss of that step (what the trainer minimises)
+  double kd = kUnset;                    // its distillation term
+  double ce = kUnset;                    // its cross-entropy term (labels)
+  double tokens_per_s = kUnset;          // this student's throughput
+  double teacher_wait_share = kUnset;    // share (0..1) of the step spent waiting for the teacher
+};
+
+}  // namespace distill

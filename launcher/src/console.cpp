@@ -1,0 +1,114 @@
+#include "console.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <iomanip>
+#include <sstream>
+
+#include "distill/core/sys.h"
+
+namespace distill::launcher {
+namespace {
+
+constexpr size_t kTailLines = 20;
+// write(2) of all of `text` to stdout; a console that is gone loses it.
+void writeAll(const std::string& text) {
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = retryEintr([&] { return ::write(STDOUT_FILENO, text.data() + done, text.size() - done); });
+    if (n <= 0) return;
+    done += static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+Console::Console(bool tty, double statusEveryS)
+    : tty_(tty), statusEveryS_(statusEveryS), nextStatus_(Deadline::afterSeconds(statusEveryS)) {}
+
+void Console::write(const std::string& text) {
+  if (tty_ && liveShown_) writeAll("\r\033[K");
+  writeAll(text);
+  liveShown_ = false;
+}
+
+void Console::leaveLiveLine() {
+  if (liveShown_) write("");
+}
+
+void Console::pump(Rank& r, bool flush) {
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = retryEintr([&] { return ::read(r.out.get(), buf, sizeof buf); });
+    if (n > 0) {
+      r.partial.append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    if (n == 0 || errno != EAGAIN) {  // EOF or an error: the rank's output ended
+      r.out.reset();
+      flush = true;
+    }
+    break;
+  }
+  size_t pos;
+  while ((pos = r.partial.find('\n')) != std::string::npos) {
+    emit(r, r.partial.substr(0, pos));
+    r.partial.erase(0, pos + 1);
+  }
+  if (flush && !r.partial.empty()) {
+    emit(r, r.partial);
+    r.partial.clear();
+  }
+}
+
+void Console::emit(Rank& r, const std::string& line) {
+  r.log << line << '\n';
+  r.log.flush();
+  write((line.rfind(r.ownPrefix, 0) == 0 ? "" : r.prefix) + line + "\n");
+  r.tail.push_back(line);
+  if (r.tail.size() > kTailLines) r.tail.pop_front();
+}
+
+void Console::showStatus(const std::string& text) {
+  if (tty_) {
+    const std::string line = "\r\033[K[distill-run] " + text;
+    if (liveShown_ && line == live_) return;
+    writeAll(line);
+    live_ = line;
+    liveShown_ = true;
+  } else if (nextStatus_.expired()) {
+    printStatus(text);
+  }
+}
+
+void Console::printStatus(const std::string& text) {
+  write("[distill-run] status: " + text + "\n");
+  nextStatus_ = Deadline::afterSeconds(statusEveryS_);
+}
+
+std::string statusText(const std::vector<Rank>& ranks, std::optional<double> teacherBusy) {
+  int64_t step = -1;
+  double loss = 0, tps = 0, wait = 0;
+  int nLoss = 0, nTps = 0, nWait = 0;
+  for (auto& r : ranks) {
+    if (!r.published) continue;
+    const StudentStatus& s = *r.published;
+    if (s.step >= 0) step = step < 0 ? s.step : std::min(step, s.step);
+    if (!std::isnan(s.loss)) loss += s.loss, ++nLoss;
+    if (!std::isnan(s.tokens_per_s)) tps += s.tokens_per_s, ++nTps;
+    if (!std::isnan(s.teacher_wait_share)) wait += s.teacher_wait_share, ++nWait;
+  }
+  std::ostringstream os;
+  os << std::setprecision(4);
+  if (step >= 0) os << "step=" << step << " ";
+  if (nLoss) os << "loss=" << loss / nLoss << " ";
+  if (nTps) os << "tokens/s=" << static_cast<int64_t>(tps) << " ";
+  if (teacherBusy) os << "teacher busy=" << static_cast<int>(100 * *teacherBusy + 0.5) << "% ";
+  if (nWait) os << "teacher wait=" << static_cast<int>(100 * wait / nWait + 0.5) << "% ";
+  std::string text = os.str();
+  return text.empty() ? "no status yet" : text.substr(0, text.size() - 1);
+}
+
+}  // namespace distill::launcher
