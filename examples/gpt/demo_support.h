@@ -66,6 +66,10 @@ class JsonLine {
   JsonLine& add(const std::string& key, double value);
   JsonLine& add(const std::string& key, int64_t value);
   JsonLine& add(const std::string& key, int value) { return add(key, static_cast<int64_t>(value)); }
+  JsonLine& merge(const JsonLine& other) {
+    if (!other.body_.empty()) body_ += (body_.empty() ? "" : ",") + other.body_;
+    return *this;
+  }
   std::string str() const { return "{" + body_ + "}"; }
 
  private:
