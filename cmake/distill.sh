@@ -16,7 +16,7 @@ SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
 
 # ---- Debian packages ----
 pkgs=(cmake ninja-build g++ libboost-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libgloo-dev libssl-dev
-      libgtest-dev libgmock-dev clang libclang-rt-14-dev)
+      libgtest-dev libgmock-dev clang libclang-rt-14-dev zlib1g-dev)
 missing=()
 command -v python3 >/dev/null || missing+=(python3 python3-pip)
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
@@ -36,6 +36,12 @@ fi
 # mpmath (tests/losses/reference.py's exact values) comes with torch through sympy; make sure.
 if ! python3 -c "import mpmath" 2>/dev/null; then
   python3 -m pip install -q mpmath || python3 -m pip install -q --break-system-packages mpmath
+fi
+
+# matplotlib draws the demo's plot (examples/gpt/plot.py).
+if ! python3 -c "import matplotlib" 2>/dev/null; then
+  echo "== installing matplotlib (pip)"
+  python3 -m pip install -q matplotlib || python3 -m pip install -q --break-system-packages matplotlib
 fi
 
 # ---- configure (once) and build ----

@@ -15,7 +15,7 @@
 
 #include "distill/core/errors.h"
 #include "distill/core/strings.h"
-#include "distill/core/sys.h"
+#include "distill/core/sys.h"  // makeDirs
 
 namespace distill::examples {
 
@@ -119,84 +119,37 @@ double learningRate(double peak, int64_t step, int64_t steps, int64_t warmup, do
 // ---- JSON ----
 
 JsonLine& JsonLine::add(const std::string& key, const std::string& value) {
-  body_ += (body_.empty() ? "" : ",") + jsonQuote(key) + ":" + jsonQuote(value);
+  obj_[key] = value;
   return *this;
 }
 
 JsonLine& JsonLine::add(const std::string& key, double value) {
-  char buf[32];
-  if (std::isfinite(value)) std::snprintf(buf, sizeof buf, "%.6g", value);
-  else std::snprintf(buf, sizeof buf, "null");
-  body_ += (body_.empty() ? "" : ",") + jsonQuote(key) + ":" + buf;
+  if (std::isfinite(value)) obj_[key] = value;
+  else obj_[key] = nullptr;
   return *this;
 }
 
 JsonLine& JsonLine::add(const std::string& key, int64_t value) {
-  body_ += (body_.empty() ? "" : ",") + jsonQuote(key) + ":" + std::to_string(value);
+  obj_[key] = value;
+  return *this;
+}
+
+JsonLine& JsonLine::merge(const JsonLine& other) {
+  for (const auto& [key, value] : other.obj_.items()) obj_[key] = value;
   return *this;
 }
 
 std::map<std::string, std::string> parseJson(const std::string& text) {
-  std::map<std::string, std::string> out;
-  size_t i = 0;
-  auto fail = [&](const std::string& why) -> std::runtime_error {
-    return std::runtime_error("json: " + why + " at offset " + std::to_string(i) + " in: " + text.substr(0, 200));
-  };
-  auto skip = [&] {
-    while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
-  };
-  auto string = [&]() -> std::string {
-    if (i >= text.size() || text[i] != '"') throw fail("expected a string");
-    std::string s;
-    for (++i; i < text.size() && text[i] != '"'; ++i) {
-      if (text[i] != '\\') {
-        s += text[i];
-        continue;
-      }
-      if (++i >= text.size()) break;
-      switch (text[i]) {
-        case 'n': s += '\n'; break;
-        case 't': s += '\t'; break;
-        case 'u':
-          if (i + 4 >= text.size()) throw fail("bad escape");
-          s += static_cast<char>(std::stoi(text.substr(i + 1, 4), nullptr, 16));
-          i += 4;
-          break;
-        default: s += text[i];
-      }
-    }
-    if (i >= text.size()) throw fail("unterminated string");
-    ++i;
-    return s;
-  };
-  skip();
-  if (i >= text.size() || text[i] != '{') throw fail("expected {");
-  ++i;
-  skip();
-  if (i < text.size() && text[i] == '}') return out;
-  for (;;) {
-    skip();
-    const std::string key = string();
-    skip();
-    if (i >= text.size() || text[i] != ':') throw fail("expected :");
-    ++i;
-    skip();
-    if (i < text.size() && text[i] == '"') {
-      out[key] = string();
-    } else {
-      const size_t start = i;
-      while (i < text.size() && text[i] != ',' && text[i] != '}' && !std::isspace(static_cast<unsigned char>(text[i]))) ++i;
-      if (i == start) throw fail("expected a value");
-      out[key] = text.substr(start, i - start);
-    }
-    skip();
-    if (i < text.size() && text[i] == ',') {
-      ++i;
-      continue;
-    }
-    if (i < text.size() && text[i] == '}') return out;
-    throw fail("expected , or }");
+  nlohmann::json obj;
+  try {
+    obj = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(std::string("json: ") + e.what() + " in: " + text.substr(0, 200));
   }
+  if (!obj.is_object()) throw std::runtime_error("json: expected an object in: " + text.substr(0, 200));
+  std::map<std::string, std::string> out;
+  for (const auto& [key, value] : obj.items()) out[key] = value.is_string() ? value.get<std::string>() : value.dump();
+  return out;
 }
 
 double jsonNumber(const std::map<std::string, std::string>& obj, const std::string& key, double fallback) {
@@ -322,10 +275,7 @@ void Phase::writeKey() const {
 }
 
 void Phase::markDone(const JsonLine& record) const {
-  const std::string body = record.str();
-  writeTextAtomic(path("done.json"),
-                  "{" + jsonQuote("key") + ":" + jsonQuote(key_) + (body.size() > 2 ? "," : "") +
-                      body.substr(1) + "\n");
+  writeTextAtomic(path("done.json"), JsonLine().add("key", key_).merge(record).str() + "\n");
 }
 
 void Phase::openMetrics(int64_t keepUpToStep) {

@@ -2,7 +2,7 @@
 
 // What the demo trainer needs besides the model and the data: its settings
 // (the `trainer:` section of the config), flat JSON for metrics and state
-// files, and a phase's folder (done marker, key, metrics.jsonl). No torch here.
+// files (nlohmann-json), and a phase's folder (done marker, key, metrics.jsonl). No torch here.
 //
 // A phase (teacher, label_only, distilled) lives in <run.log_dir>/<phase>/:
 //   phase.json     {"key": ...}: the settings the phase's checkpoints belong to
@@ -15,6 +15,8 @@
 #include <map>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "distill/core/options.h"
 #include "gpt_options.h"
@@ -56,24 +58,24 @@ int studentWorld(const Config& cfg);
 // Learning rate at `step` (1-based) of `steps`: linear warm-up, cosine to minRatio.
 double learningRate(double peak, int64_t step, int64_t steps, int64_t warmup, double minRatio);
 
-// ---- flat JSON: one object, string / number / boolean values ----
-
+// ---- flat JSON: one object, string / number values (nlohmann-json) ----
 
 class JsonLine {
  public:
   JsonLine& add(const std::string& key, const std::string& value);
   JsonLine& add(const std::string& key, const char* value) { return add(key, std::string(value)); }
-  JsonLine& add(const std::string& key, double value);
+  JsonLine& add(const std::string& key, double value);  // NaN, inf: null
   JsonLine& add(const std::string& key, int64_t value);
   JsonLine& add(const std::string& key, int value) { return add(key, static_cast<int64_t>(value)); }
-  std::string str() const { return "{" + body_ + "}"; }
+  JsonLine& merge(const JsonLine& other);
+  std::string str() const { return obj_.dump(); }  // one line
 
  private:
-  std::string body_;
+  nlohmann::ordered_json obj_ = nlohmann::ordered_json::object();  // keys in the order added
 };
 
-// Parses one flat object; values come back as text (strings unescaped).
-// Throws std::runtime_error on anything else.
+// Parses one flat object; values come back as text (strings unescaped,
+// numbers as written). Throws std::runtime_error on anything else.
 std::map<std::string, std::string> parseJson(const std::string& text);
 // A number field, or `fallback` when absent.
 double jsonNumber(const std::map<std::string, std::string>& obj, const std::string& key, double fallback);

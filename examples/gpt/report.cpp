@@ -1,21 +1,25 @@
 #include "report.h"
 
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <sstream>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "demo_support.h"
-#include "png.h"
 
 namespace distill::examples {
 namespace {
 
 struct PhaseResult {
   std::string name;
-  std::map<std::string, std::string> done;                 // done.json ({} if missing)
-  std::vector<std::pair<double, double>> val;              // (step, val_loss) of the last launch per step
+  std::map<std::string, std::string> done;  // done.json ({} if missing)
   double valLoss() const { return jsonNumber(done, "val_loss", NAN); }
   double seconds() const { return jsonNumber(done, "seconds", 0); }
 };
@@ -23,18 +27,29 @@ struct PhaseResult {
 PhaseResult readPhase(const std::string& logDir, const std::string& name) {
   PhaseResult r;
   r.name = name;
-  const std::string dir = logDir + "/" + name;
-  const std::string done = readText(dir + "/done.json");
+  const std::string done = readText(logDir + "/" + name + "/done.json");
   if (!done.empty()) r.done = parseJson(done);
-  std::map<double, double> byStep;
-  std::istringstream in(readText(dir + "/metrics.jsonl"));
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty()) continue;
-    auto rec = parseJson(line);
-    if (rec.count("val_loss")) byStep[jsonNumber(rec, "step", 0)] = jsonNumber(rec, "val_loss", NAN);
-  }
-  r.val.assign(byStep.begin(), byStep.end());
   return r;
+}
+
+// The plot is drawn by matplotlib: examples/gpt/plot.py, run with the build's
+// Python (cmake's DISTILL_PYTHON; DISTILL_GPT_PLOT names another script).
+// Returns its exit status.
+int drawPlot(const std::string& logDir) {
+  const char* env = std::getenv("DISTILL_GPT_PLOT");
+  std::string script = env && *env ? env : DISTILL_GPT_PLOT_SCRIPT;
+  std::string python = DISTILL_GPT_PYTHON;
+  std::vector<char*> argv{python.data(), script.data(), const_cast<char*>(logDir.c_str()), nullptr};
+  pid_t pid = -1;
+  if (const int err = ::posix_spawnp(&pid, python.c_str(), nullptr, nullptr, argv.data(), environ)) {
+    std::fprintf(stderr, "report: cannot start %s %s: %s\n", python.c_str(), script.c_str(), std::strerror(err));
+    return 127;
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return 127;
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 }  // namespace
@@ -57,18 +72,6 @@ int report(const Config& cfg) {
                  static_cast<long long>(jsonNumber(labelOnly.done, "steps", -1)), static_cast<long long>(steps));
     return 1;
   }
-
-  // The plot.
-  std::vector<Series> series;
-  Series d{"distilled student", distilled.val, 0x1f77b4, false};
-  Series l{"label-only student", labelOnly.val, 0xff7f0e, false};
-  Series t{"teacher", {{0.0, teacher.valLoss()}, {static_cast<double>(steps), teacher.valLoss()}}, 0x555555, true};
-  ChartOptions o;
-  o.title = "validation loss, " + std::to_string(steps) + " steps, same data and seed";
-  o.xLabel = "step";
-  o.yLabel = "validation loss (nats/byte)";
-  const std::string png = logDir + "/val_loss.png";
-  writePng(png, renderChart({d, l, t}, o));
 
   const double seconds = teacher.seconds() + labelOnly.seconds() + distilled.seconds();
   const std::string summary = JsonLine()
@@ -95,6 +98,15 @@ int report(const Config& cfg) {
                 100 * gain / labelOnly.valLoss());
   } else {
     std::printf("the distilled student does NOT beat the label-only one (%+.4f nats/byte).\n", -gain);
+  }
+  // Last: the table and summary.json stand even when the plot cannot be drawn.
+  const std::string png = logDir + "/val_loss.png";
+  if (const int rc = drawPlot(logDir)) {
+    std::fprintf(stderr,
+                 "report: the plot %s was not drawn (%s %s exited with %d); matplotlib is installed by "
+                 "`bash cmake/distill.sh demo`\n",
+                 png.c_str(), DISTILL_GPT_PYTHON, DISTILL_GPT_PLOT_SCRIPT, rc);
+    return 1;
   }
   std::printf("plot: %s\nsummary: %s/summary.json\n", png.c_str(), logDir.c_str());
   return 0;
