@@ -1,6 +1,7 @@
 #include "distill/student/losses.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -9,13 +10,16 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "distill/core/errors.h"
+#include "loss_kernel.h"
 
 namespace distill {
 namespace {
 
-enum class Kind { kForward, kReverse, kJsd };
+using Kind = lossk::Kind;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
@@ -50,6 +54,12 @@ struct Problem {
   // logsumexp(values / T), with logTail logaddexp(that, logTail) [N].
   at::Tensor tLogSum;
   double eps = 0;                       // epsilon of the coarsest dtype of the top-k teacher data
+  // The fused CPU kernel (loss_kernel.h) computes the chunks: CPU, float32 or
+  // float64 student logits with contiguous rows. Otherwise (CUDA, half,
+  // bfloat16) the ATen-op path below, which is also its reference in tests.
+  bool fused = false;
+  at::Tensor zc;                        // [N, V] contiguous student logits (fused)
+  at::Tensor kValues, kLse, kLogTail;   // top-k teacher data in the arithmetic dtype, contiguous (fused)
 };
 
 // Machine epsilon of a floating dtype (the teacher data's rounding).
@@ -218,10 +228,75 @@ at::Tensor teacherBuckets(const Problem& pb, const at::Tensor& rows, const at::T
   return at::cat({vals, logqTail.sub_(norm).unsqueeze(1)}, 1);
 }
 
+// One chunk of valid rows through the fused CPU kernel; see lossChunk.
+template <typename T>
+void fusedChunk(const Problem& pb, const Rows& chunk, at::Tensor& grad, at::Tensor& kdSum, at::Tensor& ceSum) {
+  const at::Tensor rows = chunk.range ? pb.valid.narrow(0, chunk.first, chunk.count) : chunk.index;
+  const int64_t c = rows.size(0);
+  lossk::Args<T> a;
+  a.kind = pb.kind;
+  a.temperature = pb.temperature;
+  a.alpha = pb.alpha;
+  a.beta = pb.beta;
+  a.normalizer = pb.normalizer;
+  a.eps = pb.eps;
+  a.needKd = pb.needKd;
+  a.needCe = pb.needCe;
+  a.v = pb.v;
+  a.z = pb.zc.data_ptr<T>();
+  a.rows = rows.data_ptr<int64_t>();
+  a.labels = pb.labels.data_ptr<int64_t>();
+  a.grad = grad.defined() ? grad.data_ptr<T>() : nullptr;
+  at::Tensor tChunk;  // the chunk's teacher rows, only when they must be converted
+  if (pb.needKd && pb.tLogits.defined()) {
+    if (pb.tLogits.scalar_type() == pb.compute && pb.tLogits.is_contiguous()) {
+      a.t = pb.tLogits.data_ptr<T>();
+      a.tRows = a.rows;
+    } else {
+      tChunk = pb.tLogits.index_select(0, rows).to(pb.compute).contiguous();
+      a.t = tChunk.data_ptr<T>();
+    }
+  } else if (pb.needKd) {
+    a.k = pb.tIndices.size(1);
+    a.vals = pb.kValues.data_ptr<T>();
+    a.idx = pb.tIndices.data_ptr<int64_t>();
+    if (pb.kLse.defined()) a.tLse = pb.kLse.data_ptr<T>();
+    if (pb.kLogTail.defined()) a.tLogTail = pb.kLogTail.data_ptr<T>();
+    if (pb.tLogSum.defined()) a.tLogSum = pb.tLogSum.data_ptr<T>();
+  }
+  std::vector<double> kd(c, 0.0), ce(c, 0.0);
+  a.kdRow = kd.data();
+  a.ceRow = ce.data();
+  const lossk::Kernels& kern = lossk::kernels();
+  void (*fn)(const lossk::Args<T>&, int64_t, int64_t, T*) = nullptr;
+  if constexpr (std::is_same_v<T, float>) {
+    fn = pb.tLogits.defined() ? kern.denseF : kern.topkF;
+  } else {
+    fn = pb.tLogits.defined() ? kern.denseD : kern.topkD;
+  }
+  const int64_t scratch = lossk::scratchSize(pb.v, a.k);
+  at::parallel_for(0, c, std::max<int64_t>(1, 16384 / pb.v), [&](int64_t b, int64_t e) {
+    std::vector<T> buf(scratch, T(0));
+    fn(a, b, e, buf.data());
+  });
+  // Row sums in row order: the same value for any thread count.
+  double kdTotal = 0, ceTotal = 0;
+  for (int64_t i = 0; i < c; ++i) {
+    kdTotal += kd[i];
+    ceTotal += ce[i];
+  }
+  if (pb.needKd) kdSum.add_(kdTotal);
+  if (pb.needCe) ceSum.add_(ceTotal);
+}
+
 // One chunk of valid rows: adds the kd and ce sums to the accumulators and, when
 // `grad` is defined, writes the gradient of loss w.r.t. those rows into it.
 void lossChunk(const Problem& pb, const at::Tensor& z, const Rows& chunk, at::Tensor& grad, at::Tensor& kdSum,
                at::Tensor& ceSum) {
+  if (pb.fused) {
+    return pb.compute == at::kDouble ? fusedChunk<double>(pb, chunk, grad, kdSum, ceSum)
+                                     : fusedChunk<float>(pb, chunk, grad, kdSum, ceSum);
+  }
   if (pb.tLogits.defined()) return denseChunk(pb, z, chunk, grad, kdSum, ceSum);
   const at::Tensor rows = chunk.range ? pb.valid.narrow(0, chunk.first, chunk.count) : chunk.index;
   const bool needGrad = grad.defined();
@@ -342,7 +417,9 @@ class DistillFunction : public torch::autograd::Function<DistillFunction> {
     at::Tensor g = it->second.toTensor();
     ctx->saved_data.erase(it);  // drop our reference so autograd may reuse the buffer
     if (!gradOut[0].defined()) return {at::Tensor(), at::Tensor()};
-    g.mul_(gradOut[0]);
+    // loss.backward() passes 1: then the gradient is handed on as it is (one
+    // pass over [N, V] less; a CPU scalar costs nothing to look at).
+    if (!(gradOut[0].is_cpu() && gradOut[0].numel() == 1 && gradOut[0].item<double>() == 1.0)) g.mul_(gradOut[0]);
     return {g, at::Tensor()};
   }
 };
@@ -387,7 +464,7 @@ DataCheck logsumexpCheck(const Problem& pb, const at::Tensor& keep) {
 }
 
 Problem prepare(const at::Tensor& z, const at::Tensor& labels, const TeacherOutput& teacher,
-                const LossOptions& o, double normalizer) {
+                const LossOptions& o, double normalizer, bool allowFused) {
   validateLossOptions(o);
   DISTILL_CHECK_T(ConfigError, std::isfinite(normalizer) && normalizer >= 0,
                   "distillLoss: normalizer must be a positive token count (0 only for a call without "
@@ -500,6 +577,19 @@ Problem prepare(const at::Tensor& z, const at::Tensor& labels, const TeacherOutp
   DISTILL_CHECK_T(ConfigError, normalizer > 0 || pb.valid.size(0) == 0,
                   "distillLoss: normalizer is 0 but this call has ", pb.valid.size(0),
                   " non-ignored token(s); pass the step's token count (stepTokenCount)");
+  pb.fused = allowFused && z.device().is_cpu() && z.is_contiguous() &&
+             (z.scalar_type() == at::kFloat || z.scalar_type() == at::kDouble);
+  if (pb.fused) {
+    pb.zc = z.reshape({pb.n, pb.v});
+    pb.labels = pb.labels.contiguous();
+    if (pb.tIndices.defined()) {  // O(N k) conversions, once
+      pb.tIndices = pb.tIndices.contiguous();
+      pb.kValues = pb.tValues.to(pb.compute).contiguous();
+      if (pb.tLse.defined()) pb.kLse = pb.tLse.to(pb.compute).contiguous();
+      if (pb.tLogTail.defined()) pb.kLogTail = pb.tLogTail.to(pb.compute).contiguous();
+      if (pb.tLogSum.defined()) pb.tLogSum = pb.tLogSum.contiguous();
+    }
+  }
   return pb;
 }
 
@@ -523,10 +613,11 @@ void validateLossOptions(const LossOptions& o) {
                   "loss.chunk_tokens must be >= 1, found ", o.chunk_tokens);
 }
 
-LossResult distillLoss(const at::Tensor& studentLogits, const at::Tensor& labels,
-                       const TeacherOutput& teacher, const LossOptions& options,
-                       double normalizer) {
-  Problem pb = prepare(studentLogits, labels, teacher, options, normalizer);
+namespace {
+
+LossResult run(const at::Tensor& studentLogits, const at::Tensor& labels, const TeacherOutput& teacher,
+               const LossOptions& options, double normalizer, bool allowFused) {
+  Problem pb = prepare(studentLogits, labels, teacher, options, normalizer, allowFused);
   if (!(at::GradMode::is_enabled() && studentLogits.requires_grad())) {
     at::NoGradGuard noGrad;
     LossResult r = finish(pb, runChunks(pb, studentLogits.reshape({-1, pb.v}), at::Tensor()));
@@ -535,5 +626,23 @@ LossResult distillLoss(const at::Tensor& studentLogits, const at::Tensor& labels
   torch::autograd::variable_list out = DistillFunction::apply(studentLogits, &pb);
   return LossResult{out[0], out[1], out[2], pb.valid.size(0)};
 }
+
+}  // namespace
+
+LossResult distillLoss(const at::Tensor& studentLogits, const at::Tensor& labels,
+                       const TeacherOutput& teacher, const LossOptions& options,
+                       double normalizer) {
+  return run(studentLogits, labels, teacher, options, normalizer, /*allowFused=*/true);
+}
+
+namespace detail {
+
+LossResult distillLossAtenOps(const at::Tensor& studentLogits, const at::Tensor& labels,
+                              const TeacherOutput& teacher, const LossOptions& options,
+                              double normalizer) {
+  return run(studentLogits, labels, teacher, options, normalizer, /*allowFused=*/false);
+}
+
+}  // namespace detail
 
 }  // namespace distill

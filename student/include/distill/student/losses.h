@@ -171,4 +171,14 @@ LossResult distillLoss(const at::Tensor& studentLogits, const at::Tensor& labels
                        const TeacherOutput& teacher, const LossOptions& options,
                        double normalizer);
 
+namespace detail {
+// distillLoss computed with ATen ops only, chunk by chunk: the path CUDA and
+// half/bfloat16 student logits take. On CPU distillLoss uses a fused kernel
+// instead (see "Implementation" above); tests/losses checks the two against
+// each other.
+LossResult distillLossAtenOps(const at::Tensor& studentLogits, const at::Tensor& labels,
+                              const TeacherOutput& teacher, const LossOptions& options,
+                              double normalizer);
+}  // namespace detail
+
 }  // namespace distill

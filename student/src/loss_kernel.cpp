@@ -1,0 +1,22 @@
+#include "loss_kernel.h"
+
+namespace distill::lossk {
+
+#ifndef DISTILL_LOSSK_AVX2
+namespace avx2 {
+const Kernels* kernels() { return nullptr; }
+}  // namespace avx2
+#endif
+
+const Kernels& kernels() {
+  static const Kernels* chosen = [] {
+#if defined(DISTILL_LOSSK_AVX2) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return avx2::kernels();
+#endif
+    return portable::kernels();
+  }();
+  return *chosen;
+}
+
+}  // namespace distill::lossk
