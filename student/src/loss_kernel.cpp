@@ -2,7 +2,10 @@
 
 namespace distill::lossk {
 
-#ifndef DISTILL_LOSSK_AVX2
+#ifndef DISTILL_LOSSK_X86
+namespace avx512 {
+const Kernels* kernels() { return nullptr; }
+}  // namespace avx512
 namespace avx2 {
 const Kernels* kernels() { return nullptr; }
 }  // namespace avx2
@@ -10,8 +13,12 @@ const Kernels* kernels() { return nullptr; }
 
 const Kernels& kernels() {
   static const Kernels* chosen = [] {
-#if defined(DISTILL_LOSSK_AVX2) && (defined(__GNUC__) || defined(__clang__))
+#if defined(DISTILL_LOSSK_X86)
     __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+      return avx512::kernels();
+    }
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return avx2::kernels();
 #endif
     return portable::kernels();

@@ -4,8 +4,8 @@
 // valid token rows of one chunk, each row read from cache a few times (max,
 // sums, then the gradient write) instead of the ~10 full passes and [C, V]
 // temporaries of the ATen-op path. No torch here: plain pointers, so the
-// kernel can be compiled once per instruction set (loss_kernel_avx2.cpp with
-// AVX2+FMA, loss_kernel_default.cpp without) and picked at run time, the way
+// kernel can be compiled once per instruction set (loss_kernel_avx512.cpp,
+// loss_kernel_avx2.cpp, and loss_kernel_default.cpp for any CPU) and picked at run time, the way
 // ATen builds its own CPU kernels.
 
 #include <cstdint>
@@ -43,7 +43,7 @@ struct Args {
 
 // Scratch one thread needs for rows of vocabulary v with top-k k, in elements
 // of T; it must be zero-filled before the first call (the kernel leaves it so).
-inline int64_t scratchSize(int64_t v, int64_t k) { return v + 8 * (k + 1 + 16) + 64; }
+inline int64_t scratchSize(int64_t v, int64_t k) { return v + 5 * (k + 1 + 16) + 64; }
 
 struct Kernels {
   void (*denseF)(const Args<float>&, int64_t begin, int64_t end, float* scratch);
@@ -52,10 +52,13 @@ struct Kernels {
   void (*topkD)(const Args<double>&, int64_t begin, int64_t end, double* scratch);
 };
 
-// The kernels for this CPU (AVX2+FMA where the build has them and the CPU
-// runs them, else the portable build).
+// The kernels for this CPU: the widest build the CPU runs (AVX-512, else
+// AVX2+FMA, else the portable one), as ATen picks its own CPU kernels.
 const Kernels& kernels();
 
+namespace avx512 {
+const Kernels* kernels();  // null when not built
+}
 namespace avx2 {
 const Kernels* kernels();  // null when not built
 }

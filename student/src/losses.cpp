@@ -552,8 +552,31 @@ Problem prepare(const at::Tensor& z, const at::Tensor& labels, const TeacherOutp
                                       "be in [0, ", pb.v, ")");
                       }});
     if (k > 1) {
-      at::Tensor sorted = std::get<0>(pb.tIndices.sort(1));
-      checks.push_back({(sorted.narrow(1, 1, k - 1) != sorted.narrow(1, 0, k - 1)).all(), [] {
+      at::Tensor unique;
+      if (pb.tIndices.is_cpu()) {
+        // O(N k) with one stamp per token id, instead of sorting every row (the
+        // sort was ~20% of a top-k loss on CPU).
+        pb.tIndices = pb.tIndices.contiguous();
+        const int64_t* ip = pb.tIndices.data_ptr<int64_t>();
+        std::vector<int64_t> stamp(pb.v, -1);
+        bool ok = true;
+        for (int64_t r = 0; r < pb.n && ok; ++r) {
+          for (int64_t b = 0; b < k; ++b) {
+            const int64_t j = ip[r * k + b];
+            if (j < 0 || j >= pb.v) continue;  // the range check above reports it
+            if (stamp[j] == r) {
+              ok = false;
+              break;
+            }
+            stamp[j] = r;
+          }
+        }
+        unique = at::scalar_tensor(ok, at::TensorOptions().dtype(at::kBool));
+      } else {
+        at::Tensor sorted = std::get<0>(pb.tIndices.sort(1));
+        unique = (sorted.narrow(1, 1, k - 1) != sorted.narrow(1, 0, k - 1)).all();
+      }
+      checks.push_back({unique, [] {
                           DISTILL_THROW(ProtocolError, "distillLoss: teacher top-k indices: repeated index "
                                         "within a token's top-k");
                         }});
