@@ -50,6 +50,10 @@ struct Kernels {
   void (*denseD)(const Args<double>&, int64_t begin, int64_t end, double* scratch);
   void (*topkF)(const Args<float>&, int64_t begin, int64_t end, float* scratch);
   void (*topkD)(const Args<double>&, int64_t begin, int64_t end, double* scratch);
+  // out[r] = logsumexp(x[r, :] / temperature) for rows [0, n) of x [n, k]
+  // (-inf for a row of -inf), as at::logsumexp.
+  void (*rowLogsumexpF)(const float* x, int64_t n, int64_t k, double temperature, float* out);
+  void (*rowLogsumexpD)(const double* x, int64_t n, int64_t k, double temperature, double* out);
 };
 
 // The kernels for this CPU: the widest build the CPU runs (AVX-512, else

@@ -440,7 +440,29 @@ void topkRows(const Args<T>& a, int64_t begin, int64_t end, T* scratch) {
   }
 }
 
-const Kernels kTable{&denseRows<float>, &denseRows<double>, &topkRows<float>, &topkRows<double>};
+template <typename T>
+void rowLogsumexp(const T* x, int64_t n, int64_t k, double temperature, T* out) {
+  constexpr int64_t W = Vec<T>::size();
+  const T inf = std::numeric_limits<T>::infinity();
+  const T temp = static_cast<T>(temperature);
+  const Vec<T> vt(temp);
+  for (int64_t r = 0; r < n; ++r) {
+    const T* row = x + r * k;
+    Vec<T> mx(-inf);
+    for (int64_t j = 0; j < k; j += W) mx = at::vec::maximum(mx, load(row + j, std::min(W, k - j), -inf));
+    const T m = hmax(mx) / temp;
+    if (m == -inf || m == inf || std::isnan(m)) {
+      out[r] = m;
+      continue;
+    }
+    Acc<T> s;
+    for (int64_t j = 0; j < k; j += W) s.add((load(row + j, std::min(W, k - j), -inf) / vt - Vec<T>(m)).exp());
+    out[r] = m + static_cast<T>(std::log(static_cast<T>(s.get())));
+  }
+}
+
+const Kernels kTable{&denseRows<float>, &denseRows<double>, &topkRows<float>, &topkRows<double>,
+                     &rowLogsumexp<float>, &rowLogsumexp<double>};
 
 }  // namespace
 

@@ -463,6 +463,13 @@ DataCheck logsumexpCheck(const Problem& pb, const at::Tensor& keep) {
   return c;
 }
 
+void rowLogsumexp(const float* x, int64_t n, int64_t k, double t, float* out) {
+  lossk::kernels().rowLogsumexpF(x, n, k, t, out);
+}
+void rowLogsumexp(const double* x, int64_t n, int64_t k, double t, double* out) {
+  lossk::kernels().rowLogsumexpD(x, n, k, t, out);
+}
+
 Problem prepare(const at::Tensor& z, const at::Tensor& labels, const TeacherOutput& teacher,
                 const LossOptions& o, double normalizer, bool allowFused) {
   validateLossOptions(o);
@@ -488,6 +495,9 @@ Problem prepare(const at::Tensor& z, const at::Tensor& labels, const TeacherOutp
                   "shape ", shapeOf(z));
   pb.n = z.numel() / pb.v;
   pb.compute = z.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  // The fused CPU kernel computes the chunks (see Problem::fused).
+  const bool cpuFused = allowFused && z.device().is_cpu() && z.is_contiguous() &&
+                        (z.scalar_type() == at::kFloat || z.scalar_type() == at::kDouble);
 
   DISTILL_CHECK_T(ProtocolError, labels.defined() && labels.scalar_type() == at::kLong &&
                   labels.numel() == pb.n,
@@ -496,6 +506,7 @@ Problem prepare(const at::Tensor& z, const at::Tensor& labels, const TeacherOutp
                   std::string(c10::toString(labels.scalar_type())) : std::string("undefined"));
   checkDevice("labels", labels, z);
   pb.labels = labels.reshape({pb.n});
+  if (cpuFused) pb.labels = pb.labels.contiguous();
   at::Tensor keep = pb.labels != o.ignore_index;
 
   auto nkShape = [&](const at::Tensor& t, int64_t k) {
@@ -581,11 +592,58 @@ Problem prepare(const at::Tensor& z, const at::Tensor& labels, const TeacherOutp
                                         "within a token's top-k");
                         }});
     }
-    if (pb.tLse.defined() || pb.tLogTail.defined()) {
-      pb.tLogSum = at::logsumexp(pb.tValues.to(pb.compute).div(pb.temperature), 1);
-      if (pb.tLogTail.defined()) pb.tLogSum = at::logaddexp(pb.tLogSum, pb.tLogTail.to(pb.compute));
+    if (cpuFused) {
+      // The fused kernel's inputs, converted once (O(N k)).
+      pb.kValues = pb.tValues.to(pb.compute).contiguous();
+      if (pb.tLse.defined()) pb.kLse = pb.tLse.to(pb.compute).contiguous();
+      if (pb.tLogTail.defined()) pb.kLogTail = pb.tLogTail.to(pb.compute).contiguous();
     }
-    if (pb.tLse.defined()) checks.push_back(logsumexpCheck(pb, keep));
+    if ((pb.tLse.defined() || pb.tLogTail.defined()) && cpuFused) {
+      // As below, in plain loops over the [N] rows: a dozen ATen ops on [N]
+      // tensors cost a quarter of a cross-entropy at N = 1024, V = 256.
+      pb.tLogSum = at::empty({pb.n}, z.options().dtype(pb.compute));
+      AT_DISPATCH_FLOATING_TYPES(pb.compute, "distillLoss top-k logsumexp", [&] {
+        auto* out = pb.tLogSum.data_ptr<scalar_t>();
+        if (pb.kLogTail.defined()) {
+          rowLogsumexp(pb.kValues.data_ptr<scalar_t>(), pb.n, k, pb.temperature, out);
+        } else {
+          // Without the log tail, q_tail = 1 - exp(logSum - logsumexp) hangs on the
+          // last bits of logSum: ATen's own logsumexp keeps the values of the
+          // ATen-op path (the fused kernel's sum order would move them by up to
+          // 1e-5 relative where the tail is ~1e-14).
+          pb.tLogSum.copy_(at::logsumexp(pb.kValues.div(pb.temperature), 1));
+        }
+        if (pb.kLogTail.defined()) {
+          const auto* tail = pb.kLogTail.data_ptr<scalar_t>();
+          for (int64_t r = 0; r < pb.n; ++r) {
+            const scalar_t a = out[r], b = tail[r];  // at::logaddexp
+            out[r] = std::isinf(a) && a == b ? a : std::max(a, b) + std::log1p(std::exp(-std::abs(a - b)));
+          }
+        }
+        if (pb.kLse.defined()) {
+          const auto* lse = pb.kLse.data_ptr<scalar_t>();
+          const int64_t* lab = pb.labels.data_ptr<int64_t>();
+          const bool tail = pb.kLogTail.defined();
+          bool ok = true;
+          for (int64_t r = 0; r < pb.n && ok; ++r) {
+            if (lab[r] == o.ignore_index) continue;
+            const scalar_t diff = out[r] - lse[r];
+            const scalar_t tol = std::abs(lse[r]) * static_cast<scalar_t>(8 * pb.eps) +
+                                 static_cast<scalar_t>(kLogsumexpTolerance);
+            ok = (tail ? std::abs(diff) : diff) <= tol && std::isfinite(lse[r]);
+          }
+          // The tensor form names the row and the values.
+          checks.push_back({at::scalar_tensor(ok, at::TensorOptions().dtype(at::kBool)),
+                            [&pb, keep] { logsumexpCheck(pb, keep).fail(); }});
+        }
+      });
+    } else {
+      if (pb.tLse.defined() || pb.tLogTail.defined()) {
+        pb.tLogSum = at::logsumexp(pb.tValues.to(pb.compute).div(pb.temperature), 1);
+        if (pb.tLogTail.defined()) pb.tLogSum = at::logaddexp(pb.tLogSum, pb.tLogTail.to(pb.compute));
+      }
+      if (pb.tLse.defined()) checks.push_back(logsumexpCheck(pb, keep));
+    }
   }
 
   std::vector<at::Tensor> oks;
@@ -600,18 +658,11 @@ Problem prepare(const at::Tensor& z, const at::Tensor& labels, const TeacherOutp
   DISTILL_CHECK_T(ConfigError, normalizer > 0 || pb.valid.size(0) == 0,
                   "distillLoss: normalizer is 0 but this call has ", pb.valid.size(0),
                   " non-ignored token(s); pass the step's token count (stepTokenCount)");
-  pb.fused = allowFused && z.device().is_cpu() && z.is_contiguous() &&
-             (z.scalar_type() == at::kFloat || z.scalar_type() == at::kDouble);
+  pb.fused = cpuFused;
   if (pb.fused) {
     pb.zc = z.reshape({pb.n, pb.v});
     pb.labels = pb.labels.contiguous();
-    if (pb.tIndices.defined()) {  // O(N k) conversions, once
-      pb.tIndices = pb.tIndices.contiguous();
-      pb.kValues = pb.tValues.to(pb.compute).contiguous();
-      if (pb.tLse.defined()) pb.kLse = pb.tLse.to(pb.compute).contiguous();
-      if (pb.tLogTail.defined()) pb.kLogTail = pb.tLogTail.to(pb.compute).contiguous();
-      if (pb.tLogSum.defined()) pb.tLogSum = pb.tLogSum.contiguous();
-    }
+    if (pb.tIndices.defined()) pb.tIndices = pb.tIndices.contiguous();
   }
   return pb;
 }
