@@ -9,6 +9,7 @@
 // against each other and against the Python reference. Sums over a row are
 // accumulated in vector registers and flushed to double every kFlush vectors.
 
+#include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
@@ -45,11 +46,12 @@ inline void store(const Vec<T>& x, T* p, int64_t count) {
 
 template <typename T>
 inline T hmax(const Vec<T>& x) {
-  T b[Vec<T>::size()];
-  x.store(b);
-  T m = b[0];
-  for (int l = 1; l < Vec<T>::size(); ++l) m = b[l] > m || std::isnan(b[l]) ? b[l] : m;
-  return m;
+  return at::vec::vec_reduce_all<T>([](Vec<T>& a, Vec<T>& b) { return at::vec::maximum(a, b); }, x);
+}
+
+template <typename T>
+inline T hsum(const Vec<T>& x) {
+  return at::vec::vec_reduce_all<T>([](Vec<T>& a, Vec<T>& b) { return a + b; }, x);
 }
 
 // A sum of vectors, exact enough for a row of any length: lanes in T, flushed
@@ -64,9 +66,7 @@ struct Acc {
     if (++count == kFlush) flush();
   }
   void flush() {
-    T b[Vec<T>::size()];
-    acc.store(b);
-    for (int l = 0; l < Vec<T>::size(); ++l) total += b[l];
+    total += hsum(acc);
     acc = Vec<T>(T(0));
     count = 0;
   }
@@ -329,7 +329,7 @@ void topkRows(const Args<T>& a, int64_t begin, int64_t end, T* scratch) {
     T* g = needGrad ? a.grad + r * n : nullptr;
     for (int64_t b = 0; b < k; ++b) zK[b] = z[idx[b]];
 
-    // Student: log-sum-exp of the tail (masked row) and of the top-k, at T.
+    // Student: log-sum-exp of the whole row and of its tail (the masked row), at T.
     T tailMax = -inf, zmax = -inf, ls1 = 0, lseTail = -inf, lseS = -inf, lse1 = 0;
     if (a.needKd) {
       for (int64_t b = 0; b < k; ++b) mask[idx[b]] = -inf;
@@ -338,33 +338,43 @@ void topkRows(const Args<T>& a, int64_t begin, int64_t end, T* scratch) {
         const int64_t c = std::min(W, n - j);
         const Vec<T> zv = load(z + j, c, -inf);
         mt = at::vec::maximum(mt, zv + load(mask + j, c, T(0)));
-        if (a.needCe && !t1) mz = at::vec::maximum(mz, zv);
+        mz = at::vec::maximum(mz, zv);
       }
       tailMax = hmax(mt);
       zmax = hmax(mz);
-      const T tailMaxS = t1 ? tailMax : tailMax / temp;
-      if (tailMax != -inf || (a.needCe && !t1)) {
-        Acc<T> sTail, s1;
-        for (int64_t j = 0; j < n; j += W) {
-          const int64_t c = std::min(W, n - j);
-          const Vec<T> zv = load(z + j, c, -inf);
-          if (tailMax != -inf) {
-            const Vec<T> sv = (t1 ? zv : zv / vt) + load(mask + j, c, T(0));
-            sTail.add((sv - Vec<T>(tailMaxS)).exp());
-          }
-          if (a.needCe && !t1) s1.add((zv - Vec<T>(zmax)).exp());
-        }
-        if (tailMax != -inf) lseTail = tailMaxS + static_cast<T>(std::log(static_cast<T>(sTail.get())));
-        if (a.needCe && !t1) ls1 = static_cast<T>(std::log(static_cast<T>(s1.get())));
+      const T smax = t1 ? zmax : zmax / temp, tailMaxS = t1 ? tailMax : tailMax / temp;
+      // One exp per token serves both sums, shifted by the row's max, as long as
+      // the tail's terms stay normal numbers (exact to rounding however small the
+      // tail is); a tail further below, a pass of its own with its own max.
+      const bool shared = tailMax == -inf || tailMaxS - smax > T(-60);
+      Acc<T> sAll, sTail, s1;
+      for (int64_t j = 0; j < n; j += W) {
+        const int64_t c = std::min(W, n - j);
+        const Vec<T> zv = load(z + j, c, -inf);
+        const Vec<T> e = ((t1 ? zv : zv / vt) - Vec<T>(smax)).exp();
+        sAll.add(e);
+        if (shared) sTail.add(Vec<T>::blendv(e, Vec<T>(T(0)), load(mask + j, c, T(0)) == Vec<T>(-inf)));
+        if (a.needCe && !t1) s1.add((zv - Vec<T>(zmax)).exp());
       }
+      lseS = smax + static_cast<T>(std::log(static_cast<T>(sAll.get())));
+      if (tailMax != -inf) {
+        if (shared) {
+          lseTail = smax + static_cast<T>(std::log(static_cast<T>(sTail.get())));
+        } else {
+          Acc<T> st;
+          for (int64_t j = 0; j < n; j += W) {
+            const int64_t c = std::min(W, n - j);
+            const Vec<T> zv = load(z + j, c, -inf);
+            st.add((((t1 ? zv : zv / vt) + load(mask + j, c, T(0))) - Vec<T>(tailMaxS)).exp());
+          }
+          lseTail = tailMaxS + static_cast<T>(std::log(static_cast<T>(st.get())));
+        }
+      }
+      if (a.needCe) lse1 = t1 ? lseS : zmax + static_cast<T>(std::log(static_cast<T>(s1.get())));
       for (int64_t b = 0; b < k; ++b) {
         mask[idx[b]] = 0;
         tmp[b] = t1 ? zK[b] : zK[b] / temp;
       }
-      T kMax, kLs;
-      logsumexpParts(tmp, k, kMax, kLs);
-      lseS = logaddexp(lseTail, kMax + kLs);
-      if (a.needCe) lse1 = t1 ? lseS : zmax + ls1;
     } else {
       logsumexpParts(z, n, zmax, ls1);
       lse1 = zmax + ls1;
