@@ -1,6 +1,7 @@
 #include "distill/student/losses.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -9,13 +10,16 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "distill/core/errors.h"
+#include "loss_kernel.h"
 
 namespace distill {
 namespace {
 
-enum class Kind { kForward, kReverse, kJsd };
+using Kind = lossk::Kind;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
@@ -50,6 +54,12 @@ struct Problem {
   // logsumexp(values / T), with logTail logaddexp(that, logTail) [N].
   at::Tensor tLogSum;
   double eps = 0;                       // epsilon of the coarsest dtype of the top-k teacher data
+  // The fused CPU kernel (loss_kernel.h) computes the chunks: CPU, float32 or
+  // float64 student logits with contiguous rows. Otherwise (CUDA, half,
+  // bfloat16) the ATen-op path below, which is also its reference in tests.
+  bool fused = false;
+  at::Tensor zc;                        // [N, V] contiguous student logits (fused)
+  at::Tensor kValues, kLse, kLogTail;   // top-k teacher data in the arithmetic dtype, contiguous (fused)
 };
 
 // Machine epsilon of a floating dtype (the teacher data's rounding).
@@ -218,10 +228,75 @@ at::Tensor teacherBuckets(const Problem& pb, const at::Tensor& rows, const at::T
   return at::cat({vals, logqTail.sub_(norm).unsqueeze(1)}, 1);
 }
 
+// One chunk of valid rows through the fused CPU kernel; see lossChunk.
+template <typename T>
+void fusedChunk(const Problem& pb, const Rows& chunk, at::Tensor& grad, at::Tensor& kdSum, at::Tensor& ceSum) {
+  const at::Tensor rows = chunk.range ? pb.valid.narrow(0, chunk.first, chunk.count) : chunk.index;
+  const int64_t c = rows.size(0);
+  lossk::Args<T> a;
+  a.kind = pb.kind;
+  a.temperature = pb.temperature;
+  a.alpha = pb.alpha;
+  a.beta = pb.beta;
+  a.normalizer = pb.normalizer;
+  a.eps = pb.eps;
+  a.needKd = pb.needKd;
+  a.needCe = pb.needCe;
+  a.v = pb.v;
+  a.z = pb.zc.data_ptr<T>();
+  a.rows = rows.data_ptr<int64_t>();
+  a.labels = pb.labels.data_ptr<int64_t>();
+  a.grad = grad.defined() ? grad.data_ptr<T>() : nullptr;
+  at::Tensor tChunk;  // the chunk's teacher rows, only when they must be converted
+  if (pb.needKd && pb.tLogits.defined()) {
+    if (pb.tLogits.scalar_type() == pb.compute && pb.tLogits.is_contiguous()) {
+      a.t = pb.tLogits.data_ptr<T>();
+      a.tRows = a.rows;
+    } else {
+      tChunk = pb.tLogits.index_select(0, rows).to(pb.compute).contiguous();
+      a.t = tChunk.data_ptr<T>();
+    }
+  } else if (pb.needKd) {
+    a.k = pb.tIndices.size(1);
+    a.vals = pb.kValues.data_ptr<T>();
+    a.idx = pb.tIndices.data_ptr<int64_t>();
+    if (pb.kLse.defined()) a.tLse = pb.kLse.data_ptr<T>();
+    if (pb.kLogTail.defined()) a.tLogTail = pb.kLogTail.data_ptr<T>();
+    if (pb.tLogSum.defined()) a.tLogSum = pb.tLogSum.data_ptr<T>();
+  }
+  std::vector<double> kd(c, 0.0), ce(c, 0.0);
+  a.kdRow = kd.data();
+  a.ceRow = ce.data();
+  const lossk::Kernels& kern = lossk::kernels();
+  void (*fn)(const lossk::Args<T>&, int64_t, int64_t, T*) = nullptr;
+  if constexpr (std::is_same_v<T, float>) {
+    fn = pb.tLogits.defined() ? kern.denseF : kern.topkF;
+  } else {
+    fn = pb.tLogits.defined() ? kern.denseD : kern.topkD;
+  }
+  const int64_t scratch = lossk::scratchSize(pb.v, a.k);
+  at::parallel_for(0, c, std::max<int64_t>(1, 16384 / pb.v), [&](int64_t b, int64_t e) {
+    std::vector<T> buf(scratch, T(0));
+    fn(a, b, e, buf.data());
+  });
+  // Row sums in row order: the same value for any thread count.
+  double kdTotal = 0, ceTotal = 0;
+  for (int64_t i = 0; i < c; ++i) {
+    kdTotal += kd[i];
+    ceTotal += ce[i];
+  }
+  if (pb.needKd) kdSum.add_(kdTotal);
+  if (pb.needCe) ceSum.add_(ceTotal);
+}
+
 // One chunk of valid rows: adds the kd and ce sums to the accumulators and, when
 // `grad` is defined, writes the gradient of loss w.r.t. those rows into it.
 void lossChunk(const Problem& pb, const at::Tensor& z, const Rows& chunk, at::Tensor& grad, at::Tensor& kdSum,
                at::Tensor& ceSum) {
+  if (pb.fused) {
+    return pb.compute == at::kDouble ? fusedChunk<double>(pb, chunk, grad, kdSum, ceSum)
+                                     : fusedChunk<float>(pb, chunk, grad, kdSum, ceSum);
+  }
   if (pb.tLogits.defined()) return denseChunk(pb, z, chunk, grad, kdSum, ceSum);
   const at::Tensor rows = chunk.range ? pb.valid.narrow(0, chunk.first, chunk.count) : chunk.index;
   const bool needGrad = grad.defined();
@@ -342,7 +417,9 @@ class DistillFunction : public torch::autograd::Function<DistillFunction> {
     at::Tensor g = it->second.toTensor();
     ctx->saved_data.erase(it);  // drop our reference so autograd may reuse the buffer
     if (!gradOut[0].defined()) return {at::Tensor(), at::Tensor()};
-    g.mul_(gradOut[0]);
+    // loss.backward() passes 1: then the gradient is handed on as it is (one
+    // pass over [N, V] less; a CPU scalar costs nothing to look at).
+    if (!(gradOut[0].is_cpu() && gradOut[0].numel() == 1 && gradOut[0].item<double>() == 1.0)) g.mul_(gradOut[0]);
     return {g, at::Tensor()};
   }
 };
@@ -386,8 +463,15 @@ DataCheck logsumexpCheck(const Problem& pb, const at::Tensor& keep) {
   return c;
 }
 
+void rowLogsumexp(const float* x, int64_t n, int64_t k, double t, float* out) {
+  lossk::kernels().rowLogsumexpF(x, n, k, t, out);
+}
+void rowLogsumexp(const double* x, int64_t n, int64_t k, double t, double* out) {
+  lossk::kernels().rowLogsumexpD(x, n, k, t, out);
+}
+
 Problem prepare(const at::Tensor& z, const at::Tensor& labels, const TeacherOutput& teacher,
-                const LossOptions& o, double normalizer) {
+                const LossOptions& o, double normalizer, bool allowFused) {
   validateLossOptions(o);
   DISTILL_CHECK_T(ConfigError, std::isfinite(normalizer) && normalizer >= 0,
                   "distillLoss: normalizer must be a positive token count (0 only for a call without "
@@ -411,6 +495,9 @@ Problem prepare(const at::Tensor& z, const at::Tensor& labels, const TeacherOutp
                   "shape ", shapeOf(z));
   pb.n = z.numel() / pb.v;
   pb.compute = z.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  // The fused CPU kernel computes the chunks (see Problem::fused).
+  const bool cpuFused = allowFused && z.device().is_cpu() && z.is_contiguous() &&
+                        (z.scalar_type() == at::kFloat || z.scalar_type() == at::kDouble);
 
   DISTILL_CHECK_T(ProtocolError, labels.defined() && labels.scalar_type() == at::kLong &&
                   labels.numel() == pb.n,
@@ -419,6 +506,7 @@ Problem prepare(const at::Tensor& z, const at::Tensor& labels, const TeacherOutp
                   std::string(c10::toString(labels.scalar_type())) : std::string("undefined"));
   checkDevice("labels", labels, z);
   pb.labels = labels.reshape({pb.n});
+  if (cpuFused) pb.labels = pb.labels.contiguous();
   at::Tensor keep = pb.labels != o.ignore_index;
 
   auto nkShape = [&](const at::Tensor& t, int64_t k) {
@@ -475,17 +563,87 @@ Problem prepare(const at::Tensor& z, const at::Tensor& labels, const TeacherOutp
                                       "be in [0, ", pb.v, ")");
                       }});
     if (k > 1) {
-      at::Tensor sorted = std::get<0>(pb.tIndices.sort(1));
-      checks.push_back({(sorted.narrow(1, 1, k - 1) != sorted.narrow(1, 0, k - 1)).all(), [] {
+      at::Tensor unique;
+      if (pb.tIndices.is_cpu()) {
+        // O(N k) with one stamp per token id, instead of sorting every row (the
+        // sort was ~20% of a top-k loss on CPU).
+        pb.tIndices = pb.tIndices.contiguous();
+        const int64_t* ip = pb.tIndices.data_ptr<int64_t>();
+        std::vector<int64_t> stamp(pb.v, -1);
+        bool ok = true;
+        for (int64_t r = 0; r < pb.n && ok; ++r) {
+          for (int64_t b = 0; b < k; ++b) {
+            const int64_t j = ip[r * k + b];
+            if (j < 0 || j >= pb.v) continue;  // the range check above reports it
+            if (stamp[j] == r) {
+              ok = false;
+              break;
+            }
+            stamp[j] = r;
+          }
+        }
+        unique = at::scalar_tensor(ok, at::TensorOptions().dtype(at::kBool));
+      } else {
+        at::Tensor sorted = std::get<0>(pb.tIndices.sort(1));
+        unique = (sorted.narrow(1, 1, k - 1) != sorted.narrow(1, 0, k - 1)).all();
+      }
+      checks.push_back({unique, [] {
                           DISTILL_THROW(ProtocolError, "distillLoss: teacher top-k indices: repeated index "
                                         "within a token's top-k");
                         }});
     }
-    if (pb.tLse.defined() || pb.tLogTail.defined()) {
-      pb.tLogSum = at::logsumexp(pb.tValues.to(pb.compute).div(pb.temperature), 1);
-      if (pb.tLogTail.defined()) pb.tLogSum = at::logaddexp(pb.tLogSum, pb.tLogTail.to(pb.compute));
+    if (cpuFused) {
+      // The fused kernel's inputs, converted once (O(N k)).
+      pb.kValues = pb.tValues.to(pb.compute).contiguous();
+      if (pb.tLse.defined()) pb.kLse = pb.tLse.to(pb.compute).contiguous();
+      if (pb.tLogTail.defined()) pb.kLogTail = pb.tLogTail.to(pb.compute).contiguous();
     }
-    if (pb.tLse.defined()) checks.push_back(logsumexpCheck(pb, keep));
+    if ((pb.tLse.defined() || pb.tLogTail.defined()) && cpuFused) {
+      // As below, in plain loops over the [N] rows: a dozen ATen ops on [N]
+      // tensors cost a quarter of a cross-entropy at N = 1024, V = 256.
+      pb.tLogSum = at::empty({pb.n}, z.options().dtype(pb.compute));
+      AT_DISPATCH_FLOATING_TYPES(pb.compute, "distillLoss top-k logsumexp", [&] {
+        auto* out = pb.tLogSum.data_ptr<scalar_t>();
+        if (pb.kLogTail.defined()) {
+          rowLogsumexp(pb.kValues.data_ptr<scalar_t>(), pb.n, k, pb.temperature, out);
+        } else {
+          // Without the log tail, q_tail = 1 - exp(logSum - logsumexp) hangs on the
+          // last bits of logSum: ATen's own logsumexp keeps the values of the
+          // ATen-op path (the fused kernel's sum order would move them by up to
+          // 1e-5 relative where the tail is ~1e-14).
+          pb.tLogSum.copy_(at::logsumexp(pb.kValues.div(pb.temperature), 1));
+        }
+        if (pb.kLogTail.defined()) {
+          const auto* tail = pb.kLogTail.data_ptr<scalar_t>();
+          for (int64_t r = 0; r < pb.n; ++r) {
+            const scalar_t a = out[r], b = tail[r];  // at::logaddexp
+            out[r] = std::isinf(a) && a == b ? a : std::max(a, b) + std::log1p(std::exp(-std::abs(a - b)));
+          }
+        }
+        if (pb.kLse.defined()) {
+          const auto* lse = pb.kLse.data_ptr<scalar_t>();
+          const int64_t* lab = pb.labels.data_ptr<int64_t>();
+          const bool tail = pb.kLogTail.defined();
+          bool ok = true;
+          for (int64_t r = 0; r < pb.n && ok; ++r) {
+            if (lab[r] == o.ignore_index) continue;
+            const scalar_t diff = out[r] - lse[r];
+            const scalar_t tol = std::abs(lse[r]) * static_cast<scalar_t>(8 * pb.eps) +
+                                 static_cast<scalar_t>(kLogsumexpTolerance);
+            ok = (tail ? std::abs(diff) : diff) <= tol && std::isfinite(lse[r]);
+          }
+          // The tensor form names the row and the values.
+          checks.push_back({at::scalar_tensor(ok, at::TensorOptions().dtype(at::kBool)),
+                            [&pb, keep] { logsumexpCheck(pb, keep).fail(); }});
+        }
+      });
+    } else {
+      if (pb.tLse.defined() || pb.tLogTail.defined()) {
+        pb.tLogSum = at::logsumexp(pb.tValues.to(pb.compute).div(pb.temperature), 1);
+        if (pb.tLogTail.defined()) pb.tLogSum = at::logaddexp(pb.tLogSum, pb.tLogTail.to(pb.compute));
+      }
+      if (pb.tLse.defined()) checks.push_back(logsumexpCheck(pb, keep));
+    }
   }
 
   std::vector<at::Tensor> oks;
@@ -500,6 +658,12 @@ Problem prepare(const at::Tensor& z, const at::Tensor& labels, const TeacherOutp
   DISTILL_CHECK_T(ConfigError, normalizer > 0 || pb.valid.size(0) == 0,
                   "distillLoss: normalizer is 0 but this call has ", pb.valid.size(0),
                   " non-ignored token(s); pass the step's token count (stepTokenCount)");
+  pb.fused = cpuFused;
+  if (pb.fused) {
+    pb.zc = z.reshape({pb.n, pb.v});
+    pb.labels = pb.labels.contiguous();
+    if (pb.tIndices.defined()) pb.tIndices = pb.tIndices.contiguous();
+  }
   return pb;
 }
 
@@ -523,10 +687,11 @@ void validateLossOptions(const LossOptions& o) {
                   "loss.chunk_tokens must be >= 1, found ", o.chunk_tokens);
 }
 
-LossResult distillLoss(const at::Tensor& studentLogits, const at::Tensor& labels,
-                       const TeacherOutput& teacher, const LossOptions& options,
-                       double normalizer) {
-  Problem pb = prepare(studentLogits, labels, teacher, options, normalizer);
+namespace {
+
+LossResult run(const at::Tensor& studentLogits, const at::Tensor& labels, const TeacherOutput& teacher,
+               const LossOptions& options, double normalizer, bool allowFused) {
+  Problem pb = prepare(studentLogits, labels, teacher, options, normalizer, allowFused);
   if (!(at::GradMode::is_enabled() && studentLogits.requires_grad())) {
     at::NoGradGuard noGrad;
     LossResult r = finish(pb, runChunks(pb, studentLogits.reshape({-1, pb.v}), at::Tensor()));
@@ -535,5 +700,23 @@ LossResult distillLoss(const at::Tensor& studentLogits, const at::Tensor& labels
   torch::autograd::variable_list out = DistillFunction::apply(studentLogits, &pb);
   return LossResult{out[0], out[1], out[2], pb.valid.size(0)};
 }
+
+}  // namespace
+
+LossResult distillLoss(const at::Tensor& studentLogits, const at::Tensor& labels,
+                       const TeacherOutput& teacher, const LossOptions& options,
+                       double normalizer) {
+  return run(studentLogits, labels, teacher, options, normalizer, /*allowFused=*/true);
+}
+
+namespace detail {
+
+LossResult distillLossAtenOps(const at::Tensor& studentLogits, const at::Tensor& labels,
+                              const TeacherOutput& teacher, const LossOptions& options,
+                              double normalizer) {
+  return run(studentLogits, labels, teacher, options, normalizer, /*allowFused=*/false);
+}
+
+}  // namespace detail
 
 }  // namespace distill

@@ -93,26 +93,44 @@
 // Gradients. Only the student logits get a gradient, and only through
 // `loss`; `kd` and `ce` are detached values for logging. The gradient w.r.t.
 // the student logits is computed chunk by chunk during the forward pass and
-// kept until backward, which scales it by the incoming gradient in place and
-// hands it on (backward may run once per call). When the student logits do
+// kept until backward, which scales it by the incoming gradient in place
+// (not at all when that is 1, as for loss.backward()) and hands it on
+// (backward may run once per call). When the student logits do
 // not require grad (or grad mode is off) only values are computed.
 //
-// Memory bound (CPU or GPU): besides the inputs and the [N, V] gradient in
-// the student's dtype (both inherent; the gradient is allocated in forward and
-// handed to autograd in backward without a copy), the peak is at most about
-// 10 [chunk_tokens, V] buffers in the arithmetic dtype (dense teacher; ~3 for
-// top-k) plus O(N * k) vectors, independent of N. No [N, V] intermediate exists
-// and no chunk's buffers outlive its chunk. Measured on CPU (tests/losses),
-// float32, V = 128000, N = 512, chunk_tokens = 64 (31 MiB per buffer): beyond
-// inputs and gradient, dense forward_kl 258 MiB (8.3 buffers), dense jsd 281
-// MiB (9.0), top-k 94 MiB (3.0); plain autograd over the batch: 1000 MiB
-// beyond the gradient. So N = 4096 needs the 2 GB gradient plus the same
-// ~300 MiB. The default chunk_tokens =
-// 4096 costs ~2 GB per buffer at that V: lower it for big vocabularies. Ignored
-// tokens cost neither memory nor compute: chunks are taken over valid tokens.
+// Implementation. On CPU, for float32 and float64 student logits with
+// contiguous rows, a fused kernel (student/src/loss_kernel_impl.h, built for
+// AVX-512, AVX2+FMA and any CPU, picked at run time as ATen picks its own)
+// handles each valid row on its own: the row is read from cache a few times
+// (maxima; sums of exp; divergence and gradient, written once into the [N, V]
+// gradient), parallel over rows with at::parallel_for, with sums in double per
+// row and added in row order (the same value for any thread count). Top-k:
+// the k teacher values are a (k+1)-bucket array per row, the student's tail
+// log-sum-exp is taken over its own logits (the top-k masked), never as a
+// difference. Elsewhere (CUDA, half/bfloat16 logits) the same formulas run
+// as ATen ops chunk by chunk (detail::distillLossAtenOps; tests/losses checks
+// the two against each other).
+//
+// Memory bound: besides the inputs and the [N, V] gradient in the student's
+// dtype (both inherent; the gradient is allocated in forward and handed to
+// autograd in backward without a copy), the fused CPU kernel needs one row of
+// scratch per thread (plus, for a teacher of another dtype than the
+// arithmetic, that chunk's teacher rows converted: one [chunk_tokens, V]
+// buffer) and O(N k) vectors. The ATen-op path needs at most about 10
+// [chunk_tokens, V] buffers in the arithmetic dtype (dense teacher; ~3 for
+// top-k) plus O(N * k) vectors, independent of N. No [N, V] intermediate
+// exists and no chunk's buffers outlive its chunk. Measured on CPU
+// (tests/losses), float32, V = 128000, N = 512, chunk_tokens = 64: beyond
+// inputs and gradient 0.0 MiB for dense forward_kl and jsd, 0.3 MiB for
+// top-k (the ATen-op path: 258 MiB, 281 MiB, 94 MiB, i.e. 8.3, 9.0 and 3.0
+// buffers of 31 MiB); plain autograd over the batch: 1000 MiB beyond the
+// gradient. On the ATen-op path the default chunk_tokens = 4096 costs ~2 GB
+// per buffer at that V: lower it for big vocabularies there. Ignored tokens
+// cost neither memory nor compute: chunks are taken over valid tokens.
 //
 // Arithmetic is float32 for float16/bfloat16/float32 logits, float64 for
-// double logits; teacher tensors are converted to that dtype chunk by chunk.
+// double logits; teacher tensors are converted to that dtype chunk by chunk
+// (top-k data, O(N k), at once).
 //
 // Errors: tensor shapes, dtypes or devices that do not fit -> ProtocolError
 // naming what was expected and what was found (also labels or top-k indices
@@ -170,5 +188,15 @@ void validateLossOptions(const LossOptions& options);
 LossResult distillLoss(const at::Tensor& studentLogits, const at::Tensor& labels,
                        const TeacherOutput& teacher, const LossOptions& options,
                        double normalizer);
+
+namespace detail {
+// distillLoss computed with ATen ops only, chunk by chunk: the path CUDA and
+// half/bfloat16 student logits take. On CPU distillLoss uses a fused kernel
+// instead (see "Implementation" above); tests/losses checks the two against
+// each other.
+LossResult distillLossAtenOps(const at::Tensor& studentLogits, const at::Tensor& labels,
+                              const TeacherOutput& teacher, const LossOptions& options,
+                              double normalizer);
+}  // namespace detail
 
 }  // namespace distill

@@ -1,0 +1,481 @@
+// The body of the fused CPU loss kernel (loss_kernel.h), included once per
+// instruction set by loss_kernel_<isa>.cpp with DISTILL_LOSSK_NS set to that
+// file's namespace. Everything but kernels() has internal linkage, and the file
+// uses no std containers, so nothing compiled for AVX2 can be picked by the
+// linker for code that runs on a CPU without it.
+//
+// The formulas are those of losses.cpp's ATen-op path (divergence(),
+// teacherBuckets(), the gradient assembly); tests/losses checks the two
+// against each other and against the Python reference. Sums over a row are
+// accumulated in vector registers and flushed to double every kFlush vectors.
+
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "loss_kernel.h"
+
+namespace distill::lossk::DISTILL_LOSSK_NS {
+namespace {
+
+template <typename T>
+using Vec = at::vec::Vectorized<T>;
+
+constexpr int kFlush = 64;
+
+// `count` elements of p, the other lanes `pad`.
+template <typename T>
+inline Vec<T> load(const T* p, int64_t count, T pad) {
+  if (count == Vec<T>::size()) return Vec<T>::loadu(p);
+  const Vec<T> lane = Vec<T>::arange(T(0), T(1));
+  return Vec<T>::blendv(Vec<T>(pad), Vec<T>::loadu(p, count), lane < Vec<T>(static_cast<T>(count)));
+}
+
+template <typename T>
+inline void store(const Vec<T>& x, T* p, int64_t count) {
+  if (count == Vec<T>::size()) {
+    x.store(p);
+  } else {
+    x.store(p, static_cast<int>(count));
+  }
+}
+
+template <typename T>
+inline T hmax(const Vec<T>& x) {
+  return at::vec::vec_reduce_all<T>([](Vec<T>& a, Vec<T>& b) { return at::vec::maximum(a, b); }, x);
+}
+
+template <typename T>
+inline T hsum(const Vec<T>& x) {
+  return at::vec::vec_reduce_all<T>([](Vec<T>& a, Vec<T>& b) { return a + b; }, x);
+}
+
+// A sum of vectors, exact enough for a row of any length: lanes in T, flushed
+// to a double every kFlush additions.
+template <typename T>
+struct Acc {
+  Vec<T> acc = Vec<T>(T(0));
+  int count = 0;
+  double total = 0;
+  void add(const Vec<T>& x) {
+    acc = acc + x;
+    if (++count == kFlush) flush();
+  }
+  void flush() {
+    total += hsum(acc);
+    acc = Vec<T>(T(0));
+    count = 0;
+  }
+  double get() {
+    flush();
+    return total;
+  }
+};
+
+template <typename T>
+inline Vec<T> zeroWhere(const Vec<T>& x, const Vec<T>& w) {  // 0 where w == 0, else x
+  return Vec<T>::blendv(x, Vec<T>(T(0)), w == Vec<T>(T(0)));
+}
+
+// ATen's logaddexp, scalar and vector (callers keep both arguments finite in
+// the vector form).
+template <typename T>
+inline T logaddexp(T a, T b) {
+  if (std::isinf(a) && a == b) return a;
+  const T m = std::max(a, b);
+  return m + std::log1p(std::exp(-std::abs(a - b)));
+}
+
+template <typename T>
+inline Vec<T> logaddexp(const Vec<T>& a, const Vec<T>& b) {
+  return at::vec::maximum(a, b) + (Vec<T>(T(0)) - (a - b).abs()).exp().log1p();
+}
+
+constexpr double kLogFloor = -1e4;  // as divergence() in losses.cpp: exp() of it is 0
+
+// max and log(sum exp(x - max)) of x[0..m) (an empty or all -inf array: -inf, 0).
+template <typename T>
+inline void logsumexpParts(const T* x, int64_t m, T& max, T& logSum) {
+  constexpr int64_t W = Vec<T>::size();
+  const T inf = std::numeric_limits<T>::infinity();
+  Vec<T> mx(-inf);
+  for (int64_t j = 0; j < m; j += W) mx = at::vec::maximum(mx, load(x + j, std::min(W, m - j), -inf));
+  max = hmax(mx);
+  if (max == -inf) {
+    logSum = 0;
+    return;
+  }
+  Acc<T> s;
+  for (int64_t j = 0; j < m; j += W) s.add((load(x + j, std::min(W, m - j), -inf) - Vec<T>(max)).exp());
+  logSum = static_cast<T>(std::log(static_cast<T>(s.get())));
+}
+
+// Divergence of two arrays of log-probabilities (the k+1 buckets of the top-k
+// path), as losses.cpp's divergence(): returns the row's kd and, when gb is
+// not null, writes d kd / d s per column into gb. Consumes lq and lp.
+template <typename T>
+double divergenceArrays(Kind kind, double beta, T* lq, T* lp, int64_t m, T* gb) {
+  constexpr int64_t W = Vec<T>::size();
+  const T inf = std::numeric_limits<T>::infinity();
+  if (kind == Kind::kForward) {
+    Acc<T> kd;
+    for (int64_t j = 0; j < m; j += W) {
+      const int64_t c = std::min(W, m - j);
+      const Vec<T> q = load(lq + j, c, -inf).exp(), p = load(lp + j, c, -inf);
+      kd.add(zeroWhere((load(lq + j, c, -inf) - p) * q, q));
+      if (gb) store(p.exp() - q, gb + j, c);
+    }
+    return kd.get();
+  }
+  if (kind == Kind::kReverse) {
+    Acc<T> kd;
+    for (int64_t j = 0; j < m; j += W) {
+      const int64_t c = std::min(W, m - j);
+      const Vec<T> lpv = load(lp + j, c, -inf), p = lpv.exp();
+      const Vec<T> d = lpv - load(lq + j, c, -inf);
+      kd.add(zeroWhere(d * p, p));
+      store(d, lp + j, c);  // lp now holds log p - log q
+      store(p, lq + j, c);  // lq now holds p
+    }
+    const double kl = kd.get();
+    if (gb) {
+      for (int64_t j = 0; j < m; j += W) {
+        const int64_t c = std::min(W, m - j);
+        const Vec<T> p = load(lq + j, c, T(0));
+        store(zeroWhere((load(lp + j, c, T(0)) - Vec<T>(static_cast<T>(kl))) * p, p), gb + j, c);
+      }
+    }
+    return kl;
+  }
+  const Vec<T> logBeta(static_cast<T>(std::log(beta))), logBeta1(static_cast<T>(std::log1p(-beta)));
+  const Vec<T> floor(static_cast<T>(kLogFloor));
+  Acc<T> kq, kp;
+  for (int64_t j = 0; j < m; j += W) {
+    const int64_t c = std::min(W, m - j);
+    const Vec<T> q_l = at::vec::maximum(load(lq + j, c, -inf), floor);
+    const Vec<T> p_l = at::vec::maximum(load(lp + j, c, -inf), floor);
+    const Vec<T> logm = logaddexp(q_l + logBeta, p_l + logBeta1);
+    const Vec<T> q = q_l.exp(), p = p_l.exp();
+    kq.add((q_l - logm) * q);
+    const Vec<T> d = p_l - logm;
+    kp.add(d * p);
+    store(d, lp + j, c);
+    store(p, lq + j, c);
+  }
+  const double kpv = kp.get();
+  if (gb) {
+    for (int64_t j = 0; j < m; j += W) {
+      const int64_t c = std::min(W, m - j);
+      const Vec<T> d = load(lp + j, c, T(0)), p = load(lq + j, c, T(0));
+      store((d - Vec<T>(static_cast<T>(kpv))) * p * Vec<T>(static_cast<T>(1 - beta)), gb + j, c);
+    }
+  }
+  return beta * kq.get() + (1 - beta) * kpv;
+}
+
+// Dense teacher logits. Per row: pass 1 the maxima, pass 2 the sums of exp,
+// pass 3 the divergence and (forward KL) the gradient; reverse KL and JSD need
+// the row's divergence inside their gradient, so pass 3 keeps log p - log q
+// (or log p - log M) in the gradient row and p in scratch, and pass 4 writes
+// the gradient.
+template <typename T>
+void denseRows(const Args<T>& a, int64_t begin, int64_t end, T* scratch) {
+  constexpr int64_t W = Vec<T>::size();
+  const T inf = std::numeric_limits<T>::infinity();
+  const int64_t n = a.v;
+  const T temp = static_cast<T>(a.temperature);
+  const bool t1 = a.temperature == 1;
+  const bool needGrad = a.grad != nullptr;
+  const T ka = static_cast<T>(a.alpha * a.temperature / a.normalizer);  // d(T^2 kd)/dz = T d kd/ds
+  const T cce = static_cast<T>((1 - a.alpha) / a.normalizer);
+  const Vec<T> vt(temp);
+  for (int64_t i = begin; i < end; ++i) {
+    const int64_t r = a.rows[i];
+    const T* z = a.z + r * n;
+    const T* t = a.needKd ? a.t + (a.tRows ? a.tRows[i] : i) * n : nullptr;
+    T* g = needGrad ? a.grad + r * n : nullptr;
+    // Pass 1: maxima (of s = z / T too: division by T > 0 keeps the order).
+    Vec<T> mz(-inf), mt(-inf);
+    for (int64_t j = 0; j < n; j += W) {
+      const int64_t c = std::min(W, n - j);
+      mz = at::vec::maximum(mz, load(z + j, c, -inf));
+      if (t) mt = at::vec::maximum(mt, load(t + j, c, -inf));
+    }
+    const T zmax = hmax(mz);
+    const T smax = t1 ? zmax : zmax / temp;
+    const T tmax = t ? hmax(mt) / temp : T(0);
+    // Pass 2: log-sum-exps, as log_softmax: x - max - log(sum exp(x - max)).
+    const bool need1 = a.needCe || t1;
+    Acc<T> s1, sS, sT;
+    for (int64_t j = 0; j < n; j += W) {
+      const int64_t c = std::min(W, n - j);
+      const Vec<T> zv = load(z + j, c, -inf);
+      if (need1) s1.add((zv - Vec<T>(zmax)).exp());
+      if (t) {
+        if (!t1) sS.add((zv / vt - Vec<T>(smax)).exp());
+        sT.add((load(t + j, c, -inf) / vt - Vec<T>(tmax)).exp());
+      }
+    }
+    const T ls1 = need1 ? static_cast<T>(std::log(static_cast<T>(s1.get()))) : T(0);
+    const T lsS = t1 ? ls1 : static_cast<T>(std::log(static_cast<T>(sS.get())));
+    const T lsT = t ? static_cast<T>(std::log(static_cast<T>(sT.get()))) : T(0);
+    if (a.needCe) a.ceRow[i] = -static_cast<double>((z[a.labels[r]] - zmax) - ls1);
+    // p at temperature 1 (the CE's softmax) of a vector of z.
+    auto p1Of = [&](const Vec<T>& zv) { return ((zv - Vec<T>(zmax)) - Vec<T>(ls1)).exp(); };
+
+    if (!t) {  // CE only
+      if (g) {
+        for (int64_t j = 0; j < n; j += W) {
+          const int64_t c = std::min(W, n - j);
+          store(p1Of(load(z + j, c, -inf)) * Vec<T>(cce), g + j, c);
+        }
+      }
+    } else if (a.kind == Kind::kForward) {
+      Acc<T> kd;
+      for (int64_t j = 0; j < n; j += W) {
+        const int64_t c = std::min(W, n - j);
+        const Vec<T> zv = load(z + j, c, -inf);
+        const Vec<T> lp = ((t1 ? zv : zv / vt) - Vec<T>(smax)) - Vec<T>(lsS);
+        const Vec<T> lq = (load(t + j, c, -inf) / vt - Vec<T>(tmax)) - Vec<T>(lsT);
+        const Vec<T> q = lq.exp();
+        kd.add(zeroWhere((lq - lp) * q, q));
+        if (g) {
+          const Vec<T> p = lp.exp();
+          Vec<T> out = (p - q) * Vec<T>(ka);
+          if (a.needCe) out = out + (t1 ? p : p1Of(zv)) * Vec<T>(cce);
+          store(out, g + j, c);
+        }
+      }
+      a.kdRow[i] = kd.get();
+    } else {
+      const bool jsd = a.kind == Kind::kJsd;
+      const Vec<T> logBeta(static_cast<T>(std::log(a.beta))), logBeta1(static_cast<T>(std::log1p(-a.beta)));
+      const Vec<T> floor(static_cast<T>(kLogFloor));
+      Acc<T> k1, k2;  // reverse: KL(p || q); jsd: KL(q || M), KL(p || M)
+      for (int64_t j = 0; j < n; j += W) {
+        const int64_t c = std::min(W, n - j);
+        const Vec<T> zv = load(z + j, c, -inf);
+        Vec<T> lp = ((t1 ? zv : zv / vt) - Vec<T>(smax)) - Vec<T>(lsS);
+        Vec<T> lq = (load(t + j, c, -inf) / vt - Vec<T>(tmax)) - Vec<T>(lsT);
+        Vec<T> d, p;
+        if (jsd) {
+          lq = at::vec::maximum(lq, floor);
+          lp = at::vec::maximum(lp, floor);
+          const Vec<T> logm = logaddexp(lq + logBeta, lp + logBeta1);
+          p = lp.exp();
+          k1.add((lq - logm) * lq.exp());
+          d = lp - logm;
+          k2.add(d * p);
+        } else {
+          p = lp.exp();
+          d = lp - lq;
+          k1.add(zeroWhere(d * p, p));
+        }
+        if (g) {
+          store(d, g + j, c);
+          store(p, scratch + j, c);
+        }
+      }
+      const double kl = jsd ? k2.get() : k1.get();
+      a.kdRow[i] = jsd ? a.beta * k1.get() + (1 - a.beta) * kl : kl;
+      if (g) {
+        const Vec<T> klv(static_cast<T>(kl)), b1(static_cast<T>(1 - a.beta));
+        for (int64_t j = 0; j < n; j += W) {
+          const int64_t c = std::min(W, n - j);
+          const Vec<T> p = load(scratch + j, c, T(0));
+          const Vec<T> dk = load(g + j, c, T(0)) - klv;
+          Vec<T> out = (jsd ? dk * p * b1 : zeroWhere(dk * p, p)) * Vec<T>(ka);
+          if (a.needCe) out = out + (t1 ? p : p1Of(load(z + j, c, -inf))) * Vec<T>(cce);
+          store(out, g + j, c);
+        }
+      }
+    }
+    if (g && a.needCe) g[a.labels[r]] -= cce;
+  }
+}
+
+// Top-k teacher: the divergence over k+1 buckets (losses.h, "Top-k"). Per row:
+// the top-k columns are masked with -inf in scratch (reset after the row), so
+// the student's tail log-sum-exp is taken over the tail logits themselves
+// (never as a difference); the k+1 buckets are small arrays; one last pass
+// writes the gradient.
+template <typename T>
+void topkRows(const Args<T>& a, int64_t begin, int64_t end, T* scratch) {
+  constexpr int64_t W = Vec<T>::size();
+  const T inf = std::numeric_limits<T>::infinity();
+  const int64_t n = a.v, k = a.k;
+  const T temp = static_cast<T>(a.temperature);
+  const bool t1 = a.temperature == 1;
+  const bool needGrad = a.grad != nullptr;
+  const T ka = static_cast<T>(a.alpha * a.temperature / a.normalizer);
+  const T cce = static_cast<T>((1 - a.alpha) / a.normalizer);
+  const Vec<T> vt(temp);
+  // Scratch: the mask row, then arrays of k+1 (rounded up to whole vectors).
+  T* mask = scratch;
+  const int64_t ka1 = (k + 1 + W - 1) / W * W;
+  T* zK = mask + n;       // student logits at the top-k
+  T* lp = zK + ka1;       // student bucket log-probabilities
+  T* lq = lp + ka1;       // teacher bucket log-probabilities
+  T* gb = lq + ka1;       // d kd / d s per bucket
+  T* tmp = gb + ka1;
+  for (int64_t i = begin; i < end; ++i) {
+    const int64_t r = a.rows[i];
+    const T* z = a.z + r * n;
+    const int64_t* idx = a.idx + r * k;
+    T* g = needGrad ? a.grad + r * n : nullptr;
+    for (int64_t b = 0; b < k; ++b) zK[b] = z[idx[b]];
+
+    // Student: log-sum-exp of the whole row and of its tail (the masked row), at T.
+    T tailMax = -inf, zmax = -inf, ls1 = 0, lseTail = -inf, lseS = -inf, lse1 = 0;
+    if (a.needKd) {
+      for (int64_t b = 0; b < k; ++b) mask[idx[b]] = -inf;
+      Vec<T> mt(-inf), mz(-inf);
+      for (int64_t j = 0; j < n; j += W) {
+        const int64_t c = std::min(W, n - j);
+        const Vec<T> zv = load(z + j, c, -inf);
+        mt = at::vec::maximum(mt, zv + load(mask + j, c, T(0)));
+        mz = at::vec::maximum(mz, zv);
+      }
+      tailMax = hmax(mt);
+      zmax = hmax(mz);
+      const T smax = t1 ? zmax : zmax / temp, tailMaxS = t1 ? tailMax : tailMax / temp;
+      // One exp per token serves both sums, shifted by the row's max, as long as
+      // the tail's terms stay normal numbers (exact to rounding however small the
+      // tail is); a tail further below, a pass of its own with its own max.
+      const bool shared = tailMax == -inf || tailMaxS - smax > T(-60);
+      Acc<T> sAll, sTail, s1;
+      for (int64_t j = 0; j < n; j += W) {
+        const int64_t c = std::min(W, n - j);
+        const Vec<T> zv = load(z + j, c, -inf);
+        const Vec<T> e = ((t1 ? zv : zv / vt) - Vec<T>(smax)).exp();
+        sAll.add(e);
+        if (shared) sTail.add(Vec<T>::blendv(e, Vec<T>(T(0)), load(mask + j, c, T(0)) == Vec<T>(-inf)));
+        if (a.needCe && !t1) s1.add((zv - Vec<T>(zmax)).exp());
+      }
+      lseS = smax + static_cast<T>(std::log(static_cast<T>(sAll.get())));
+      if (tailMax != -inf) {
+        if (shared) {
+          lseTail = smax + static_cast<T>(std::log(static_cast<T>(sTail.get())));
+        } else {
+          Acc<T> st;
+          for (int64_t j = 0; j < n; j += W) {
+            const int64_t c = std::min(W, n - j);
+            const Vec<T> zv = load(z + j, c, -inf);
+            st.add((((t1 ? zv : zv / vt) + load(mask + j, c, T(0))) - Vec<T>(tailMaxS)).exp());
+          }
+          lseTail = tailMaxS + static_cast<T>(std::log(static_cast<T>(st.get())));
+        }
+      }
+      if (a.needCe) lse1 = t1 ? lseS : zmax + static_cast<T>(std::log(static_cast<T>(s1.get())));
+      for (int64_t b = 0; b < k; ++b) {
+        mask[idx[b]] = 0;
+        tmp[b] = t1 ? zK[b] : zK[b] / temp;
+      }
+    } else {
+      logsumexpParts(z, n, zmax, ls1);
+      lse1 = zmax + ls1;
+    }
+    if (a.needCe) a.ceRow[i] = static_cast<double>(lse1 - z[a.labels[r]]);
+
+    if (a.needKd) {
+      // Student buckets.
+      for (int64_t b = 0; b < k; ++b) lp[b] = tmp[b] - lseS;
+      lp[k] = lseTail - lseS;
+      // Teacher buckets (teacherBuckets() in losses.cpp).
+      const T* vals = a.vals + r * k;
+      for (int64_t b = 0; b < k; ++b) lq[b] = vals[b] / temp;
+      if (!a.tLse && !a.tLogTail) {
+        T m, ls;
+        logsumexpParts(lq, k, m, ls);
+        for (int64_t b = 0; b < k; ++b) lq[b] = (lq[b] - m) - ls;
+        lq[k] = -inf;
+      } else if (a.tLogTail) {
+        const T logSum = a.tLogSum[r];
+        for (int64_t b = 0; b < k; ++b) lq[b] -= logSum;
+        lq[k] = a.tLogTail[r] - logSum;
+      } else {
+        const T lse = a.tLse[r];
+        const T lseK = a.tLogSum[r] - lse;
+        T logqTail;
+        if (k == n) {
+          logqTail = -inf;
+        } else {
+          const T x = std::min(lseK, T(0));
+          logqTail = x > -static_cast<T>(std::log(2.0)) ? std::log(-std::expm1(x)) : std::log1p(-std::exp(x));
+          const T logR = std::log(std::max(std::abs(lse), T(1)) * static_cast<T>(4 * a.eps));
+          if (logqTail < logR) logqTail = lseTail == -inf ? -inf : logR;
+        }
+        const T norm = logaddexp(lseK, logqTail);
+        for (int64_t b = 0; b < k; ++b) lq[b] -= lse + norm;
+        lq[k] = logqTail - norm;
+      }
+      a.kdRow[i] = divergenceArrays(a.kind, a.beta, lq, lp, k + 1, needGrad ? gb : nullptr);
+    }
+
+    if (!g) continue;
+    // Tail tokens: (p_j / P_tail) * gb[k] (the softmax of the tail logits), plus the CE's p1 - onehot.
+    const T gTail = a.needKd ? gb[k] * ka : T(0);
+    if (a.needKd && t1 && lseTail != -inf) {
+      // One exp: exp(z - lse1) = exp(z - lseTail) * P_tail.
+      const Vec<T> f(gTail + (a.needCe ? cce * std::exp(lseTail - lse1) : T(0)));
+      for (int64_t j = 0; j < n; j += W) {
+        const int64_t c = std::min(W, n - j);
+        store((load(z + j, c, -inf) - Vec<T>(lseTail)).exp() * f, g + j, c);
+      }
+    } else {
+      const T shift = lseTail == -inf ? T(0) : lseTail;
+      for (int64_t j = 0; j < n; j += W) {
+        const int64_t c = std::min(W, n - j);
+        const Vec<T> zv = load(z + j, c, -inf);
+        Vec<T> out(T(0));
+        if (a.needKd && lseTail != -inf) out = ((t1 ? zv : zv / vt) - Vec<T>(shift)).exp() * Vec<T>(gTail);
+        if (a.needCe) out = out + (zv - Vec<T>(lse1)).exp() * Vec<T>(cce);
+        store(out, g + j, c);
+      }
+    }
+    if (a.needKd) {
+      for (int64_t b = 0; b < k; b += W) {
+        const int64_t c = std::min(W, k - b);
+        Vec<T> out = load(gb + b, c, T(0)) * Vec<T>(ka);
+        if (a.needCe) out = out + (load(zK + b, c, -inf) - Vec<T>(lse1)).exp() * Vec<T>(cce);
+        store(out, tmp + b, c);
+      }
+      for (int64_t b = 0; b < k; ++b) g[idx[b]] = tmp[b];
+    }
+    if (a.needCe) g[a.labels[r]] -= cce;
+  }
+}
+
+template <typename T>
+void rowLogsumexp(const T* x, int64_t n, int64_t k, double temperature, T* out) {
+  constexpr int64_t W = Vec<T>::size();
+  const T inf = std::numeric_limits<T>::infinity();
+  const T temp = static_cast<T>(temperature);
+  const Vec<T> vt(temp);
+  for (int64_t r = 0; r < n; ++r) {
+    const T* row = x + r * k;
+    Vec<T> mx(-inf);
+    for (int64_t j = 0; j < k; j += W) mx = at::vec::maximum(mx, load(row + j, std::min(W, k - j), -inf));
+    const T m = hmax(mx) / temp;
+    if (m == -inf || m == inf || std::isnan(m)) {
+      out[r] = m;
+      continue;
+    }
+    Acc<T> s;
+    for (int64_t j = 0; j < k; j += W) s.add((load(row + j, std::min(W, k - j), -inf) / vt - Vec<T>(m)).exp());
+    out[r] = m + static_cast<T>(std::log(static_cast<T>(s.get())));
+  }
+}
+
+const Kernels kTable{&denseRows<float>, &denseRows<double>, &topkRows<float>, &topkRows<double>,
+                     &rowLogsumexp<float>, &rowLogsumexp<double>};
+
+}  // namespace
+
+const Kernels* kernels() { return &kTable; }
+
+}  // namespace distill::lossk::DISTILL_LOSSK_NS
