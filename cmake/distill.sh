@@ -15,7 +15,7 @@ JOBS=${DISTILL_JOBS:-$(nproc)}
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
 
 # ---- Debian packages ----
-pkgs=(cmake ninja-build g++ libboost-dev libyaml-cpp-dev nlohmann-json3-dev libgloo-dev libssl-dev
+pkgs=(cmake ninja-build g++ libboost-dev libyaml-cpp-dev nlohmann-json3-dev libgloo-dev libssl-dev liblmdb-dev
       libgtest-dev libgmock-dev clang libclang-rt-14-dev)
 missing=()
 command -v python3 >/dev/null || missing+=(python3 python3-pip)

@@ -104,6 +104,9 @@ class Segment {
   // anyone (launcher status line, hang table) reads it. Relaxed: a gauge.
   void setTeacherBusy(double share) const;
   double teacherBusy() const;
+  // Share of rows the teacher answered from teacher.cache so far, 0..1 (0 without a cache).
+  void setTeacherCacheHits(double share) const;
+  double teacherCacheHits() const;
 
   // Elastic teacher. Launcher: setTeacherMaxRestarts(teacher.max_restarts)
   // before spawning, noteTeacherRestart(pid of the dead one) before each
