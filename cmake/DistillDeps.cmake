@@ -1,5 +1,5 @@
 # Third-party dependencies: LibTorch (PyPI wheel), Boost, yaml-cpp, nlohmann-json and CLI11 (Debian),
-# OpenSSL's libcrypto (Debian), GoogleTest (as installed), and the CUDA toolkit for DISTILL_CUDA.
+# OpenSSL's libcrypto and LMDB (Debian), GoogleTest (as installed), and the CUDA toolkit for DISTILL_CUDA.
 
 # ---- LibTorch from the torch wheel ----
 if(NOT DISTILL_PYTHON)
@@ -24,6 +24,16 @@ find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 find_package(nlohmann_json 3 REQUIRED)
 # Header-only; distill-run's command line (launcher/src/args.cpp). Debian libcli11-dev.
 find_package(CLI11 2 REQUIRED)
+
+# ---- LMDB: the teacher-output cache's store (teacher/src/cache.cpp; Debian liblmdb-dev) ----
+find_path(DISTILL_LMDB_INCLUDE_DIR lmdb.h)
+find_library(DISTILL_LMDB_LIBRARY lmdb)
+if(NOT DISTILL_LMDB_INCLUDE_DIR OR NOT DISTILL_LMDB_LIBRARY)
+  message(FATAL_ERROR "distill: LMDB not found; apt-get install liblmdb-dev")
+endif()
+add_library(distill_lmdb INTERFACE IMPORTED GLOBAL)
+set_target_properties(distill_lmdb PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${DISTILL_LMDB_INCLUDE_DIR}"
+                                              INTERFACE_LINK_LIBRARIES "${DISTILL_LMDB_LIBRARY}")
 
 # ---- CUDA ----
 set(DISTILL_CUDA_ENABLED 0)

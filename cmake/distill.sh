@@ -16,7 +16,7 @@ SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
 
 # ---- Debian packages ----
 pkgs=(cmake ninja-build g++ libboost-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libgloo-dev libssl-dev
-      libgtest-dev libgmock-dev clang libclang-rt-14-dev zlib1g-dev)
+      liblmdb-dev libgtest-dev libgmock-dev clang libclang-rt-14-dev zlib1g-dev)
 missing=()
 command -v python3 >/dev/null || missing+=(python3 python3-pip)
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

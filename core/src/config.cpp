@@ -101,6 +101,11 @@ const std::vector<KeySpec>& schema() {
       DISTILL_KEY(teacher, topk).min(0),
       DISTILL_KEY(teacher, max_restarts).min(0).runtime(),
       DISTILL_KEY(teacher, threads).min(0).runtime(),
+      // Runtime: a hit is bit-equal to the answer it replaces, so the cache
+      // changes how fast a job runs, never what it trains.
+      DISTILL_KEY(teacher, cache.path).runtime(),  // required unless mode is off, checked across fields
+      DISTILL_KEY(teacher, cache.mode).oneOf({"off", "read", "write", "readwrite"}).runtime(),
+      DISTILL_KEY(teacher, cache.max_bytes).byteSize().min(1 << 20).runtime(),
 
       DISTILL_KEY(student, grad_acc_steps).min(1),
       DISTILL_KEY(student, in_flight).min(1).runtime(),  // and <= transport.slots, checked across fields
@@ -227,6 +232,17 @@ std::string nearest(const std::string& typo, const std::vector<std::string>& kno
     }
   }
   return best;
+}
+
+// Is `path` a group of keys ("teacher.cache" of teacher.cache.mode, ...), written
+// in a file as a nested map? Returns the group's key names, empty if it is none.
+std::vector<std::string> groupKeys(const std::string& path) {
+  std::vector<std::string> out;
+  const std::string prefix = path + ".";
+  for (const KeySpec& k : schema()) {
+    if (k.path.compare(0, prefix.size(), prefix) == 0) out.push_back(k.path.substr(prefix.size()));
+  }
+  return out;
 }
 
 std::string unknownKey(const std::string& path) {
@@ -528,6 +544,37 @@ std::optional<std::string> trainerValue(const YAML::Node& n, std::string& out) {
   return std::nullopt;
 }
 
+// Records the value of the key at `path` (an unknown key or a repeated one is a problem).
+void readKey(const std::string& path, const YAML::Node& value, std::vector<std::optional<Setting>>& values,
+             std::vector<std::string>& problems) {
+  const int i = keyIndex(path);
+  if (i < 0) {
+    problems.push_back(unknownKey(path));
+    return;
+  }
+  // yaml-cpp keeps both entries of a repeated key; the later one wins.
+  if (values[i]) problems.push_back(path + ": duplicate key");
+  values[i] = Setting{value, ""};
+}
+
+// A group of keys written as a nested map: "teacher:\n  cache:\n    mode: read"
+// sets teacher.cache.mode (one level of nesting; --set spells the whole path).
+void readGroup(const std::string& path, const std::vector<std::string>& keys, const YAML::Node& body,
+               std::vector<std::optional<Setting>>& values, std::vector<std::string>& problems) {
+  if (body.IsNull()) return;  // every key of the group commented out
+  if (!body.IsMap()) {
+    problems.push_back(path + ": expected a map of " + join(keys) + ", found " + describe(body));
+    return;
+  }
+  for (const auto& kv : body) {
+    if (!kv.first.IsScalar()) {
+      problems.push_back(path + ": expected a key name, found " + describe(kv.first));
+      continue;
+    }
+    readKey(path + "." + kv.first.Scalar(), kv.second, values, problems);
+  }
+}
+
 // Records each key's value from the document, and the problems of its shape
 // (not a map, unknown names, duplicates). Values themselves are checked later,
 // except the trainer's, which are only checked to be scalars.
@@ -575,14 +622,11 @@ bool readDocument(const YAML::Node& doc, std::vector<std::optional<Setting>>& va
         }
         continue;
       }
-      const int i = keyIndex(path);
-      if (i < 0) {
-        problems.push_back(unknownKey(path));
+      if (const auto group = groupKeys(path); !group.empty()) {
+        readGroup(path, group, kv.second, values, problems);
         continue;
       }
-      // yaml-cpp keeps both entries of a repeated key; the later one wins.
-      if (values[i]) problems.push_back(path + ": duplicate key");
-      values[i] = Setting{kv.second, ""};
+      readKey(path, kv.second, values, problems);
     }
   }
   return true;
@@ -807,6 +851,11 @@ Config parseWith(const std::string& yamlText, const std::vector<ConfigOverride>&
       needs("teacher.module", config.teacher.module);
     }
   }
+  if (ok("teacher.cache.mode") && ok("teacher.cache.path") && config.teacher.cache.mode != "off" &&
+      config.teacher.cache.path.empty()) {
+    problems.push_back("teacher.cache.path: required when teacher.cache.mode is " + config.teacher.cache.mode +
+                       suffix("teacher.cache.mode"));
+  }
   if (ok("student.in_flight") && ok("transport.slots") &&
       config.student.in_flight > config.transport.slots) {
     problems.push_back("student.in_flight: must be <= transport.slots (" +
@@ -879,13 +928,25 @@ std::vector<std::string> configKeys() {
 std::string dumpConfig(const Config& config) {
   Config copy = config;  // the schema's accessors take a mutable Config
   std::string out;
-  std::string section;
+  std::string section, group;
   for (const KeySpec& k : schema()) {
     if (k.section() != section) {
       section = k.section();
+      group.clear();
       out += section + ":\n";
     }
-    out += "  " + k.name() + ": " + formatValue(k.field(copy)) + "\n";
+    // A key of a group ("cache.mode") is written nested, under its group's line.
+    const size_t dot = k.name().find('.');
+    if (dot == std::string::npos) {
+      group.clear();
+      out += "  " + k.name() + ": " + formatValue(k.field(copy)) + "\n";
+      continue;
+    }
+    if (k.name().substr(0, dot) != group) {
+      group = k.name().substr(0, dot);
+      out += "  " + group + ":\n";
+    }
+    out += "    " + k.name().substr(dot + 1) + ": " + formatValue(k.field(copy)) + "\n";
   }
   // Only when set: configs without it keep the hash they had before the section existed.
   if (!config.trainer.values.empty()) {

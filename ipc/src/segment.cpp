@@ -409,6 +409,14 @@ std::optional<StudentStatus> Segment::status(int localIndex) const {
   return std::nullopt;
 }
 
+void Segment::setTeacherCacheHits(double share) const {
+  share = share < 0 ? 0 : share > 1 ? 1 : share;
+  impl_->control().teacherCacheHitPermille.store(static_cast<uint32_t>(share * 1000 + 0.5), std::memory_order_relaxed);
+}
+double Segment::teacherCacheHits() const {
+  return impl_->control().teacherCacheHitPermille.load(std::memory_order_relaxed) / 1000.0;
+}
+
 void Segment::setTeacherMaxRestarts(int n) const {
   impl_->control().teacherMaxRestarts.store(n, std::memory_order_release);
 }

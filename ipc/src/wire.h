@@ -32,8 +32,9 @@ namespace distill::ipc::wire {
 
 constexpr uint64_t kSegmentMagic = 0x314D48534C495444ull;  // "DTILSHM1", little endian
 // 3: checksum over the used prefix; 4: teacherMaxRestarts; 5: recorder; 6: config areas and
-// the teacher's admission refusal (issue 14 item 13); 7: ProcessEntry::endedNs; 8: status areas
-constexpr uint32_t kLayoutVersion = 8;
+// the teacher's admission refusal (issue 14 item 13); 7: ProcessEntry::endedNs; 8: status areas;
+// 9: ControlBlock::teacherCacheHitPermille
+constexpr uint32_t kLayoutVersion = 9;
 constexpr uint32_t kSlotMagic = 0x544F4C53u;  // "SLOT"
 
 constexpr int kMaxTensors = 4;        // tensors per message
@@ -188,6 +189,8 @@ struct ControlBlock {
                                                        // should checkpoint and leave (launcher stores, release)
   std::atomic<uint32_t> teacherBusyPermille;           // share of the last second the teacher spent in
                                                        // forward, in 1/1000 (teacher stores, relaxed)
+  std::atomic<uint32_t> teacherCacheHitPermille;       // share of rows the teacher answered from its cache
+                                                       // (teacher.cache) so far, in 1/1000 (teacher stores, relaxed)
   std::atomic<int32_t> teacherMaxRestarts;             // the launcher restarts a dead teacher this many
                                                        // times (teacher.max_restarts; launcher stores
                                                        // before spawning). While teacherRestarts is below

@@ -79,6 +79,12 @@ class ScriptTeacher : public TeacherModel {
     return result;
   }
   std::string fingerprint() const override { return fingerprint_; }
+  std::vector<std::pair<std::string, at::Tensor>> state() const override {
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    for (const auto& p : module_.named_parameters(true)) out.emplace_back("parameter " + p.name, p.value);
+    for (const auto& b : module_.named_buffers(true)) out.emplace_back("buffer " + b.name, b.value);
+    return out;
+  }
 
  private:
   TeacherOptions options_;

@@ -17,6 +17,7 @@
 #include "distill/core/protocol.h"
 #include "distill/core/trace.h"
 #include "distill/ipc/channel.h"
+#include "cache.h"
 
 namespace distill {
 namespace {
@@ -86,6 +87,7 @@ class Server {
 
   ServeStats run() {
     checkResponseFits(cfg_.teacher);
+    if (cfg_.teacher.cache.mode != "off") openCache();
     const Topology& topo = ctx_.topology();
     DISTILL_CHECK_T(ConfigError, !topo.segment.empty(),
                     "the teacher has no segment (DISTILL_SEGMENT is not set): start the job with distill-run");
@@ -151,6 +153,7 @@ class Server {
     DISTILL_LOG(kInfo) << "teacher done: " << stats_.requests << " requests in " << stats_.batches
                        << " batches, " << stats_.errors << " errors, forward "
                        << stats_.forwardSeconds << " s of " << stats_.wallSeconds << " s";
+    if (cache_) logCacheSummary();
     return stats_;
   }
 
@@ -274,14 +277,22 @@ class Server {
 
     auto t0 = Clock::now();
     std::map<std::string, at::Tensor> out;
+    std::vector<Answer> cached;  // with teacher.cache: each request's answer
     std::vector<int64_t> sizes;
     try {
       c10::InferenceMode guard;
+      const std::string label = std::to_string(batch.size()) + " request(s), " + std::to_string(tokens) + " tokens";
+      if (cache_) {
+        std::vector<std::vector<at::Tensor>> requests;
+        for (auto& p : batch) requests.push_back(p.inputs);
+        cached = cache_->answer(requests, [&](const std::vector<at::Tensor>& rows) { return compute(rows, label); },
+                                cfg_.transport.cuda_ipc == "off" ? at::Device(at::kCPU) : at::Device(cfg_.teacher.device));
+      }
       std::vector<at::Tensor> inputs;
-      for (size_t i = 0; i < batch[0].inputs.size(); ++i) {
+      for (size_t i = 0; !cache_ && i < batch[0].inputs.size(); ++i) {
         std::vector<at::Tensor> parts;
         for (auto& p : batch) parts.push_back(p.inputs[i]);
-        inputs.push_back(at::cat(parts, 0).to(at::Device(cfg_.teacher.device)));
+        inputs.push_back(at::cat(parts, 0));
       }
       // The request slots stay held until each request is answered: if this
       // process dies in forward, the next incarnation finds them still in the
@@ -291,12 +302,7 @@ class Server {
         sizes.push_back(p.inputs[0].size(0));
         p.inputs.clear();
       }
-      AutocastScope autocast(cfg_.teacher);
-      trace::Event ev;  // the model is user code: a stall here shows as "busy in the model's forward"
-      ev.op = trace::Op::kForward;
-      ev.label = std::to_string(batch.size()) + " request(s), " + std::to_string(tokens) + " tokens";
-      trace::Scope recorded(ev);
-      out = shape(model_->forward(inputs), inputs[0].size(0));
+      if (!cache_) out = compute(inputs, label).answer;
     } catch (const std::exception& e) {
       std::string what = e.what();
       for (auto& p : batch) {
@@ -306,13 +312,19 @@ class Server {
       return;
     }
     noteBusy(t0, Clock::now());
-    ++stats_.batches;
+    if (cache_) {
+      const CacheStats& c = cache_->stats();
+      segment_->setTeacherCacheHits(c.rows > 0 ? double(c.hits) / double(c.rows) : 0.0);
+    }
 
     int64_t offset = 0;
     for (size_t b = 0; b < batch.size(); ++b) {
       ipc::OutMessage reply;
       reply.kind = MsgKind::kResponse;
       reply.tag = batch[b].msg.tag();
+      if (cache_) {
+        for (auto& [name, t] : cached[b]) reply.tensors.emplace_back(name, t);
+      }
       for (auto& [name, t] : out) reply.tensors.emplace_back(name, t.narrow(0, offset, sizes[b]));
       offset += sizes[b];
       endpoint_->reply(batch[b].student, reply, Deadline::afterSeconds(cfg_.run.peerWaitS()));
@@ -320,6 +332,52 @@ class Server {
       ++stats_.requests;
       ++stats_.perStudent[batch[b].student];
     }
+  }
+
+  // teacher.cache: keys carry the answer context, whose fingerprint hashes every
+  // parameter and buffer of the model once here.
+  void openCache() {
+    const auto t0 = Clock::now();
+    std::string context = answerContext(cfg_.teacher, cfg_.loss.temperature, *model_);
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    cache_ = std::make_unique<TeacherCache>(cfg_.teacher.cache, std::move(context), cfg_.teacher.inputs,
+                                            cfg_.loss.temperature);
+    DISTILL_LOG(kInfo) << "teacher cache " << cfg_.teacher.cache.path << " (mode " << cfg_.teacher.cache.mode
+                       << "): model fingerprint took " << static_cast<int64_t>(ms + 0.5) << " ms, store "
+                       << cache_->storeBytes() << " bytes";
+  }
+
+  void logCacheSummary() {
+    const CacheStats& c = cache_->stats();
+    const int64_t bytes = cache_->storeBytes();
+    std::ostringstream os;
+    os << "teacher cache " << cache_->path() << ": " << c.rows << " rows (" << c.tokens << " tokens), " << c.hits
+       << " hits (" << (c.rows > 0 ? 100.0 * double(c.hits) / double(c.rows) : 0.0) << "%, " << c.hitTokens
+       << " tokens), " << c.forwards << " forwards, " << c.inserted << " rows stored, store " << bytes << " bytes";
+    if (c.inserted > 0 && c.rows > 0) {
+      // Tokens stored this run, taking every row as long as the average row.
+      const double perRow = double(c.tokens) / double(c.rows);
+      os << " (" << static_cast<int64_t>(double(bytes) / (double(c.inserted) * perRow) + 0.5)
+         << " bytes per stored token)";
+    }
+    if (cache_->full()) os << "; full (teacher.cache.max_bytes)";
+    DISTILL_LOG(kInfo) << os.str();
+  }
+
+  // The model's shaped answer for batched inputs (one forward call).
+  TeacherCache::Computed compute(const std::vector<at::Tensor>& rows, const std::string& label) {
+    std::vector<at::Tensor> inputs;
+    for (const at::Tensor& t : rows) inputs.push_back(t.to(at::Device(cfg_.teacher.device)));
+    AutocastScope autocast(cfg_.teacher);
+    trace::Event ev;  // the model is user code: a stall here shows as "busy in the model's forward"
+    ev.op = trace::Op::kForward;
+    ev.label = label;
+    trace::Scope recorded(ev);
+    auto raw = model_->forward(inputs);
+    ++stats_.batches;
+    auto it = raw.find(cfg_.teacher.output);
+    const int64_t vocab = it != raw.end() && it->second.dim() >= 1 ? it->second.size(-1) : 0;
+    return {shape(std::move(raw), inputs[0].size(0)), vocab};
   }
 
   // Full logits, or the top-k (topkOutput), plus hidden states.
@@ -384,6 +442,7 @@ class Server {
   std::vector<std::optional<Tag>> last_;
   std::vector<bool> finished_;
   InputSignature signature_;
+  std::unique_ptr<TeacherCache> cache_;  // teacher.cache, mode not off
   ServeStats stats_;
   Clock::time_point windowStart_;
   double windowBusy_ = 0;

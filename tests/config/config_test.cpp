@@ -335,7 +335,7 @@ TEST(Config, DumpAndHashAreStableAndSensitive) {
 
 TEST(Config, KeysInSchemaOrder) {
   const auto keys = configKeys();
-  EXPECT_EQ(keys.size(), 54u);
+  EXPECT_EQ(keys.size(), 57u);
   EXPECT_EQ(keys.front(), "run.name");
   EXPECT_EQ(keys.back(), "checkpoint.on_corrupt");
   EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()).size(), keys.size());
@@ -476,18 +476,29 @@ TEST(Config, ReferenceFileSetsEveryKeyToItsDefault) {
   const std::string text = distill::testing::readFile(path);
   ASSERT_FALSE(text.empty()) << path;
 
-  // The keys the file spells out: "section:" lines, then indented "key:" lines.
+  // The keys the file spells out: "section:" lines, then indented "key:" lines;
+  // a key line with no value opens a group ("  cache:"), whose keys are indented further.
   std::vector<std::string> present;
-  std::string section;
+  std::string section, group;
   for (const std::string& line : splitLines(text)) {
     if (line.empty() || line[0] == '#') continue;
     const size_t colon = line.find(':');
     if (colon == std::string::npos) continue;
     if (line[0] != ' ') {
       section = line.substr(0, colon);
+      group.clear();
+      continue;
+    }
+    const size_t start = line.find_first_not_of(' ');
+    const std::string name = line.substr(start, colon - start);
+    const size_t value = line.find_first_not_of(' ', colon + 1);
+    if (start == 2 && (value == std::string::npos || line[value] == '#')) {
+      group = name;
+    } else if (start == 2) {
+      group.clear();
+      present.push_back(section + "." + name);
     } else {
-      const size_t start = line.find_first_not_of(' ');
-      present.push_back(section + "." + line.substr(start, colon - start));
+      present.push_back(section + "." + group + "." + name);
     }
   }
   EXPECT_EQ(present, configKeys());
@@ -638,3 +649,39 @@ TEST(Config, HashAndDiffCoverTrainingKeysOnly) {
     if (e.key == "loss.alpha" || e.key == "run.seed") EXPECT_TRUE(e.training) << e.key;
   }
 }
+
+namespace {
+
+// Issue 16: teacher.cache is a group of keys, written as a nested map in a file
+// and as the whole path in --set; its keys get the same errors as any other.
+TEST(Config, NestedCacheKeys) {
+  const std::string teacher = "teacher:\n  kind: self\n";
+  const Config c = parseConfig(teacher + "  cache:\n    path: /tmp/c\n    mode: readwrite\n    max_bytes: 4GiB\n");
+  EXPECT_EQ(c.teacher.cache.path, "/tmp/c");
+  EXPECT_EQ(c.teacher.cache.mode, "readwrite");
+  EXPECT_EQ(c.teacher.cache.max_bytes, int64_t(4) << 30);
+  EXPECT_EQ(Config().teacher.cache.mode, "off");
+  const Config o = parseConfig(teacher, {"teacher.cache.mode=read", "teacher.cache.path=/x"});
+  EXPECT_EQ(o.teacher.cache.mode, "read");
+  EXPECT_EQ(o.teacher.cache.path, "/x");
+  // The dump writes the group nested and reads back the same.
+  EXPECT_NE(dumpConfig(c).find("  cache:\n    path: "), std::string::npos) << dumpConfig(c);
+  EXPECT_EQ(dumpConfig(parseConfig(dumpConfig(c))), dumpConfig(c));
+  // Runtime keys: the cache changes no answer, so not what is trained.
+  EXPECT_EQ(configHash(c), configHash(parseConfig(teacher)));
+
+  EXPECT_EQ(problemsOf(teacher + "  cache:\n    pth: /x\n"),
+            (std::vector<std::string>{"teacher.cache.pth: unknown key; did you mean teacher.cache.path?"}));
+  EXPECT_EQ(problemsOf(teacher, {"teacher.cache.mod=read"}),
+            (std::vector<std::string>{"teacher.cache.mod: unknown key; did you mean teacher.cache.mode? (from --set)"}));
+  EXPECT_EQ(problemsOf(teacher + "  cache: on\n"),
+            (std::vector<std::string>{"teacher.cache: expected a map of path, mode, max_bytes, found string \"on\""}));
+  EXPECT_EQ(problemsOf(teacher + "  cache:\n    mode: always\n"),
+            (std::vector<std::string>{"teacher.cache.mode: must be one of off, read, write, readwrite; found \"always\""}));
+  EXPECT_EQ(problemsOf(teacher + "  cache:\n    mode: read\n"),
+            (std::vector<std::string>{"teacher.cache.path: required when teacher.cache.mode is read"}));
+  EXPECT_EQ(problemsOf(teacher + "  cache:\n    path: /x\n    max_bytes: 1KiB\n"),
+            (std::vector<std::string>{"teacher.cache.max_bytes: must be >= 1048576, found 1KiB"}));
+}
+
+}  // namespace

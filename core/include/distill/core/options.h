@@ -61,6 +61,14 @@ struct TeacherOptions {
   int64_t topk = 0;                       // 0: full logits; k > 0: top-k values + int32 indices
   int max_restarts = 0;                   // distill-run restarts a dead teacher this many times
   int threads = 0;                        // torch intra-op threads (0: torch's default)
+  // The teacher-output cache (teacher/src/cache.h): rows answered before are
+  // answered from an LMDB store at `path` without a forward.
+  struct CacheOptions {
+    std::string path;                     // the store's directory ("" with mode off)
+    std::string mode = "off";             // off | read | write | readwrite
+    int64_t max_bytes = int64_t(1) << 30; // the store's size limit; full: inserts stop, hits go on
+  };
+  CacheOptions cache;
 };
 
 // student: the trainer side.

@@ -105,6 +105,9 @@ class Segment {
   // anyone (launcher status line, hang table) reads it. Relaxed: a gauge.
   void setTeacherBusy(double share) const;
   double teacherBusy() const;
+  // Share of rows the teacher answered from teacher.cache so far, 0..1 (0 without a cache).
+  void setTeacherCacheHits(double share) const;
+  double teacherCacheHits() const;
 
   // Student `localIndex` (its owner only): publishes its training status in
   // its status area (a seqlock: a few relaxed stores, no system call). Anyone

@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "distill/core/options.h"
@@ -35,6 +36,9 @@ class TeacherModel {
   virtual std::map<std::string, at::Tensor> forward(const std::vector<at::Tensor>& inputs) = 0;
   // Identifies the weights (checkpoint manifests record it). "" if unknown.
   virtual std::string fingerprint() const { return ""; }
+  // The tensors its answers depend on (parameters and buffers), by name: the
+  // teacher-output cache (teacher.cache) keys on a digest of them. Empty if unknown.
+  virtual std::vector<std::pair<std::string, at::Tensor>> state() const { return {}; }
 };
 
 // A model given as a function of the inputs returning the output tensor.
@@ -51,6 +55,12 @@ class ModuleTeacher : public TeacherModel {
     return {{output_, module_->forward(inputs.at(0))}};
   }
   std::string fingerprint() const override { return fingerprint_; }
+  std::vector<std::pair<std::string, at::Tensor>> state() const override {
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    for (const auto& p : module_->named_parameters(true)) out.emplace_back("parameter " + p.key(), p.value());
+    for (const auto& b : module_->named_buffers(true)) out.emplace_back("buffer " + b.key(), b.value());
+    return out;
+  }
 
  private:
   std::shared_ptr<M> module_;

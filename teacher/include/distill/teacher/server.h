@@ -6,7 +6,9 @@
 //   attach to the node's segment -> wait for every local student (admission,
 //   run.startup_timeout_s) -> loop { take the ready requests of any students,
 //   batch them (teacher.max_batch_tokens), forward under inference mode, shape
-//   the output (full logits or top-k), answer each request with its own tag }
+//   the output (full logits or top-k), answer each request with its own tag;
+//   with teacher.cache, rows answered before come from the cache and only the
+//   others go through forward: teacher/src/cache.h }
 //   -> stop when every student has sent finish.
 //
 // It never counts steps. Per student it checks that tags advance exactly as
@@ -31,7 +33,7 @@ namespace distill {
 struct ServeStats {
   int64_t requests = 0;                 // requests answered with teacher output
   int64_t errors = 0;                   // requests answered with an error
-  int64_t batches = 0;                  // forward calls
+  int64_t batches = 0;                  // forward calls (teacher.cache: batches with a row to compute)
   double forwardSeconds = 0;            // time inside forward + output shaping
   double wallSeconds = 0;               // from admission to the last finish
   std::vector<int64_t> perStudent;      // requests answered, by local student

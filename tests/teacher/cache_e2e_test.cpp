@@ -1,0 +1,220 @@
+// The teacher-output cache end to end (issue 16): real processes — two
+// students (this binary in a role) and bin/distill-teacher with teacher.cache
+// — a real segment and a real LMDB store shared by successive jobs.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+
+#include <unistd.h>
+
+#include "distill/ipc/segment.h"
+#include "distill/student/init.h"
+#include "e2e_common.h"
+#include "job_fixture.h"
+#include "support/roles.h"
+#include "tiny_mlp.h"
+
+using namespace std::chrono;
+namespace dt = distill::testing;
+using distill::testing::e2e::jobYaml;
+using distill::testing::e2e::kSeq;
+using distill::testing::e2e::kVocab;
+
+namespace {
+
+constexpr int64_t kRows = 24;  // rows per student
+
+// Student `rank`'s rows: [kRows, kSeq] int64, the same in every epoch.
+at::Tensor studentRows(int rank) {
+  auto g = at::make_generator<at::CPUGeneratorImpl>(777 + uint64_t(rank));
+  return at::randint(0, kVocab, {kRows, kSeq}, g, at::kLong);
+}
+
+}  // namespace
+
+// Sends its rows through the teacher: epoch 1 in order, 2 rows a request;
+// epoch 2 shuffled, 3 rows a request. Saves every row's answer, in row order
+// (each tensor of a row, by name), to args[1] with torch::save.
+DISTILL_TEST_ROLE(cache_student) {
+  const int epoch = std::stoi(args.at(0));
+  int argc = 1;
+  char arg0[] = "student";
+  char* argv[] = {arg0, nullptr};
+  distill::Session s = distill::init(argc, argv);
+  at::Tensor rows = studentRows(s.topology.studentRank);
+  at::Tensor order = epoch == 1 ? at::arange(kRows, at::kLong)
+                                : at::randperm(kRows, at::make_generator<at::CPUGeneratorImpl>(31 + epoch), at::kLong);
+  const int64_t per = epoch == 1 ? 2 : 3;
+  std::vector<std::vector<at::Tensor>> answers(kRows);
+  for (int64_t step = 0; step * per < kRows; ++step) {
+    at::Tensor idx = order.narrow(0, step * per, per);
+    distill::TeacherReply reply = s.client->get(s.client->submit(rows.index_select(0, idx), step, 0));
+    const distill::TeacherOutput o = reply.output();
+    std::vector<at::Tensor> parts;
+    for (const at::Tensor& t : {o.logits, o.topkValues, o.topkIndices, o.logsumexp, o.logTail}) {
+      if (t.defined()) parts.push_back(t.cpu().clone());
+    }
+    for (int64_t j = 0; j < per; ++j) {
+      for (const at::Tensor& t : parts) answers[size_t(idx[j].item<int64_t>())].push_back(t[j].clone());
+    }
+  }
+  s.client->finish();
+  std::vector<at::Tensor> flat;
+  for (auto& a : answers) flat.insert(flat.end(), a.begin(), a.end());
+  torch::save(flat, args.at(1));
+  std::fprintf(stderr, "RESULT saved %zu tensors\n", flat.size());
+  return 0;
+}
+
+namespace {
+
+struct CacheDir {
+  std::string path = ::testing::TempDir() + dt::uniqueName("distill-cache-e2e");
+  ~CacheDir() {  // an LMDB store: data.mdb and lock.mdb (no std::filesystem: libtorch.so exports a clashing copy)
+    ::unlink((path + "/data.mdb").c_str());
+    ::unlink((path + "/lock.mdb").c_str());
+    ::rmdir(path.c_str());
+  }
+};
+
+std::string cacheYaml(const std::string& path, const std::string& mode) {
+  return "  cache:\n    path: " + path + "\n    mode: " + mode + "\n";
+}
+
+std::string scriptTeacher(int topk) {
+  return "  kind: torchscript\n  path: " DISTILL_TINY_LM "\n  topk: " + std::to_string(topk) + "\n";
+}
+
+struct JobResult {
+  std::string teacherLog;
+  double hitShare = -1;  // as the teacher published it in the segment
+  std::vector<std::string> studentLogs;
+};
+
+// One job: `students` students in `role` with `args` (a "%d" in an arg
+// becomes the student's rank) and bin/distill-teacher. Fails the test if any
+// process fails.
+JobResult runJob(const std::string& yaml, const std::string& role,
+                                      const std::vector<std::string>& args, int students = 2) {
+  dt::Job job(students, yaml);
+  std::vector<dt::Child> kids;
+  kids.push_back(job.spawnTeacherBinary());
+  for (int i = 0; i < students; ++i) {
+    std::vector<std::string> a = args;
+    for (auto& x : a) {
+      if (auto at = x.find("%d"); at != std::string::npos) x.replace(at, 2, std::to_string(i));
+    }
+    kids.push_back(job.spawnRole(role, i, a));
+  }
+  auto st = dt::joinAll(kids, seconds(90));
+  const std::string teacherLog = job.log(job.teacherRank());
+  EXPECT_TRUE(st[0].exited && st[0].code == 0) << "teacher: " << st[0].describe() << "\n" << teacherLog;
+  for (int i = 0; i < students; ++i) {
+    EXPECT_TRUE(st[i + 1].exited && st[i + 1].code == 0) << "student " << i << ": " << st[i + 1].describe() << "\n"
+                                                         << job.log(i);
+  }
+  JobResult r;
+  r.teacherLog = teacherLog;
+  r.hitShare = distill::ipc::Segment::attach(job.segment(), job.jobId(), std::nullopt,
+                                             distill::Deadline::after(seconds(5)))
+                   .teacherCacheHits();
+  for (int i = 0; i < students; ++i) r.studentLogs.push_back(job.log(i));
+  return r;
+}
+
+std::vector<at::Tensor> loadAnswers(const std::string& path) {
+  std::vector<at::Tensor> v;
+  torch::load(v, path);
+  return v;
+}
+
+bool bitEqual(const at::Tensor& a, const at::Tensor& b) {
+  at::Tensor x = a.contiguous(), y = b.contiguous();
+  return x.scalar_type() == y.scalar_type() && x.sizes() == y.sizes() &&
+         std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
+}
+
+std::string line(const std::string& log, const std::string& start) {
+  const size_t at = log.find(start);
+  return at == std::string::npos ? "" : log.substr(at, log.find('\n', at) - at);
+}
+
+// Epoch 2 over the same rows, shuffled and re-batched, is answered from the
+// cache with no forward, every answer bit-equal to epoch 1's; a teacher with
+// other weights over the same store gets no hit.
+TEST(TeacherCacheEndToEnd, SecondEpochHitsBitEqualWithoutForward) {
+  CacheDir dir;
+  const std::string yaml = jobYaml(scriptTeacher(8) + cacheYaml(dir.path, "readwrite"), 1, 2);
+  const std::string out = ::testing::TempDir() + dt::uniqueName("answers");
+  auto [log1, hits1, studentLogs1] = runJob(yaml, "cache_student", {"1", out + "-e1-%d.pt"});
+  const std::string sum1 = line(log1, "teacher cache " + dir.path + ": ");
+  EXPECT_NE(sum1.find(": 48 rows (768 tokens), 0 hits"), std::string::npos) << log1;
+  EXPECT_NE(sum1.find(" 48 rows stored"), std::string::npos) << log1;
+  EXPECT_EQ(hits1, 0.0);
+
+  auto [log2, hits2, studentLogs2] = runJob(yaml, "cache_student", {"2", out + "-e2-%d.pt"});
+  const std::string sum2 = line(log2, "teacher cache " + dir.path + ": ");
+  EXPECT_NE(sum2.find(": 48 rows (768 tokens), 48 hits (100%, 768 tokens), 0 forwards, 0 rows stored"),
+            std::string::npos)
+      << log2;
+  EXPECT_NE(log2.find(" in 0 batches"), std::string::npos) << "no forward in epoch 2\n" << log2;
+  EXPECT_EQ(hits2, 1.0);
+  for (int s = 0; s < 2; ++s) {
+    const auto e1 = loadAnswers(out + "-e1-" + std::to_string(s) + ".pt");
+    const auto e2 = loadAnswers(out + "-e2-" + std::to_string(s) + ".pt");
+    ASSERT_EQ(e1.size(), size_t(kRows * 4));
+    ASSERT_EQ(e2.size(), e1.size());
+    for (size_t i = 0; i < e1.size(); ++i) EXPECT_TRUE(bitEqual(e1[i], e2[i])) << "student " << s << " tensor " << i;
+    std::remove((out + "-e1-" + std::to_string(s) + ".pt").c_str());
+    std::remove((out + "-e2-" + std::to_string(s) + ".pt").c_str());
+  }
+
+  // Another teacher (the registered TinyMlp) over the same store and rows: kept apart.
+  const std::string weights = ::testing::TempDir() + dt::uniqueName("tiny-mlp") + ".pt";
+  torch::manual_seed(99);
+  std::shared_ptr<torch::nn::Module> mlp = std::make_shared<dt::TinyMlp>();
+  torch::save(mlp, weights);
+  const std::string mlpYaml =
+      jobYaml("  kind: registered\n  library: " DISTILL_TEST_TEACHER_LIB "\n  module: tiny_mlp\n  weights: " + weights +
+                  "\n  topk: 8\n" + cacheYaml(dir.path, "readwrite"),
+              1, 2);
+  auto [log3, hits3, studentLogs3] = runJob(mlpYaml, "cache_student", {"2", out + "-mlp-%d.pt"});
+  EXPECT_NE(line(log3, "teacher cache " + dir.path + ": ").find(": 48 rows (768 tokens), 0 hits"), std::string::npos)
+      << log3;
+  EXPECT_EQ(hits3, 0.0);
+  std::remove(weights.c_str());
+  for (int s = 0; s < 2; ++s) std::remove((out + "-mlp-" + std::to_string(s) + ".pt").c_str());
+}
+
+// A sweep: a second student run with another alpha and temperature (full
+// logits do not depend on T) reads the cache the first wrote: all hits, no
+// forward, and the students' losses match their in-process teacher's.
+TEST(TeacherCacheEndToEnd, SweepSecondRunAllHits) {
+  CacheDir dir;
+  const int steps = 3, G = 4;
+  std::string yaml = jobYaml(scriptTeacher(0) + cacheYaml(dir.path, "readwrite"), G, 2);
+  auto [log1, hits1, studentLogs1] = runJob(yaml, "distill_student", {"script", std::to_string(steps)});
+  EXPECT_EQ(hits1, 0.0);
+  std::string sweep = jobYaml(scriptTeacher(0) + cacheYaml(dir.path, "read"), G, 2);
+  sweep.replace(sweep.find("alpha: 0.5"), 10, "alpha: 0.9");
+  sweep.replace(sweep.find("temperature: 2.0"), 16, "temperature: 1.0");
+  auto [log2, hits2, studentLogs2] = runJob(sweep, "distill_student", {"script", std::to_string(steps)});
+  const int rows = 2 * steps * G * int(distill::testing::e2e::kBatch);
+  EXPECT_NE(line(log2, "teacher cache " + dir.path + ": ")
+                .find(": " + std::to_string(rows) + " rows (" + std::to_string(rows * kSeq) + " tokens), " +
+                      std::to_string(rows) + " hits (100%"),
+            std::string::npos)
+      << log2;
+  EXPECT_NE(log2.find(" in 0 batches"), std::string::npos) << log2;
+  EXPECT_EQ(hits2, 1.0);
+  // Each student's loss with the cached answers equals its loss with the teacher run in its own process.
+  for (const std::string& log : studentLogs2) {
+    EXPECT_LE(dt::numberAfter(log, "max_loss_diff="), 1e-6) << log;
+  }
+}
+
+}  // namespace
