@@ -15,6 +15,7 @@
 #include "distill/core/logging.h"
 #include "distill/core/protocol.h"
 #include "distill/core/strings.h"
+#include "distill/core/sys.h"
 
 namespace distill {
 namespace {
@@ -341,7 +342,7 @@ TeacherCache::TeacherCache(const TeacherOptions::CacheOptions& o, std::string co
       maxBytes_(o.max_bytes),
       reads_(o.mode == "read" || o.mode == "readwrite"),
       writes_(o.mode == "write" || o.mode == "readwrite") {
-  // POSIX calls, no std::filesystem (core/strings.h says why).
+  // POSIX calls, no std::filesystem (core/sys.h says why).
   if (writes_) {
     std::string failedAt;
     const int err = makeDirs(path_, &failedAt);
