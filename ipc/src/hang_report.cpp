@@ -93,57 +93,45 @@ uint64_t progressCount(const Segment& seg) {
   return sum;
 }
 
-std::vector<ProcessActivity> describeActivity(const Segment& seg, int events) {
-  const SegmentImpl& s = *seg.impl();
-  const int64_t now = monotonicNs();
-  // Enough history to find each student's newest collective, even behind ring traffic.
-  std::vector<std::vector<RecordedEvent>> history;
-  for (int i = 0; i < s.numProcesses(); ++i) history.push_back(readEvents(s.recorder(i), wire::kRecorderEvents));
-  // Which attached processes are stopped (SIGSTOP, a debugger): from the
-  // kernel's process state, as the liveness checks of the waits read it. A
-  // stopped process cannot update its own row, which still shows what it was
-  // doing when it stopped; whoever waits on it must not look like the culprit.
-  std::vector<bool> stopped(size_t(s.numProcesses()), false);
-  for (int i = 0; i < s.numProcesses(); ++i) {
-    const auto& e = s.process(i);
-    const int pid = e.pid.load(std::memory_order_acquire);
-    const auto st = ProcState(e.state.load(std::memory_order_acquire));
-    stopped[size_t(i)] = pid != 0 && st != ProcState::kFinished && st != ProcState::kDead &&
-                         sys::pidState(pid) == sys::PidState::kStopped;
-  }
-  auto isStopped = [&](int rank) {
-    for (int j = 0; j < s.numProcesses(); ++j)
-      if (stopped[size_t(j)] && s.process(j).rank.load(std::memory_order_relaxed) == rank) return true;
-    return false;
-  };
-  // "; waits on a stopped peer: student rank 1 is stopped (SIGSTOP)" for the stopped
-  // processes among local indices [from, to) other than `self`; "" if none.
-  auto stoppedAmong = [&](int from, int to, int self) {
-    std::string names;
-    for (int j = from; j < to; ++j)
-      if (j != self && stopped[size_t(j)])
-        names += (names.empty() ? "" : ", ") + peerName(s, s.process(j).rank.load(std::memory_order_relaxed));
-    return names.empty() ? std::string() : "; waits on a stopped peer: " + names + " is stopped (SIGSTOP)";
-  };
+namespace {
 
-  std::vector<ProcessActivity> out;
-  for (int i = 0; i < s.numProcesses(); ++i) {
-    const auto& e = s.process(i);
+// One look at the segment for the hang table: every process's recorded
+// history and whether it is stopped, taken once; then one row per process.
+class ActivityScan {
+ public:
+  explicit ActivityScan(const SegmentImpl& s) : s_(s), now_(monotonicNs()) {
+    // Enough history to find each student's newest collective, even behind ring traffic.
+    for (int i = 0; i < s.numProcesses(); ++i) history_.push_back(readEvents(s.recorder(i), wire::kRecorderEvents));
+    // Which attached processes are stopped (SIGSTOP, a debugger): from the
+    // kernel's process state, as the liveness checks of the waits read it. A
+    // stopped process cannot update its own row, which still shows what it was
+    // doing when it stopped; whoever waits on it must not look like the culprit.
+    for (int i = 0; i < s.numProcesses(); ++i) {
+      const auto& e = s.process(i);
+      const int pid = e.pid.load(std::memory_order_acquire);
+      const auto st = ProcState(e.state.load(std::memory_order_acquire));
+      stopped_.push_back(pid != 0 && st != ProcState::kFinished && st != ProcState::kDead &&
+                         sys::pidState(pid) == sys::PidState::kStopped);
+    }
+  }
+
+  ProcessActivity row(int i, int events) const {
+    const auto& e = s_.process(i);
     ProcessActivity a;
     a.localIndex = i;
-    a.role = i == s.teacherIndex() ? "teacher" : "student";
+    a.role = i == s_.teacherIndex() ? "teacher" : "student";
     a.pid = e.pid.load(std::memory_order_acquire);
     const auto state = ProcState(e.state.load(std::memory_order_acquire));
     a.state = wire::stateName(uint32_t(state));
     a.rank = a.pid ? e.rank.load(std::memory_order_relaxed) : -1;
-    const auto& ev = history[size_t(i)];
+    const auto& ev = history_[size_t(i)];
     const uint32_t what = e.waitWhat.load(std::memory_order_relaxed);
     std::ostringstream doing;
-    if (stopped[size_t(i)]) {
+    if (stopped_[size_t(i)]) {
       a.stopped = true;
       a.state = "stopped";
       doing << "stopped (SIGSTOP): no heartbeat for "
-            << seconds(now - e.heartbeatNs.load(std::memory_order_relaxed)) << "; when it stopped it was ";
+            << seconds(now_ - e.heartbeatNs.load(std::memory_order_relaxed)) << "; when it stopped it was ";
     }
     if (a.pid == 0) {
       doing << "never attached to the segment";
@@ -152,79 +140,124 @@ std::vector<ProcessActivity> describeActivity(const Segment& seg, int events) {
     } else if (state == ProcState::kDead) {
       doing << "detached abnormally";
     } else if (state == ProcState::kWaiting && what != 0) {
-      const int peer = e.waitPeer.load(std::memory_order_relaxed);
-      const int64_t since = e.waitSinceNs.load(std::memory_order_relaxed);
-      doing << "waiting for " << wire::waitName(what);
-      if (what == uint32_t(wire::WaitWhat::kAdmission) && i == s.teacherIndex()) {
-        std::string missing;
-        for (int j = 0; j < s.teacherIndex(); ++j) {
-          const auto st = ProcState(s.process(j).state.load(std::memory_order_relaxed));
-          if (s.process(j).pid.load(std::memory_order_relaxed) == 0 || st == ProcState::kDead)
-            missing += (missing.empty() ? "" : ", ") + std::string("local ") + std::to_string(j);
-        }
-        if (!missing.empty()) doing << " (not attached: student " << missing << ")";
-      } else if (what == uint32_t(wire::WaitWhat::kAdmission)) {
-        doing << " by the teacher";
-      } else if (what == uint32_t(wire::WaitWhat::kRequest)) {
-        doing << " from " << peerName(s, peer);
-      } else {
-        doing << (what == uint32_t(wire::WaitWhat::kResponse) ? " from " : " towards ") << peerName(s, peer) << " "
-              << tag(e.waitStep.load(std::memory_order_relaxed), e.waitAccStep.load(std::memory_order_relaxed),
-                     e.waitSeq.load(std::memory_order_relaxed));
-      }
-      doing << " for " << seconds(now - since);
-      if (!stopped[size_t(i)]) {
-        if (i == s.teacherIndex())
-          doing << stoppedAmong(0, s.teacherIndex(), i);  // any student
-        else if (peer >= 0 && isStopped(peer))
-          doing << "; waits on a stopped peer: " << peerName(s, peer) << " is stopped (SIGSTOP)";
-        else if (what == uint32_t(wire::WaitWhat::kAdmission))
-          doing << stoppedAmong(s.teacherIndex(), s.numProcesses(), i);
-      }
+      waiting(i, what, doing);
     } else if (const RecordedEvent* open = innermostOpen(ev)) {
-      if (open->op == Op::kForward) {
-        doing << "busy in user code: the model's forward";
-        if (!open->label.empty()) doing << " (" << open->label << ")";
-        doing << " for " << seconds(now - open->startNs);
-      } else if (open->op == Op::kCollective) {
-        doing << "in student group " << (open->label.empty() ? "collective" : open->label) << " #" << open->seq;
-        if (open->step >= 0) doing << " at step " << open->step << " acc_step " << open->accStep;
-        doing << " for " << seconds(now - open->startNs);
-        std::string behind;
-        for (int j = 0; j < s.teacherIndex(); ++j) {
-          if (j == i || s.process(j).pid.load(std::memory_order_relaxed) == 0) continue;
-          const uint64_t theirs = lastCollective(history[size_t(j)]);
-          if (theirs < open->seq)
-            behind += (behind.empty() ? "" : ", ") + std::string("student rank ") +
-                      std::to_string(s.process(j).rank.load(std::memory_order_relaxed)) + " (its last: #" +
-                      std::to_string(theirs) + (stopped[size_t(j)] ? ", stopped" : "") + ")";
-        }
-        if (!behind.empty()) doing << "; not entered by " << behind;
-        if (!stopped[size_t(i)]) doing << stoppedAmong(0, s.teacherIndex(), i);
-      } else {
-        doing << "in " << trace::opName(open->op);
-        if (!open->label.empty()) doing << " " << open->label;
-        if (open->step >= 0) doing << " at step " << open->step;
-        doing << " for " << seconds(now - open->startNs);
-      }
+      inCall(i, *open, doing);
     } else {
-      const int64_t since = s.recorder(i).lastEndNs.load(std::memory_order_relaxed);
-      doing << "busy in user code for " << seconds(now - since);
-      if (!ev.empty()) {
-        const auto& l = ev.back();
-        doing << " (since its last distill call ended: " << trace::opName(l.op);
-        if (l.op == Op::kCollective) doing << " #" << l.seq;
-        if (l.step >= 0) doing << " at step " << l.step << " acc_step " << l.accStep;
-        doing << ")";
-      } else {
-        doing << " (since it attached)";
-      }
+      inUserCode(i, doing);
     }
     a.doing = doing.str();
     const size_t from = ev.size() > size_t(events) ? ev.size() - size_t(events) : 0;
-    for (size_t k = from; k < ev.size(); ++k) a.lastEvents.push_back(eventText(s, ev[k], now));
-    out.push_back(std::move(a));
+    for (size_t k = from; k < ev.size(); ++k) a.lastEvents.push_back(eventText(s_, ev[k], now_));
+    return a;
   }
+
+ private:
+  bool isStopped(int rank) const {
+    for (int j = 0; j < s_.numProcesses(); ++j)
+      if (stopped_[size_t(j)] && s_.process(j).rank.load(std::memory_order_relaxed) == rank) return true;
+    return false;
+  }
+  // "; waits on a stopped peer: student rank 1 is stopped (SIGSTOP)" for the stopped
+  // processes among local indices [from, to) other than `self`; "" if none.
+  std::string stoppedAmong(int from, int to, int self) const {
+    std::string names;
+    for (int j = from; j < to; ++j)
+      if (j != self && stopped_[size_t(j)])
+        names += (names.empty() ? "" : ", ") + peerName(s_, s_.process(j).rank.load(std::memory_order_relaxed));
+    return names.empty() ? std::string() : "; waits on a stopped peer: " + names + " is stopped (SIGSTOP)";
+  }
+
+  // Process i waits (its row's wait fields) for `what`.
+  void waiting(int i, uint32_t what, std::ostringstream& doing) const {
+    const auto& e = s_.process(i);
+    const int peer = e.waitPeer.load(std::memory_order_relaxed);
+    const int64_t since = e.waitSinceNs.load(std::memory_order_relaxed);
+    doing << "waiting for " << wire::waitName(what);
+    if (what == uint32_t(wire::WaitWhat::kAdmission) && i == s_.teacherIndex()) {
+      std::string missing;
+      for (int j = 0; j < s_.teacherIndex(); ++j) {
+        const auto st = ProcState(s_.process(j).state.load(std::memory_order_relaxed));
+        if (s_.process(j).pid.load(std::memory_order_relaxed) == 0 || st == ProcState::kDead)
+          missing += (missing.empty() ? "" : ", ") + std::string("local ") + std::to_string(j);
+      }
+      if (!missing.empty()) doing << " (not attached: student " << missing << ")";
+    } else if (what == uint32_t(wire::WaitWhat::kAdmission)) {
+      doing << " by the teacher";
+    } else if (what == uint32_t(wire::WaitWhat::kRequest)) {
+      doing << " from " << peerName(s_, peer);
+    } else {
+      doing << (what == uint32_t(wire::WaitWhat::kResponse) ? " from " : " towards ") << peerName(s_, peer) << " "
+            << tag(e.waitStep.load(std::memory_order_relaxed), e.waitAccStep.load(std::memory_order_relaxed),
+                   e.waitSeq.load(std::memory_order_relaxed));
+    }
+    doing << " for " << seconds(now_ - since);
+    if (stopped_[size_t(i)]) return;
+    if (i == s_.teacherIndex())
+      doing << stoppedAmong(0, s_.teacherIndex(), i);  // any student
+    else if (peer >= 0 && isStopped(peer))
+      doing << "; waits on a stopped peer: " << peerName(s_, peer) << " is stopped (SIGSTOP)";
+    else if (what == uint32_t(wire::WaitWhat::kAdmission))
+      doing << stoppedAmong(s_.teacherIndex(), s_.numProcesses(), i);
+  }
+
+  // Process i is inside a distill call or the teacher's forward (`open`).
+  void inCall(int i, const RecordedEvent& open, std::ostringstream& doing) const {
+    if (open.op == Op::kForward) {
+      doing << "busy in user code: the model's forward";
+      if (!open.label.empty()) doing << " (" << open.label << ")";
+      doing << " for " << seconds(now_ - open.startNs);
+    } else if (open.op == Op::kCollective) {
+      doing << "in student group " << (open.label.empty() ? "collective" : open.label) << " #" << open.seq;
+      if (open.step >= 0) doing << " at step " << open.step << " acc_step " << open.accStep;
+      doing << " for " << seconds(now_ - open.startNs);
+      std::string behind;
+      for (int j = 0; j < s_.teacherIndex(); ++j) {
+        if (j == i || s_.process(j).pid.load(std::memory_order_relaxed) == 0) continue;
+        const uint64_t theirs = lastCollective(history_[size_t(j)]);
+        if (theirs < open.seq)
+          behind += (behind.empty() ? "" : ", ") + std::string("student rank ") +
+                    std::to_string(s_.process(j).rank.load(std::memory_order_relaxed)) + " (its last: #" +
+                    std::to_string(theirs) + (stopped_[size_t(j)] ? ", stopped" : "") + ")";
+      }
+      if (!behind.empty()) doing << "; not entered by " << behind;
+      if (!stopped_[size_t(i)]) doing << stoppedAmong(0, s_.teacherIndex(), i);
+    } else {
+      doing << "in " << trace::opName(open.op);
+      if (!open.label.empty()) doing << " " << open.label;
+      if (open.step >= 0) doing << " at step " << open.step;
+      doing << " for " << seconds(now_ - open.startNs);
+    }
+  }
+
+  // Process i is outside every distill call.
+  void inUserCode(int i, std::ostringstream& doing) const {
+    const auto& ev = history_[size_t(i)];
+    const int64_t since = s_.recorder(i).lastEndNs.load(std::memory_order_relaxed);
+    doing << "busy in user code for " << seconds(now_ - since);
+    if (ev.empty()) {
+      doing << " (since it attached)";
+      return;
+    }
+    const auto& l = ev.back();
+    doing << " (since its last distill call ended: " << trace::opName(l.op);
+    if (l.op == Op::kCollective) doing << " #" << l.seq;
+    if (l.step >= 0) doing << " at step " << l.step << " acc_step " << l.accStep;
+    doing << ")";
+  }
+
+  const SegmentImpl& s_;
+  int64_t now_;
+  std::vector<std::vector<RecordedEvent>> history_;
+  std::vector<bool> stopped_;
+};
+
+}  // namespace
+
+std::vector<ProcessActivity> describeActivity(const Segment& seg, int events) {
+  const ActivityScan scan(*seg.impl());
+  std::vector<ProcessActivity> out;
+  for (int i = 0; i < seg.impl()->numProcesses(); ++i) out.push_back(scan.row(i, events));
   return out;
 }
 
