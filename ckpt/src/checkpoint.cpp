@@ -640,7 +640,7 @@ struct CheckpointCore {
     std::string all;
     for (const auto& r : scan.rejected) all += (all.empty() ? "" : "; ") + r;
     const std::string text = "no intact checkpoint in " + opts.dir + ": " + all;
-    if (opts.on_corrupt == "restart") {
+    if (opts.on_corrupt == OnCorrupt::kRestart) {
       DISTILL_LOG(kWarning) << "checkpoint: " << text
                             << "; checkpoint.on_corrupt=restart: training starts from scratch";
       return std::nullopt;
@@ -763,7 +763,7 @@ struct CheckpointManager::Impl {
   // on_error policy for a failed save; every rank calls it with the same outcome.
   bool failSave(int64_t step, const std::string& why) {
     const std::string text = "checkpoint step " + std::to_string(step) + " not saved: " + why;
-    if (core->opts.on_error == "continue") {
+    if (core->opts.on_error == OnSaveError::kContinue) {
       DISTILL_LOG(kError) << text << " (checkpoint.on_error=continue: training goes on)";
       return false;
     }
@@ -867,12 +867,12 @@ CheckpointManager::CheckpointManager(StudentContext& ctx, CheckpointOptions opts
   c.rank = ctx.rank();
   c.world = ctx.worldSize();
   c.timeout = s.group->timeout();
-  DISTILL_CHECK_T(ConfigError, c.opts.on_error == "stop" || c.opts.on_error == "continue",
-                  "checkpoint.on_error must be stop or continue, got ", c.opts.on_error);
+  DISTILL_CHECK_T(ConfigError, c.opts.on_error == OnSaveError::kStop || c.opts.on_error == OnSaveError::kContinue,
+                  "checkpoint.on_error must be stop or continue, got value ", static_cast<int>(c.opts.on_error));
   DISTILL_CHECK_T(ConfigError, c.opts.keep_last >= 1, "checkpoint.keep_last must be >= 1, got ",
                   c.opts.keep_last);
-  DISTILL_CHECK_T(ConfigError, c.opts.on_corrupt == "error" || c.opts.on_corrupt == "restart",
-                  "checkpoint.on_corrupt must be error or restart, got ", c.opts.on_corrupt);
+  DISTILL_CHECK_T(ConfigError, c.opts.on_corrupt == OnCorrupt::kError || c.opts.on_corrupt == OnCorrupt::kRestart,
+                  "checkpoint.on_corrupt must be error or restart, got value ", static_cast<int>(c.opts.on_corrupt));
   if (c.opts.dir.empty()) return;  // disabled, on every rank alike (same config)
 
   // Rank 0 makes the directory; the broadcast is the student-group barrier

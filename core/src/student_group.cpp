@@ -298,8 +298,8 @@ StudentGroup::StudentGroup(const Topology& topo, const RunOptions& run,
   auto glooStore = c10::make_intrusive<c10d::PrefixStore>("gloo", s.store);
   s.gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(glooStore, s.rank, s.size, glooOpts);
 
-  bool wantNccl = student.backend == "nccl" ||
-                  (student.backend == "auto" && student.device.rfind("cuda", 0) == 0);
+  bool wantNccl = student.backend == GroupBackend::kNccl ||
+                  (student.backend == GroupBackend::kAuto && parseDevice(student.device).cuda);
   if (wantNccl) {
     s.nccl = makeNcclBackend(c10::make_intrusive<c10d::PrefixStore>("nccl", s.store), s.rank,
                              s.size, s.timeout, student.device);

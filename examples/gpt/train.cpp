@@ -60,11 +60,11 @@ std::string phaseKey(Mode mode, const distill::Config& cfg, const ex::Settings& 
   k << " student=" << s.student.describe() << " batch=" << s.batch << "x" << ex::studentWorld(cfg) << "x"
     << cfg.student.grad_acc_steps << " lr=" << s.lr << " eval=" << s.evalEvery << "/" << s.evalTokens;
   if (mode == Mode::kDistill) {
-    const std::string served = cfg.teacher.kind == "torchscript" ? cfg.teacher.path : cfg.teacher.weights;
+    const std::string served = cfg.teacher.kind == distill::TeacherKind::kTorchscript ? cfg.teacher.path : cfg.teacher.weights;
     k << " loss=" << cfg.loss.kind << " T=" << cfg.loss.temperature << " alpha=" << cfg.loss.alpha
       << " beta=" << cfg.loss.jsd_beta << " topk=" << cfg.teacher.topk << " teacher=" << cfg.teacher.kind << ":"
-      << (cfg.teacher.kind == "self" ? s.teacherWeights : served) << "@"
-      << distill::fileFingerprint(cfg.teacher.kind == "self" ? s.teacherWeights : served);
+      << (cfg.teacher.kind == distill::TeacherKind::kSelf ? s.teacherWeights : served) << "@"
+      << distill::fileFingerprint(cfg.teacher.kind == distill::TeacherKind::kSelf ? s.teacherWeights : served);
   }
   return k.str();
 }
@@ -200,7 +200,7 @@ int train(Mode mode, const distill::Config& cfg, distill::Session* session) {
   std::unique_ptr<distill::CheckpointManager> ckpt;
   if (session) {
     // distill: checkpoints taken by the students only, on their group.
-    const std::string served = cfg.teacher.kind == "torchscript" ? cfg.teacher.path : cfg.teacher.weights;
+    const std::string served = cfg.teacher.kind == distill::TeacherKind::kTorchscript ? cfg.teacher.path : cfg.teacher.weights;
     ckpt = std::make_unique<distill::CheckpointManager>(*session->student, cfg.checkpoint,
                                                         distill::fileFingerprint(served));
     if (auto loaded = ckpt->loadLatest(*model, opt)) {

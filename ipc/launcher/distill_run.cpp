@@ -289,7 +289,7 @@ class Launcher {
       r.env = topologyEnv(t);
       r.env["DISTILL_CONFIG"] = t.configPath;
       if (!sets.empty()) r.env["DISTILL_SET"] = sets;
-      bool selfTeacher = t.isTeacher() && cfg_.teacher.kind == "self";
+      bool selfTeacher = t.isTeacher() && cfg_.teacher.kind == TeacherKind::kSelf;
       r.argv = t.isStudent() || selfTeacher ? a_.trainer
                                             : std::vector<std::string>{exeDir() + "/distill-teacher"};
       r.prefix = "[r" + std::to_string(t.globalRank) + " " + roleName(t.role) + "] ";
@@ -727,9 +727,9 @@ class Launcher {
     if (teardownDeadline_ || idle < std::chrono::duration<double>(cfg_.run.hang_timeout_s)) return;
     char title[200];
     std::snprintf(title, sizeof title, "hang: no rank made progress for %.1f s (run.hang_timeout_s=%g, on_hang=%s)",
-                  std::chrono::duration<double>(idle).count(), cfg_.run.hang_timeout_s, cfg_.run.on_hang.c_str());
+                  std::chrono::duration<double>(idle).count(), cfg_.run.hang_timeout_s, toString(cfg_.run.on_hang));
     reportHang(title);
-    if (cfg_.run.on_hang == "teardown") {
+    if (cfg_.run.on_hang == OnHang::kTeardown) {
       hung_ = true;
       if (reason_.empty()) reason_ = title;
       teardown(title);

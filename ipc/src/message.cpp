@@ -137,9 +137,9 @@ class ChannelCore : public std::enable_shared_from_this<ChannelCore> {
     return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
   }
   void setUpCuda() {
-    if (opt_.cudaIpc == "off") return;
+    if (opt_.cudaIpc == CudaIpc::kOff) return;
     const bool usable = opt_.cudaDevice >= 0 && opt_.cudaDevice < cuda::deviceCount();
-    DISTILL_CHECK_T(IpcError, usable || opt_.cudaIpc != "on", port_.describeSelf(),
+    DISTILL_CHECK_T(IpcError, usable || opt_.cudaIpc != CudaIpc::kOn, port_.describeSelf(),
                     ": transport.cuda_ipc=on but device ", opt_.cudaDevice, " is not usable (",
                     cuda::deviceCount(), " CUDA devices visible)");
     if (!usable) return;
@@ -152,7 +152,7 @@ class ChannelCore : public std::enable_shared_from_this<ChannelCore> {
   bool cudaOut(int r) { return !producers_.empty() && producers_[size_t(r)]->ready(); }
 #else
   void setUpCuda() {
-    DISTILL_CHECK_T(IpcError, opt_.cudaIpc != "on", port_.describeSelf(),
+    DISTILL_CHECK_T(IpcError, opt_.cudaIpc != CudaIpc::kOn, port_.describeSelf(),
                     ": transport.cuda_ipc=on but distill was built without CUDA (DISTILL_CUDA=0)");
   }
   bool cudaOut(int) { return false; }

@@ -115,13 +115,13 @@ std::string fileFingerprint(const std::string& path) {
 }
 
 std::shared_ptr<TeacherModel> loadTeacherModel(const TeacherOptions& o) {
-  if (o.kind == "torchscript") {
+  if (o.kind == TeacherKind::kTorchscript) {
     struct stat st {};
     DISTILL_CHECK_T(ConfigError, ::stat(o.path.c_str(), &st) == 0, "teacher.path: '", o.path,
                     "': ", errnoString(errno));
     return std::make_shared<ScriptTeacher>(o);
   }
-  if (o.kind == "registered") {
+  if (o.kind == TeacherKind::kRegistered) {
     // RTLD_GLOBAL: the library's static initialisers register into our registry.
     void* handle = ::dlopen(o.library.c_str(), RTLD_NOW | RTLD_GLOBAL);
     DISTILL_CHECK_T(ConfigError, handle != nullptr, "teacher.library: cannot load '", o.library,

@@ -41,10 +41,10 @@ std::string tagString(const RequestTag& t) {
 class AutocastScope {
  public:
   explicit AutocastScope(const TeacherOptions& o) {
-    if (o.autocast == "none") return;
+    if (o.autocast == Autocast::kNone) return;
     active_ = true;
     at::autocast::set_autocast_enabled(at::kCUDA, true);
-    at::autocast::set_autocast_dtype(at::kCUDA, o.autocast == "float16" ? at::kHalf : at::kBFloat16);
+    at::autocast::set_autocast_dtype(at::kCUDA, o.autocast == Autocast::kFloat16 ? at::kHalf : at::kBFloat16);
   }
   ~AutocastScope() {
     if (!active_) return;
@@ -93,7 +93,7 @@ class Server {
     DISTILL_CHECK_T(ConfigError, !topo.segment.empty(),
                     "the teacher has no segment (DISTILL_SEGMENT is not set): start the job with distill-run");
     const int students = topo.studentsPerNode();
-    DISTILL_CHECK_T(ConfigError, cfg_.teacher.autocast == "none" || cfg_.teacher.device.rfind("cuda", 0) == 0,
+    DISTILL_CHECK_T(ConfigError, cfg_.teacher.autocast == Autocast::kNone || parseDevice(cfg_.teacher.device).cuda,
                     "teacher.autocast: ", cfg_.teacher.autocast, " needs teacher.device cuda, found ",
                     cfg_.teacher.device);
     auto startup = Deadline::afterSeconds(cfg_.run.startup_timeout_s);
@@ -346,7 +346,7 @@ class Server {
                       name, "' (teacher.hidden_states)");
       out[name] = h->second.contiguous();
     }
-    if (cfg_.transport.cuda_ipc == "off") {
+    if (cfg_.transport.cuda_ipc == CudaIpc::kOff) {
       for (auto& kv : out) kv.second = kv.second.cpu();
     }
     return out;
