@@ -18,6 +18,7 @@
 #include "distill/core/context.h"
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
+#include "distill/core/strings.h"
 #include "distill/core/student_group.h"
 #include "distill/core/trace.h"
 #include "layout.h"
@@ -34,12 +35,6 @@ constexpr int64_t kRankFormat = 1;
 std::string messageOf(const std::exception& e) {
   if (auto de = dynamic_cast<const Error*>(&e)) return de->message();
   return e.what();
-}
-
-std::string rankList(const std::vector<int>& ranks) {
-  std::string s;
-  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
-  return s;
 }
 
 // Rank `root`'s `text` on every rank (two broadcasts; for error paths).
@@ -444,14 +439,14 @@ struct CheckpointCore {
     std::string err;
     if (!mine.empty()) {
       err = mine;
-      if (v.failed.size() > 1) err += " (student rank(s) " + rankList(v.failed) + " failed)";
+      if (v.failed.size() > 1) err += " (student rank(s) " + join(v.failed) + " failed)";
     } else if (v.publishFailed) {
       err = "student rank 0 could not publish it (its log says why)";
     } else if (!v.failed.empty()) {
-      err = "student rank(s) " + rankList(v.failed) + " could not write their state (their logs say why)";
+      err = "student rank(s) " + join(v.failed) + " could not write their state (their logs say why)";
     }
     if (!v.missing.empty()) {
-      err += std::string(err.empty() ? "" : "; ") + "student rank(s) " + rankList(v.missing) +
+      err += std::string(err.empty() ? "" : "; ") + "student rank(s) " + join(v.missing) +
              " never reported their files within " + std::to_string(timeout.count()) +
              " ms (run.collective_timeout_s)";
     }
@@ -661,9 +656,7 @@ struct CheckpointCore {
       if (changes.empty()) {
         return "its config hash differs, but no training key does (hashed by another version of distill?)";
       }
-      std::string out;
-      for (const auto& c : changes) out += (out.empty() ? "" : ", ") + c;
-      return out;
+      return join(changes);
     } catch (const Error& e) {
       return "its config hash differs (" + dir + "/" + kConfig + " cannot be compared: " + e.message() + ")";
     }
@@ -1060,7 +1053,7 @@ std::optional<LoadedState> CheckpointManager::loadLatest(torch::nn::Module& mode
     if (failed[r].item<int64_t>() != 0) bad.push_back(r);
   }
   DISTILL_CHECK_T(CheckpointError, bad.empty(), "checkpoint load of ", dir, " failed: ",
-                  err.empty() ? "student rank(s) " + rankList(bad) + " could not load it (their logs say why)"
+                  err.empty() ? "student rank(s) " + join(bad) + " could not load it (their logs say why)"
                               : err);
   DISTILL_LOG(kInfo) << "checkpoint: resumed from " << dir << " (train step " << out->train.step << ")";
   return out;

@@ -18,6 +18,7 @@
 #include <variant>
 
 #include "distill/core/errors.h"
+#include "distill/core/strings.h"
 
 namespace distill {
 namespace {
@@ -187,12 +188,6 @@ std::vector<std::string> sectionNames() {
 bool isSection(const std::string& name) {
   const auto s = sectionNames();
   return std::find(s.begin(), s.end(), name) != s.end();
-}
-
-std::string join(const std::vector<std::string>& items) {
-  std::string out;
-  for (const std::string& s : items) out += (out.empty() ? "" : ", ") + s;
-  return out;
 }
 
 size_t levenshtein(const std::string& a, const std::string& b) {

@@ -17,6 +17,7 @@
 #include <random>
 #include <regex>
 
+#include "distill/core/clock.h"
 #include "distill/ckpt/checkpoint.h"
 #include "distill/core/config.h"
 #include "distill/core/context.h"
@@ -73,8 +74,7 @@ int studentMain(const Args& a, const std::function<int(distill::StudentContext&)
     start = steady_clock::now();
     return body(ctx);
   } catch (const std::exception& e) {
-    auto ms = duration_cast<milliseconds>(steady_clock::now() - start).count();
-    report("ERROR after " + std::to_string(ms) + " ms: " + e.what());
+    report("ERROR after " + std::to_string(distill::msSince(start)) + " ms: " + e.what());
     if (dynamic_cast<const distill::CheckpointError*>(&e)) return 2;
     if (dynamic_cast<const distill::TimeoutError*>(&e)) return 3;
     if (dynamic_cast<const distill::PeerLostError*>(&e)) return 4;

@@ -5,8 +5,13 @@
 // own copy of it, and a call bound to that copy crashed; README, build notes).
 
 #include <string>
+#include <vector>
 
 namespace distill {
+
+// `items` separated by `sep`: "a, b, c"; "" when there are none.
+std::string join(const std::vector<std::string>& items, const std::string& sep = ", ");
+std::string join(const std::vector<int>& items, const std::string& sep = ", ");
 
 // `s` as a JSON string literal: quotes, \" \\ \n \t, other control bytes as \u00XX.
 std::string jsonQuote(const std::string& s);
