@@ -17,6 +17,34 @@
 #include "distill/core/strings.h"
 
 namespace distill::examples {
+namespace {
+
+// `s` as a JSON string literal: quotes, \" \\ \n \t, other control bytes as \u00XX.
+// The demo's own, moved here from core (which writes no JSON by hand any more)
+// unchanged, so that parseJson below reads back what it wrote; the demo's
+// JSON moves to nlohmann-json as a whole (issue 15, examples part).
+std::string jsonQuote(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char ch : s) {
+    switch (ch) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (ch < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", ch);
+          out += buf;
+        } else {
+          out += static_cast<char>(ch);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
 
 // ---- GptOptions (declared in gpt_options.h) ----
 

@@ -13,9 +13,6 @@ namespace distill {
 std::string join(const std::vector<std::string>& items, const std::string& sep = ", ");
 std::string join(const std::vector<int>& items, const std::string& sep = ", ");
 
-// `s` as a JSON string literal: quotes, \" \\ \n \t, other control bytes as \u00XX.
-std::string jsonQuote(const std::string& s);
-
 // mkdir -p `dir` (mode 0755). Returns 0, or the errno of the first directory
 // that could not be made, with its path in `*failedAt`.
 int makeDirs(const std::string& dir, std::string* failedAt = nullptr);
