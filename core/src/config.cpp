@@ -17,6 +17,7 @@
 #include <type_traits>
 #include <variant>
 
+#include "distill/core/checksum.h"
 #include "distill/core/errors.h"
 #include "distill/core/strings.h"
 
@@ -970,25 +971,22 @@ std::vector<std::string> configDiff(const Config& a, const Config& b, bool train
 
 namespace {
 
-// FNV-1a 64 of `s`, then a 0xff separator byte: ("ab","c") and ("a","bc") differ.
-void fnvMix(uint64_t& h, const std::string& s) {
-  for (unsigned char ch : s) {
-    h ^= ch;
-    h *= 1099511628211ull;
-  }
-  h ^= 0xff;
-  h *= 1099511628211ull;
+// CRC32C (core/checksum.h) of `s` continuing from `h`, then a 0xff separator
+// byte: ("ab","c") and ("a","bc") differ.
+void crcMix(uint32_t& h, const std::string& s) {
+  static const unsigned char kSeparator = 0xff;
+  h = crc32c(s.data(), s.size(), h);
+  h = crc32c(&kSeparator, 1, h);
 }
-constexpr uint64_t kFnvBasis = 14695981039346656037ull;
 
 // A value as a description carries it: as is, or its digest when long.
 std::string describedValue(const std::string& value) {
   constexpr size_t kLongValue = 200;
   if (value.size() <= kLongValue) return value;
-  uint64_t h = kFnvBasis;
-  fnvMix(h, value);
+  uint32_t h = 0;
+  crcMix(h, value);
   char buf[32];
-  std::snprintf(buf, sizeof buf, "#fnv1a64:%016llx", static_cast<unsigned long long>(h));
+  std::snprintf(buf, sizeof buf, "#crc32c:%08x", static_cast<unsigned>(h));
   return buf;
 }
 
@@ -1035,8 +1033,8 @@ std::vector<ConfigMismatch> compareConfig(const Config& config, const std::strin
 }
 
 uint64_t configHash(const Config& config) {
-  uint64_t h = kFnvBasis;  // FNV-1a 64
-  auto mix = [&h](const std::string& s) { fnvMix(h, s); };
+  uint32_t h = 0;
+  auto mix = [&h](const std::string& s) { crcMix(h, s); };
   for (const ConfigEntry& e : configEntries(config)) {
     if (!e.training) continue;
     mix(e.key);
