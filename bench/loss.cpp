@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
     for (bool topk : {false, true}) {
       if (topk && std::string(kind) == "reverse_kl") continue;
       distill::LossOptions o;
-      o.kind = kind;
+      o.kind = distill::parseEnum<distill::LossKind>(kind).value();
       o.temperature = 1.0;
       distill::TeacherOutput t;
       if (topk) {  // what the teacher server sends: values, indices, logsumexp, log tail

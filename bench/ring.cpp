@@ -45,7 +45,7 @@ std::map<std::string, double> gResults;  // for the ratio line
 EndpointOptions hostOnly(int rank) {
   EndpointOptions o;
   o.rank = rank;
-  o.cudaIpc = "off";
+  o.cudaIpc = distill::CudaIpc::kOff;
   return o;
 }
 

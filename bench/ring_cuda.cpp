@@ -57,7 +57,7 @@ double seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 EndpointOptions cudaOpts(int rank) {
   EndpointOptions o;
   o.rank = rank;
-  o.cudaIpc = "on";
+  o.cudaIpc = CudaIpc::kOn;
   o.cudaDevice = 0;
   return o;
 }

@@ -18,6 +18,7 @@
 #include "distill/core/context.h"
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
+#include "distill/core/strings.h"
 #include "distill/core/student_group.h"
 #include "distill/core/trace.h"
 #include "layout.h"
@@ -34,12 +35,6 @@ constexpr int64_t kRankFormat = 1;
 std::string messageOf(const std::exception& e) {
   if (auto de = dynamic_cast<const Error*>(&e)) return de->message();
   return e.what();
-}
-
-std::string rankList(const std::vector<int>& ranks) {
-  std::string s;
-  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
-  return s;
 }
 
 // Rank `root`'s `text` on every rank (two broadcasts; for error paths).
@@ -444,14 +439,14 @@ struct CheckpointCore {
     std::string err;
     if (!mine.empty()) {
       err = mine;
-      if (v.failed.size() > 1) err += " (student rank(s) " + rankList(v.failed) + " failed)";
+      if (v.failed.size() > 1) err += " (student rank(s) " + join(v.failed) + " failed)";
     } else if (v.publishFailed) {
       err = "student rank 0 could not publish it (its log says why)";
     } else if (!v.failed.empty()) {
-      err = "student rank(s) " + rankList(v.failed) + " could not write their state (their logs say why)";
+      err = "student rank(s) " + join(v.failed) + " could not write their state (their logs say why)";
     }
     if (!v.missing.empty()) {
-      err += std::string(err.empty() ? "" : "; ") + "student rank(s) " + rankList(v.missing) +
+      err += std::string(err.empty() ? "" : "; ") + "student rank(s) " + join(v.missing) +
              " never reported their files within " + std::to_string(timeout.count()) +
              " ms (run.collective_timeout_s)";
     }
@@ -640,7 +635,7 @@ struct CheckpointCore {
     std::string all;
     for (const auto& r : scan.rejected) all += (all.empty() ? "" : "; ") + r;
     const std::string text = "no intact checkpoint in " + opts.dir + ": " + all;
-    if (opts.on_corrupt == "restart") {
+    if (opts.on_corrupt == OnCorrupt::kRestart) {
       DISTILL_LOG(kWarning) << "checkpoint: " << text
                             << "; checkpoint.on_corrupt=restart: training starts from scratch";
       return std::nullopt;
@@ -661,9 +656,7 @@ struct CheckpointCore {
       if (changes.empty()) {
         return "its config hash differs, but no training key does (hashed by another version of distill?)";
       }
-      std::string out;
-      for (const auto& c : changes) out += (out.empty() ? "" : ", ") + c;
-      return out;
+      return join(changes);
     } catch (const Error& e) {
       return "its config hash differs (" + dir + "/" + kConfig + " cannot be compared: " + e.message() + ")";
     }
@@ -763,7 +756,7 @@ struct CheckpointManager::Impl {
   // on_error policy for a failed save; every rank calls it with the same outcome.
   bool failSave(int64_t step, const std::string& why) {
     const std::string text = "checkpoint step " + std::to_string(step) + " not saved: " + why;
-    if (core->opts.on_error == "continue") {
+    if (core->opts.on_error == OnSaveError::kContinue) {
       DISTILL_LOG(kError) << text << " (checkpoint.on_error=continue: training goes on)";
       return false;
     }
@@ -867,12 +860,12 @@ CheckpointManager::CheckpointManager(StudentContext& ctx, CheckpointOptions opts
   c.rank = ctx.rank();
   c.world = ctx.worldSize();
   c.timeout = s.group->timeout();
-  DISTILL_CHECK_T(ConfigError, c.opts.on_error == "stop" || c.opts.on_error == "continue",
-                  "checkpoint.on_error must be stop or continue, got ", c.opts.on_error);
+  DISTILL_CHECK_T(ConfigError, c.opts.on_error == OnSaveError::kStop || c.opts.on_error == OnSaveError::kContinue,
+                  "checkpoint.on_error must be stop or continue, got value ", static_cast<int>(c.opts.on_error));
   DISTILL_CHECK_T(ConfigError, c.opts.keep_last >= 1, "checkpoint.keep_last must be >= 1, got ",
                   c.opts.keep_last);
-  DISTILL_CHECK_T(ConfigError, c.opts.on_corrupt == "error" || c.opts.on_corrupt == "restart",
-                  "checkpoint.on_corrupt must be error or restart, got ", c.opts.on_corrupt);
+  DISTILL_CHECK_T(ConfigError, c.opts.on_corrupt == OnCorrupt::kError || c.opts.on_corrupt == OnCorrupt::kRestart,
+                  "checkpoint.on_corrupt must be error or restart, got value ", static_cast<int>(c.opts.on_corrupt));
   if (c.opts.dir.empty()) return;  // disabled, on every rank alike (same config)
 
   // Rank 0 makes the directory; the broadcast is the student-group barrier
@@ -1060,7 +1053,7 @@ std::optional<LoadedState> CheckpointManager::loadLatest(torch::nn::Module& mode
     if (failed[r].item<int64_t>() != 0) bad.push_back(r);
   }
   DISTILL_CHECK_T(CheckpointError, bad.empty(), "checkpoint load of ", dir, " failed: ",
-                  err.empty() ? "student rank(s) " + rankList(bad) + " could not load it (their logs say why)"
+                  err.empty() ? "student rank(s) " + join(bad) + " could not load it (their logs say why)"
                               : err);
   DISTILL_LOG(kInfo) << "checkpoint: resumed from " << dir << " (train step " << out->train.step << ")";
   return out;

@@ -8,23 +8,46 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
+#include <type_traits>
 #include <variant>
 
+#include "distill/core/checksum.h"
 #include "distill/core/errors.h"
+#include "distill/core/strings.h"
 
 namespace distill {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
+// An option enum's field (options.h): its spellings, and its value as an index into them.
+struct EnumField {
+  const char* const* names;
+  size_t count;
+  std::function<size_t()> get;
+  std::function<void(size_t)> set;
+};
+
 // Where a key's value lives in a Config; the alternative held is also its type.
-using Field =
-    std::variant<std::string*, int*, int64_t*, double*, bool*, std::vector<std::string>*>;
+using Field = std::variant<std::string*, int*, int64_t*, double*, bool*,
+                           std::vector<std::string>*, EnumField>;
+
+template <class T>
+Field fieldOf(T* p) {
+  if constexpr (std::is_enum_v<T>) {
+    return EnumField{EnumNames<T>::names, EnumNames<T>::count,
+                     [p] { return static_cast<size_t>(*p); },
+                     [p](size_t i) { *p = static_cast<T>(i); }};
+  } else {
+    return p;
+  }
+}
 
 // Allowed numbers: lo..hi, either end open; an infinite end is no bound.
 struct Range {
@@ -53,7 +76,8 @@ struct KeySpec {
   std::string path;                  // "section.key"
   Field (*field)(Config&);           // the field in a Config
   Range range;                       // numbers only
-  std::vector<std::string> choices;  // enumerated strings; "cuda:N" stands for cuda:<index>
+  std::vector<std::string> choices;  // strings of a fixed form ("cuda:N" stands for cuda:<index>);
+                                     // enum fields take their choices from options.h
   bool bytes = false;                // an int64 that also takes "64MiB"
   bool required = false;             // no default: the file must set it
   bool notEmpty = false;             // strings and lists
@@ -63,7 +87,7 @@ struct KeySpec {
 
 // The path and the field come from one spelling, so they cannot drift apart.
 #define DISTILL_KEY(sec, key) \
-  KeySpec(#sec "." #key, [](Config& c) -> Field { return &c.sec.key; })
+  KeySpec(#sec "." #key, [](Config& c) -> Field { return fieldOf(&c.sec.key); })
 
 // The schema, in the order of options.h; ranges are its comments.
 const std::vector<KeySpec>& schema() {
@@ -80,13 +104,13 @@ const std::vector<KeySpec>& schema() {
       DISTILL_KEY(run, startup_timeout_s).min(kMinTimeoutS).max(kMaxTimeoutS).runtime(),
       DISTILL_KEY(run, collective_timeout_s).min(kMinTimeoutS).max(kMaxTimeoutS).runtime(),
       DISTILL_KEY(run, hang_timeout_s).min(kMinTimeoutS).max(kMaxTimeoutS).runtime(),
-      DISTILL_KEY(run, on_hang).oneOf({"teardown", "wait"}).runtime(),
+      DISTILL_KEY(run, on_hang).runtime(),
       DISTILL_KEY(run, stop_grace_s).min(0).max(kMaxTimeoutS).runtime(),
       DISTILL_KEY(run, status_every_s).min(1).max(kMaxTimeoutS).runtime(),
       DISTILL_KEY(run, seed),
       DISTILL_KEY(run, steps).min(0),
 
-      DISTILL_KEY(teacher, kind).oneOf({"torchscript", "registered", "self"}).mandatory(),
+      DISTILL_KEY(teacher, kind).mandatory(),
       DISTILL_KEY(teacher, path),     // required by kind, checked across fields
       DISTILL_KEY(teacher, library),  // idem
       DISTILL_KEY(teacher, module),   // idem
@@ -96,7 +120,7 @@ const std::vector<KeySpec>& schema() {
       DISTILL_KEY(teacher, output).nonEmpty(),
       DISTILL_KEY(teacher, hidden_states),
       DISTILL_KEY(teacher, device).oneOf({"cpu", "cuda", "cuda:N"}),
-      DISTILL_KEY(teacher, autocast).oneOf({"none", "float16", "bfloat16"}),
+      DISTILL_KEY(teacher, autocast),
       DISTILL_KEY(teacher, max_batch_tokens).min(1).runtime(),
       DISTILL_KEY(teacher, topk).min(0),
       DISTILL_KEY(teacher, max_restarts).min(0).runtime(),
@@ -110,7 +134,7 @@ const std::vector<KeySpec>& schema() {
       DISTILL_KEY(student, grad_acc_steps).min(1),
       DISTILL_KEY(student, in_flight).min(1).runtime(),  // and <= transport.slots, checked across fields
       DISTILL_KEY(student, device).oneOf({"cpu", "cuda", "cuda:N"}),
-      DISTILL_KEY(student, backend).oneOf({"auto", "gloo", "nccl"}),
+      DISTILL_KEY(student, backend),
       DISTILL_KEY(student, bucket_mb).above(0).runtime(),
 
       DISTILL_KEY(transport, slots).min(1).runtime(),
@@ -118,9 +142,9 @@ const std::vector<KeySpec>& schema() {
       DISTILL_KEY(transport, max_response_bytes).byteSize().min(1).runtime(),
       DISTILL_KEY(transport, heartbeat_ms).min(1).max(60000).runtime(),
       DISTILL_KEY(transport, spin_us).min(0).max(1000000).runtime(),
-      DISTILL_KEY(transport, cuda_ipc).oneOf({"auto", "on", "off"}).runtime(),
+      DISTILL_KEY(transport, cuda_ipc).runtime(),
 
-      DISTILL_KEY(loss, kind).oneOf({"forward_kl", "reverse_kl", "jsd"}),
+      DISTILL_KEY(loss, kind),
       DISTILL_KEY(loss, temperature).above(0),
       DISTILL_KEY(loss, alpha).min(0).max(1),
       DISTILL_KEY(loss, jsd_beta).above(0).below(1),
@@ -132,8 +156,8 @@ const std::vector<KeySpec>& schema() {
       DISTILL_KEY(checkpoint, keep_last).min(1).runtime(),
       DISTILL_KEY(checkpoint, async).runtime(),
       DISTILL_KEY(checkpoint, resume).runtime(),
-      DISTILL_KEY(checkpoint, on_error).oneOf({"stop", "continue"}).runtime(),
-      DISTILL_KEY(checkpoint, on_corrupt).oneOf({"error", "restart"}).runtime(),
+      DISTILL_KEY(checkpoint, on_error).runtime(),
+      DISTILL_KEY(checkpoint, on_corrupt).runtime(),
   };
   return keys;
 }
@@ -170,12 +194,6 @@ std::vector<std::string> sectionNames() {
 bool isSection(const std::string& name) {
   const auto s = sectionNames();
   return std::find(s.begin(), s.end(), name) != s.end();
-}
-
-std::string join(const std::vector<std::string>& items) {
-  std::string out;
-  for (const std::string& s : items) out += (out.empty() ? "" : ", ") + s;
-  return out;
 }
 
 size_t levenshtein(const std::string& a, const std::string& b) {
@@ -397,13 +415,14 @@ std::optional<std::string> checkRange(const Range& r, double v, const std::strin
   return "must be " + bound + ", found " + text;
 }
 
-bool matchesChoice(const std::string& value, const std::string& choice) {
+bool isCudaIndex(const std::string& value) {
   const std::string prefix = "cuda:";
-  if (choice == "cuda:N") {
-    return value.size() > prefix.size() && value.compare(0, prefix.size(), prefix) == 0 &&
-           std::all_of(value.begin() + prefix.size(), value.end(),
-                       [](char ch) { return ch >= '0' && ch <= '9'; });
-  }
+  return value.size() > prefix.size() && value.compare(0, prefix.size(), prefix) == 0 &&
+         std::all_of(value.begin() + prefix.size(), value.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+}
+
+bool matchesChoice(const std::string& value, const std::string& choice) {
+  if (choice == "cuda:N") return isCudaIndex(value);
   return value == choice;
 }
 
@@ -465,6 +484,16 @@ std::optional<std::string> assign(const KeySpec& k, const YAML::Node& n, Config&
     return std::nullopt;
   }
 
+  if (auto* e = std::get_if<EnumField>(&field)) {
+    if (!n.IsScalar()) return expected("a string", n);
+    const std::string& s = n.Scalar();
+    const auto end = e->names + e->count;
+    const auto it = std::find_if(e->names, end, [&](const char* name) { return s == name; });
+    if (it == end) return "must be one of " + join(std::vector<std::string>(e->names, end)) + "; found " + quote(s);
+    e->set(static_cast<size_t>(it - e->names));
+    return std::nullopt;
+  }
+
   if (auto* flag = std::get_if<bool*>(&field)) {
     if (!isPlain(n) || !isBoolText(n.Scalar())) return expected("a boolean", n);
     **flag = n.Scalar()[0] == 't' || n.Scalar()[0] == 'T';
@@ -516,6 +545,11 @@ std::string formatValue(const Field& field) {
     std::string operator()(const int64_t* v) const { return std::to_string(*v); }
     std::string operator()(const double* v) const { return formatNumber(*v); }
     std::string operator()(const bool* v) const { return *v ? "true" : "false"; }
+    std::string operator()(const EnumField& e) const {
+      const size_t i = e.get();
+      DISTILL_INTERNAL_ASSERT(i < e.count, "option enum value ", i, " out of range");
+      return quote(e.names[i]);
+    }
     std::string operator()(const std::vector<std::string>* v) const {
       std::vector<std::string> items;
       for (const std::string& s : *v) items.push_back(quote(s));
@@ -841,12 +875,12 @@ Config parseWith(const std::string& yamlText, const std::vector<ConfigOverride>&
   const auto needs = [&](const char* path, const std::string& value) {
     if (value.empty() && ok(path)) {
       problems.push_back(std::string(path) + ": required when teacher.kind is " +
-                         config.teacher.kind);
+                         toString(config.teacher.kind));
     }
   };
   if (values[knownKey("teacher.kind")] && ok("teacher.kind")) {
-    if (config.teacher.kind == "torchscript") needs("teacher.path", config.teacher.path);
-    if (config.teacher.kind == "registered") {
+    if (config.teacher.kind == TeacherKind::kTorchscript) needs("teacher.path", config.teacher.path);
+    if (config.teacher.kind == TeacherKind::kRegistered) {
       needs("teacher.library", config.teacher.library);
       needs("teacher.module", config.teacher.module);
     }
@@ -915,6 +949,17 @@ Config loadConfig(const std::string& path, const std::vector<ConfigOverride>& ov
 
 Config loadConfig(const std::string& path, const std::vector<std::string>& overrides) {
   return loadConfig(path, fromSet(overrides));
+}
+
+DeviceSpec parseDevice(const std::string& device) {
+  DeviceSpec d;
+  if (device == "cpu") return d;
+  d.cuda = true;
+  if (device == "cuda") return d;
+  DISTILL_CHECK_T(ConfigError, isCudaIndex(device) && device.size() <= 5 + 9, "device ", quote(device),
+                  ": must be one of cpu, cuda, cuda:N");
+  d.index = std::stoi(device.substr(5));
+  return d;
 }
 
 std::string stringOverride(const std::string& key, const std::string& value) { return key + "=" + quote(value); }
@@ -987,25 +1032,22 @@ std::vector<std::string> configDiff(const Config& a, const Config& b, bool train
 
 namespace {
 
-// FNV-1a 64 of `s`, then a 0xff separator byte: ("ab","c") and ("a","bc") differ.
-void fnvMix(uint64_t& h, const std::string& s) {
-  for (unsigned char ch : s) {
-    h ^= ch;
-    h *= 1099511628211ull;
-  }
-  h ^= 0xff;
-  h *= 1099511628211ull;
+// CRC32C (core/checksum.h) of `s` continuing from `h`, then a 0xff separator
+// byte: ("ab","c") and ("a","bc") differ.
+void crcMix(uint32_t& h, const std::string& s) {
+  static const unsigned char kSeparator = 0xff;
+  h = crc32c(s.data(), s.size(), h);
+  h = crc32c(&kSeparator, 1, h);
 }
-constexpr uint64_t kFnvBasis = 14695981039346656037ull;
 
 // A value as a description carries it: as is, or its digest when long.
 std::string describedValue(const std::string& value) {
   constexpr size_t kLongValue = 200;
   if (value.size() <= kLongValue) return value;
-  uint64_t h = kFnvBasis;
-  fnvMix(h, value);
+  uint32_t h = 0;
+  crcMix(h, value);
   char buf[32];
-  std::snprintf(buf, sizeof buf, "#fnv1a64:%016llx", static_cast<unsigned long long>(h));
+  std::snprintf(buf, sizeof buf, "#crc32c:%08x", static_cast<unsigned>(h));
   return buf;
 }
 
@@ -1052,8 +1094,8 @@ std::vector<ConfigMismatch> compareConfig(const Config& config, const std::strin
 }
 
 uint64_t configHash(const Config& config) {
-  uint64_t h = kFnvBasis;  // FNV-1a 64
-  auto mix = [&h](const std::string& s) { fnvMix(h, s); };
+  uint32_t h = 0;
+  auto mix = [&h](const std::string& s) { crcMix(h, s); };
   for (const ConfigEntry& e : configEntries(config)) {
     if (!e.training) continue;
     mix(e.key);

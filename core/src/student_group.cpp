@@ -13,6 +13,7 @@
 #include "distill/core/logging.h"
 #include "distill/core/options.h"
 #include "distill/core/rendezvous.h"
+#include "distill/core/strings.h"
 #include "distill/core/topology.h"
 #include "distill/core/trace.h"
 #include "job_store.h"
@@ -37,11 +38,6 @@ bool isLoopback(const std::string& host) {
 
 std::string firstLineOf(const std::string& s) { return s.substr(0, s.find('\n')); }
 
-std::string joinRanks(const std::vector<int>& ranks) {
-  std::ostringstream os;
-  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << ranks[i];
-  return os.str();
-}
 
 }  // namespace
 
@@ -119,11 +115,13 @@ struct StudentGroup::Impl {
                       "its process died or failed)";
       if (d.lost.size() > 1) {
         s += "; then ";
-        for (size_t i = 1; i < d.lost.size(); ++i) s += (i > 1 ? ", " : "") + studentName(d.lost[i]);
+        std::vector<std::string> later;
+        for (size_t i = 1; i < d.lost.size(); ++i) later.push_back(studentName(d.lost[i]));
+        s += join(later);
       }
       parts.push_back(s);
     }
-    if (!d.absent.empty()) parts.push_back("student rank(s) " + joinRanks(d.absent) + " " + neverWhat);
+    if (!d.absent.empty()) parts.push_back("student rank(s) " + join(d.absent) + " " + neverWhat);
     std::string out;
     for (auto& p : parts) out += (out.empty() ? "" : "; ") + p;
     return out;
@@ -266,7 +264,7 @@ StudentGroup::StudentGroup(const Topology& topo, const RunOptions& run,
       auto d = s.diagnose("joined/", 1, "rendezvous", Millis(0));
       DISTILL_THROW(TimeoutError, awaiting("student group rendezvous"), "student group: ",
                     d.absent.size(), " of ", s.size, " student rank(s) never joined within ",
-                    startup.count(), " ms: missing student rank(s) ", joinRanks(d.absent),
+                    startup.count(), " ms: missing student rank(s) ", join(d.absent),
                     d.lost.empty() && !d.storeLost ? "" : "; " + s.explain({{}, d.lost, d.storeLost}, ""));
     }
     // The store has no blocking "wait until counter >= n": wait() on the key
@@ -298,8 +296,8 @@ StudentGroup::StudentGroup(const Topology& topo, const RunOptions& run,
   auto glooStore = c10::make_intrusive<c10d::PrefixStore>("gloo", s.store);
   s.gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(glooStore, s.rank, s.size, glooOpts);
 
-  bool wantNccl = student.backend == "nccl" ||
-                  (student.backend == "auto" && student.device.rfind("cuda", 0) == 0);
+  bool wantNccl = student.backend == GroupBackend::kNccl ||
+                  (student.backend == GroupBackend::kAuto && parseDevice(student.device).cuda);
   if (wantNccl) {
     s.nccl = makeNcclBackend(c10::make_intrusive<c10d::PrefixStore>("nccl", s.store), s.rank,
                              s.size, s.timeout, student.device);

@@ -34,8 +34,8 @@ namespace {
 // The file the teacher process serves: its fingerprint names the teacher in
 // the checkpoints and in the phase's key.
 std::string servedTeacher(const distill::Config& cfg, const ex::Settings& set) {
-  if (cfg.teacher.kind == "self") return set.teacherWeights;
-  return cfg.teacher.kind == "torchscript" ? cfg.teacher.path : cfg.teacher.weights;
+  if (cfg.teacher.kind == distill::TeacherKind::kSelf) return set.teacherWeights;
+  return cfg.teacher.kind == distill::TeacherKind::kTorchscript ? cfg.teacher.path : cfg.teacher.weights;
 }
 
 // One student of a distill job (run it under distill-run).

@@ -137,7 +137,7 @@ void Port::checkPeer(int index, const WaitDesc& desc, bool finishedIsLost) const
   const int64_t ageNs = monotonicNs() - e.heartbeatNs.load(std::memory_order_relaxed);
   if (ageNs > 2 * int64_t(seg_->layout.heartbeatMs) * 1000000)
     DISTILL_THROW(PeerLostError, where, describeSelf(), ": peer ", describeProcess(index),
-                  " stalled (no heartbeat for ", ageNs / 1000000, " ms, heartbeat_ms=", seg_->layout.heartbeatMs,
+                  " stalled (no heartbeat for ", toMs(std::chrono::nanoseconds(ageNs)), " ms, heartbeat_ms=", seg_->layout.heartbeatMs,
                   ps == sys::PidState::kStopped ? "; process is stopped" : "", ") in segment '", seg_->name, "'");
 }
 

@@ -444,7 +444,7 @@ std::vector<ProcessSnapshot> Segment::processes() const {
     s.incarnation = e.incarnation.load(std::memory_order_relaxed);
     if (s.pid) {
       s.heartbeatNs = e.heartbeatNs.load(std::memory_order_relaxed);
-      s.heartbeatAgeMs = (now - s.heartbeatNs) / 1000000;
+      s.heartbeatAgeMs = toMs(std::chrono::nanoseconds(now - s.heartbeatNs));
       s.endedNs = e.endedNs.load(std::memory_order_relaxed);
     }
     const uint32_t what = e.waitWhat.load(std::memory_order_relaxed);
@@ -453,7 +453,7 @@ std::vector<ProcessSnapshot> Segment::processes() const {
     s.waitStep = e.waitStep.load(std::memory_order_relaxed);
     s.waitAccStep = e.waitAccStep.load(std::memory_order_relaxed);
     s.waitSeq = e.waitSeq.load(std::memory_order_relaxed);
-    if (what != 0) s.waitForMs = (now - e.waitSinceNs.load(std::memory_order_relaxed)) / 1000000;
+    if (what != 0) s.waitForMs = toMs(std::chrono::nanoseconds(now - e.waitSinceNs.load(std::memory_order_relaxed)));
     out.push_back(std::move(s));
   }
   return out;

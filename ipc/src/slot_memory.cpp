@@ -23,7 +23,7 @@ DeviceSlotMemory makeDeviceSlotMemory(const Port& port, const std::vector<RingSi
 #else
   (void)in;
   (void)out;
-  DISTILL_CHECK_T(IpcError, options.cudaIpc != "on", port.describeSelf(),
+  DISTILL_CHECK_T(IpcError, options.cudaIpc != CudaIpc::kOn, port.describeSelf(),
                   ": transport.cuda_ipc=on but distill was built without CUDA (DISTILL_CUDA=0)");
   return {};
 #endif

@@ -106,7 +106,7 @@ void Supervisor::layOut(const std::string& segment, const std::string& jobId) {
     r.env = topologyEnv(t);
     r.env["DISTILL_CONFIG"] = t.configPath;
     if (!sets.empty()) r.env["DISTILL_SET"] = sets;
-    const bool selfTeacher = t.isTeacher() && cfg_.teacher.kind == "self";
+    const bool selfTeacher = t.isTeacher() && cfg_.teacher.kind == TeacherKind::kSelf;
     r.argv = t.isStudent() || selfTeacher ? a_.trainer : std::vector<std::string>{exeDir() + "/distill-teacher"};
     r.prefix = "[r" + std::to_string(t.globalRank) + " " + roleName(t.role) + "] ";
     r.ownPrefix = "[n" + std::to_string(node_) + " r" + std::to_string(t.globalRank) + " ";
@@ -422,7 +422,7 @@ void Supervisor::reportHang(const std::string& table) {
 void Supervisor::onVerdict(const Verdict& v) {
   if (!v.hang) return;
   reportHang(v.table);
-  if (cfg_.run.on_hang == "teardown") {
+  if (cfg_.run.on_hang == OnHang::kTeardown) {
     hung_ = true;
     if (reason_.empty()) reason_ = v.title;
     teardown(v.title);

@@ -29,11 +29,14 @@ std::string shapeOf(const at::Tensor& t) {
   return os.str();
 }
 
-Kind parseKind(const std::string& k) {
-  if (k == "forward_kl") return Kind::kForward;
-  if (k == "reverse_kl") return Kind::kReverse;
-  if (k == "jsd") return Kind::kJsd;
-  DISTILL_THROW(ConfigError, "loss.kind: expected forward_kl | reverse_kl | jsd, found '", k, "'");
+// LossOptions built in code (not parsed) may hold any value: one outside the enum is a ConfigError.
+Kind kindOf(LossKind k) {
+  switch (k) {
+    case LossKind::kForwardKl: return Kind::kForward;
+    case LossKind::kReverseKl: return Kind::kReverse;
+    case LossKind::kJsd: return Kind::kJsd;
+  }
+  DISTILL_THROW(ConfigError, "loss.kind: expected forward_kl | reverse_kl | jsd, found value ", static_cast<int>(k));
 }
 
 // Everything one call needs, flattened to tokens.
@@ -477,7 +480,7 @@ Problem prepare(const at::Tensor& z, const at::Tensor& labels, const TeacherOutp
                   "distillLoss: normalizer must be a positive token count (0 only for a call without "
                   "non-ignored tokens), found ", normalizer);
   Problem pb;
-  pb.kind = parseKind(o.kind);
+  pb.kind = kindOf(o.kind);
   pb.temperature = o.temperature;
   pb.alpha = o.alpha;
   pb.needKd = o.alpha > 0;
@@ -676,7 +679,7 @@ int64_t countTokens(const at::Tensor& labels, int64_t ignoreIndex) {
 }
 
 void validateLossOptions(const LossOptions& o) {
-  parseKind(o.kind);
+  kindOf(o.kind);
   DISTILL_CHECK_T(ConfigError, std::isfinite(o.temperature) && o.temperature > 0,
                   "loss.temperature must be > 0, found ", o.temperature);
   DISTILL_CHECK_T(ConfigError, o.alpha >= 0 && o.alpha <= 1,

@@ -8,6 +8,7 @@
 
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
+#include "distill/core/strings.h"
 
 namespace distill {
 namespace {
@@ -20,12 +21,6 @@ struct Registry {
 Registry& registry() {
   static Registry r;
   return r;
-}
-
-std::string joinNames(const std::vector<std::string>& v) {
-  std::string s;
-  for (auto& x : v) s += (s.empty() ? "" : ", ") + x;
-  return s.empty() ? "(none)" : s;
 }
 
 class FunctionTeacher : public TeacherModel {
@@ -121,13 +116,13 @@ std::string fileFingerprint(const std::string& path) {
 }
 
 std::shared_ptr<TeacherModel> loadTeacherModel(const TeacherOptions& o) {
-  if (o.kind == "torchscript") {
+  if (o.kind == TeacherKind::kTorchscript) {
     struct stat st {};
     DISTILL_CHECK_T(ConfigError, ::stat(o.path.c_str(), &st) == 0, "teacher.path: '", o.path,
                     "': ", errnoString(errno));
     return std::make_shared<ScriptTeacher>(o);
   }
-  if (o.kind == "registered") {
+  if (o.kind == TeacherKind::kRegistered) {
     // RTLD_GLOBAL: the library's static initialisers register into our registry.
     void* handle = ::dlopen(o.library.c_str(), RTLD_NOW | RTLD_GLOBAL);
     DISTILL_CHECK_T(ConfigError, handle != nullptr, "teacher.library: cannot load '", o.library,
@@ -144,7 +139,7 @@ std::shared_ptr<TeacherModel> loadTeacherModel(const TeacherOptions& o) {
       if (it != r.factories.end()) factory = it->second;
     }
     DISTILL_CHECK_T(ConfigError, factory != nullptr, "teacher.module: no teacher registered as '",
-                    o.module, "' in '", o.library, "'; registered: ", joinNames(registeredTeachers()));
+                    o.module, "' in '", o.library, "'; registered: ", (registeredTeachers().empty() ? std::string("(none)") : join(registeredTeachers())));
     if (!o.weights.empty()) {
       struct stat st {};
       DISTILL_CHECK_T(ConfigError, ::stat(o.weights.c_str(), &st) == 0, "teacher.weights: '",

@@ -39,10 +39,10 @@ std::string tagString(const Tag& t) { return "(" + describe(t) + ")"; }
 class AutocastScope {
  public:
   explicit AutocastScope(const TeacherOptions& o) {
-    if (o.autocast == "none") return;
+    if (o.autocast == Autocast::kNone) return;
     active_ = true;
     at::autocast::set_autocast_enabled(at::kCUDA, true);
-    at::autocast::set_autocast_dtype(at::kCUDA, o.autocast == "float16" ? at::kHalf : at::kBFloat16);
+    at::autocast::set_autocast_dtype(at::kCUDA, o.autocast == Autocast::kFloat16 ? at::kHalf : at::kBFloat16);
   }
   ~AutocastScope() {
     if (!active_) return;
@@ -92,7 +92,7 @@ class Server {
     DISTILL_CHECK_T(ConfigError, !topo.segment.empty(),
                     "the teacher has no segment (DISTILL_SEGMENT is not set): start the job with distill-run");
     const int students = topo.studentsPerNode();
-    DISTILL_CHECK_T(ConfigError, cfg_.teacher.autocast == "none" || cfg_.teacher.device.rfind("cuda", 0) == 0,
+    DISTILL_CHECK_T(ConfigError, cfg_.teacher.autocast == Autocast::kNone || parseDevice(cfg_.teacher.device).cuda,
                     "teacher.autocast: ", cfg_.teacher.autocast, " needs teacher.device cuda, found ",
                     cfg_.teacher.device);
     auto startup = Deadline::afterSeconds(cfg_.run.startup_timeout_s);
@@ -286,7 +286,7 @@ class Server {
         std::vector<std::vector<at::Tensor>> requests;
         for (auto& p : batch) requests.push_back(p.inputs);
         cached = cache_->answer(requests, [&](const std::vector<at::Tensor>& rows) { return compute(rows, label); },
-                                cfg_.transport.cuda_ipc == "off" ? at::Device(at::kCPU) : at::Device(cfg_.teacher.device));
+                                cfg_.transport.cuda_ipc == CudaIpc::kOff ? at::Device(at::kCPU) : at::Device(cfg_.teacher.device));
       }
       std::vector<at::Tensor> inputs;
       for (size_t i = 0; !cache_ && i < batch[0].inputs.size(); ++i) {
@@ -401,7 +401,7 @@ class Server {
                       name, "' (teacher.hidden_states)");
       out[name] = h->second.contiguous();
     }
-    if (cfg_.transport.cuda_ipc == "off") {
+    if (cfg_.transport.cuda_ipc == CudaIpc::kOff) {
       for (auto& kv : out) kv.second = kv.second.cpu();
     }
     return out;

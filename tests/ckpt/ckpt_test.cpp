@@ -17,6 +17,7 @@
 #include <random>
 #include <regex>
 
+#include "distill/core/clock.h"
 #include "distill/ckpt/checkpoint.h"
 #include "distill/core/config.h"
 #include "distill/core/context.h"
@@ -53,9 +54,9 @@ distill::Config childConfig(const Args& a) {
   c.run.collective_timeout_s = std::stod(get(a, "timeout", "20"));
   c.checkpoint.dir = get(a, "dir");
   c.checkpoint.async = get(a, "async", "0") == "1";
-  c.checkpoint.on_error = get(a, "on_error", "stop");
+  c.checkpoint.on_error = distill::parseEnum<distill::OnSaveError>(get(a, "on_error", "stop")).value();
   c.checkpoint.keep_last = std::stoi(get(a, "keep", "3"));
-  c.checkpoint.on_corrupt = get(a, "on_corrupt", "error");
+  c.checkpoint.on_corrupt = distill::parseEnum<distill::OnCorrupt>(get(a, "on_corrupt", "error")).value();
   if (a.count("alpha")) c.loss.alpha = std::stod(get(a, "alpha"));
   if (a.count("seed")) c.run.seed = std::stoll(get(a, "seed"));
   if (a.count("log_dir")) c.run.log_dir = get(a, "log_dir");
@@ -73,8 +74,7 @@ int studentMain(const Args& a, const std::function<int(distill::StudentContext&)
     start = steady_clock::now();
     return body(ctx);
   } catch (const std::exception& e) {
-    auto ms = duration_cast<milliseconds>(steady_clock::now() - start).count();
-    report("ERROR after " + std::to_string(ms) + " ms: " + e.what());
+    report("ERROR after " + std::to_string(distill::msSince(start)) + " ms: " + e.what());
     if (dynamic_cast<const distill::CheckpointError*>(&e)) return 2;
     if (dynamic_cast<const distill::TimeoutError*>(&e)) return 3;
     if (dynamic_cast<const distill::PeerLostError*>(&e)) return 4;
@@ -1118,7 +1118,7 @@ TEST_F(CkptTest, ConfigChangeWarningNamesTheKeys) {
 
 TEST(CkptUnit, ConfigChangesNameTrainingKeysWithBothValues) {
   distill::Config saved;
-  saved.teacher.kind = "self";
+  saved.teacher.kind = distill::TeacherKind::kSelf;
   saved.trainer.values["lr"] = "3e-3";
   distill::Config now = saved;
   EXPECT_TRUE(distill::configChanges(distill::dumpConfig(saved), now).empty());

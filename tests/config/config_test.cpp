@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <set>
@@ -52,7 +53,7 @@ std::vector<std::string> problemsOf(const std::string& yaml,
 
 Config selfDefaults() {
   Config c;
-  c.teacher.kind = "self";
+  c.teacher.kind = distill::TeacherKind::kSelf;
   return c;
 }
 
@@ -232,7 +233,7 @@ TEST(Config, GoodConfigRoundTrips) {
   EXPECT_EQ(c.teacher.device, "cuda:1");
   EXPECT_EQ(c.student.bucket_mb, 12.5);
   EXPECT_EQ(c.transport.max_request_bytes, int64_t{1} << 30);
-  EXPECT_EQ(c.transport.cuda_ipc, "off");
+  EXPECT_EQ(c.transport.cuda_ipc, distill::CudaIpc::kOff);
   EXPECT_EQ(c.loss.temperature, 0.25);
   EXPECT_TRUE(c.checkpoint.async);
   EXPECT_FALSE(c.checkpoint.resume);
@@ -241,6 +242,64 @@ TEST(Config, GoodConfigRoundTrips) {
   const Config again = parseConfig(dumped);
   EXPECT_EQ(dumpConfig(again), dumped);
   EXPECT_EQ(configHash(again), configHash(c));
+}
+
+// Options with a fixed set of values are parsed once into enums (options.h),
+// and dumpConfig writes them as it wrote the strings they were: the text of
+// config.yaml in checkpoints and of the config descriptions compared at
+// admission is unchanged.
+TEST(Config, EnumOptionsParseIntoEnumsAndDumpTheirSpelling) {
+  const Config c = parseConfig(
+      "run: {on_hang: wait}\n"
+      "teacher: {kind: registered, library: l, module: m, autocast: float16}\n"
+      "student: {backend: gloo}\n"
+      "transport: {cuda_ipc: on}\n"
+      "loss: {kind: reverse_kl}\n"
+      "checkpoint: {on_error: continue, on_corrupt: restart}\n");
+  EXPECT_EQ(c.run.on_hang, distill::OnHang::kWait);
+  EXPECT_EQ(c.teacher.kind, distill::TeacherKind::kRegistered);
+  EXPECT_EQ(c.teacher.autocast, distill::Autocast::kFloat16);
+  EXPECT_EQ(c.student.backend, distill::GroupBackend::kGloo);
+  EXPECT_EQ(c.transport.cuda_ipc, distill::CudaIpc::kOn);
+  EXPECT_EQ(c.loss.kind, distill::LossKind::kReverseKl);
+  EXPECT_EQ(c.checkpoint.on_error, distill::OnSaveError::kContinue);
+  EXPECT_EQ(c.checkpoint.on_corrupt, distill::OnCorrupt::kRestart);
+
+  const std::vector<std::string> lines = splitLines(dumpConfig(c));
+  for (const char* want : {"  on_hang: \"wait\"", "  kind: \"registered\"", "  autocast: \"float16\"",
+                           "  backend: \"gloo\"", "  cuda_ipc: \"on\"", "  kind: \"reverse_kl\"",
+                           "  on_error: \"continue\"", "  on_corrupt: \"restart\""}) {
+    EXPECT_NE(std::find(lines.begin(), lines.end(), want), lines.end()) << want;
+  }
+  // The defaults, as before they were enums.
+  const std::vector<std::string> defaults = splitLines(dumpConfig(selfDefaults()));
+  for (const char* want : {"  on_hang: \"teardown\"", "  kind: \"self\"", "  autocast: \"none\"",
+                           "  backend: \"auto\"", "  cuda_ipc: \"auto\"", "  kind: \"forward_kl\"",
+                           "  on_error: \"stop\"", "  on_corrupt: \"error\""}) {
+    EXPECT_NE(std::find(defaults.begin(), defaults.end(), want), defaults.end()) << want;
+  }
+
+  // Each spelling names its value and back; anything else names none.
+  EXPECT_EQ(distill::parseEnum<distill::LossKind>("jsd"), distill::LossKind::kJsd);
+  EXPECT_EQ(distill::parseEnum<distill::LossKind>("kl"), std::nullopt);
+  EXPECT_STREQ(distill::toString(distill::Autocast::kBFloat16), "bfloat16");
+  EXPECT_STREQ(distill::toString(static_cast<distill::OnHang>(9)), "(invalid)");
+  std::ostringstream os;
+  os << distill::TeacherKind::kTorchscript;
+  EXPECT_EQ(os.str(), "torchscript");
+}
+
+// The device options stay strings (torch::Device takes them as they are);
+// parseDevice gives their parts to the modules that need them.
+TEST(Config, DeviceOptionsParseIntoTheirParts) {
+  EXPECT_FALSE(distill::parseDevice("cpu").cuda);
+  EXPECT_TRUE(distill::parseDevice("cuda").cuda);
+  EXPECT_EQ(distill::parseDevice("cuda").index, -1);
+  EXPECT_TRUE(distill::parseDevice("cuda:3").cuda);
+  EXPECT_EQ(distill::parseDevice("cuda:3").index, 3);
+  EXPECT_THROW(distill::parseDevice("gpu"), ConfigError);
+  EXPECT_THROW(distill::parseDevice("cuda:"), ConfigError);
+  EXPECT_THROW(distill::parseDevice("cuda:99999999999"), ConfigError);
 }
 
 TEST(Config, OverridesAreValidatedLikeTheFile) {
@@ -252,7 +311,7 @@ TEST(Config, OverridesAreValidatedLikeTheFile) {
   EXPECT_EQ(c.teacher.inputs, (std::vector<std::string>{"a", "b"}));
   EXPECT_EQ(c.run.name, "a=b");
   EXPECT_EQ(c.run.seed, 2);  // the later one wins
-  EXPECT_EQ(parseConfig("", {"teacher.kind=self"}).teacher.kind, "self");
+  EXPECT_EQ(parseConfig("", {"teacher.kind=self"}).teacher.kind, distill::TeacherKind::kSelf);
 
   EXPECT_EQ(problemsOf(kSelf, {"loss.temprature=2"}),
             std::vector<std::string>{
@@ -505,7 +564,7 @@ TEST(Config, ReferenceFileSetsEveryKeyToItsDefault) {
 
   const Config c = distill::loadConfig(path);
   Config expected;
-  expected.teacher.kind = "torchscript";
+  expected.teacher.kind = distill::TeacherKind::kTorchscript;
   expected.teacher.path = "teacher.pt";
   EXPECT_EQ(dumpConfig(c), dumpConfig(expected));
 }
@@ -629,7 +688,7 @@ TEST(Config, HashAndDiffCoverTrainingKeysOnly) {
   runtime.run.master_port = a.run.master_port + 1;
   runtime.run.collective_timeout_s = a.run.collective_timeout_s * 2;
   runtime.checkpoint.every_steps = 7;
-  runtime.checkpoint.on_corrupt = "restart";
+  runtime.checkpoint.on_corrupt = distill::OnCorrupt::kRestart;
   EXPECT_EQ(configHash(runtime), configHash(a));
   EXPECT_TRUE(distill::configDiff(a, runtime, /*trainingOnly=*/true).empty());
   EXPECT_EQ(distill::configDiff(a, runtime),

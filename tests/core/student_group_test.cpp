@@ -13,6 +13,7 @@
 #include <optional>
 #include <thread>
 
+#include "distill/core/clock.h"
 #include "distill/core/context.h"
 #include "distill/core/errors.h"
 #include "distill/core/student_group.h"
@@ -76,8 +77,7 @@ DISTILL_TEST_ROLE(student) {
     std::fprintf(stderr, "RESULT ok %d collectives\n", static_cast<int>(g.sequence()));
     return 0;
   } catch (const std::exception& e) {
-    auto ms = duration_cast<milliseconds>(steady_clock::now() - start).count();
-    std::fprintf(stderr, "ERROR after %lld ms: %s\n", static_cast<long long>(ms), e.what());
+    std::fprintf(stderr, "ERROR after %lld ms: %s\n", static_cast<long long>(distill::msSince(start)), e.what());
     return exitCodeFor(e);
   }
 }

@@ -32,7 +32,7 @@ const char* roleSegment() { return std::getenv("DISTILL_IPC_CUDA_SEGMENT"); }
 EndpointOptions cudaOpts(int rank, int device) {
   EndpointOptions o;
   o.rank = rank;
-  o.cudaIpc = "on";
+  o.cudaIpc = distill::CudaIpc::kOn;
   o.cudaDevice = device;
   return o;
 }

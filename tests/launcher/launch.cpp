@@ -16,10 +16,6 @@ extern char** environ;
 
 namespace distill::testing {
 
-int64_t msSince(SteadyClock::time_point t0) {
-  return std::chrono::duration_cast<Ms>(SteadyClock::now() - t0).count();
-}
-
 bool has(const std::string& text, const std::string& needle) { return text.find(needle) != std::string::npos; }
 
 Launch::Launch(const std::vector<std::string>& args, bool tty, const std::vector<std::string>& wrapper,

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "distill/core/clock.h"
 #include "support/process.h"
 
 namespace distill::testing {
@@ -19,7 +20,7 @@ namespace distill::testing {
 using Ms = std::chrono::milliseconds;
 using SteadyClock = std::chrono::steady_clock;
 
-int64_t msSince(SteadyClock::time_point t0);
+using distill::msSince;  // core/clock.h
 bool has(const std::string& text, const std::string& needle);
 
 class Launch {

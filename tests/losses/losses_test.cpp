@@ -30,6 +30,9 @@ double maxAbs(const at::Tensor& a, const at::Tensor& b) {
 
 // ---- the Python reference -------------------------------------------------
 
+// An option spelling ("jsd") as the enum LossOptions holds.
+LossKind lossKind(const std::string& s) { return parseEnum<LossKind>(s).value(); }
+
 struct Case {
   std::string name, kind, mode;
   double temperature = 1, beta = 0.5, alpha = 0.5;
@@ -105,7 +108,7 @@ TeacherOutput teacherOf(const Case& c, at::ScalarType dtype) {
 
 LossOptions optionsOf(const Case& c, int64_t chunk) {
   LossOptions o;
-  o.kind = c.kind;
+  o.kind = lossKind(c.kind);
   o.temperature = c.temperature;
   o.jsd_beta = c.beta;
   o.alpha = c.alpha;
@@ -231,7 +234,7 @@ TEST(Losses, FiniteDifferences) {
     SCOPED_TRACE(std::string(sp.kind) + " " + sp.mode + " T=" + std::to_string(sp.t));
     Small s = smallProblem(sp.mode, sp.t, 7);
     LossOptions o;
-    o.kind = sp.kind;
+    o.kind = lossKind(sp.kind);
     o.temperature = sp.t;
     o.alpha = 0.6;
     o.jsd_beta = 0.3;
@@ -379,7 +382,7 @@ TEST(Losses, AllIgnoredAndLowPrecision) {
   TeacherOutput masked{s.teacher.logits.clone(), {}, {}, {}, {}};
   masked.logits.select(1, 0).fill_(-std::numeric_limits<double>::infinity());
   for (const char* kind : {"forward_kl", "jsd"}) {
-    o.kind = kind;
+    o.kind = lossKind(kind);
     at::Tensor zm = s.z.clone().requires_grad_(true);
     LossResult rm = distillLoss(zm, s.labels, masked, o, 5.0);
     rm.loss.backward();
@@ -444,14 +447,15 @@ TEST(Losses, Errors) {
     edit(b);
     return b;
   };
-  expectThrow<ConfigError>(run(s.z, s.labels, s.teacher, with([](auto& b) { b.kind = "kl"; })));
+  // A kind outside the enum (LossOptions built in code, not parsed).
+  expectThrow<ConfigError>(run(s.z, s.labels, s.teacher, with([](auto& b) { b.kind = static_cast<LossKind>(7); })));
   expectThrow<ConfigError>(run(s.z, s.labels, s.teacher, with([](auto& b) { b.temperature = 0; })));
   expectThrow<ConfigError>(run(s.z, s.labels, s.teacher, with([](auto& b) { b.alpha = 1.5; })));
   expectThrow<ConfigError>(run(s.z, s.labels, s.teacher, with([](auto& b) { b.jsd_beta = 1; })));
   expectThrow<ConfigError>(run(s.z, s.labels, s.teacher, with([](auto& b) { b.chunk_tokens = 0; })));
   expectThrow<ConfigError>(run(s.z, s.labels, s.teacher, o, 0.0));
   m = expectThrow<ConfigError>(
-      run(k.z, k.labels, k.teacher, with([](auto& b) { b.kind = "reverse_kl"; })));
+      run(k.z, k.labels, k.teacher, with([](auto& b) { b.kind = LossKind::kReverseKl; })));
   EXPECT_NE(m.find("logsumexp"), std::string::npos) << m;
 }
 
@@ -471,7 +475,7 @@ TEST(Losses, JsdStaysFiniteWhereBothDistributionsUnderflow) {
   at::Tensor z = (t + at::randn({n, v}, gen, at::kFloat) * 0.5).requires_grad_(true);
   at::Tensor labels = at::randint(0, v, {n}, gen, at::kLong);
   LossOptions o;
-  o.kind = "jsd";
+  o.kind = LossKind::kJsd;
   o.temperature = 0.25;
   o.chunk_tokens = 64;
   TeacherOutput teacher;
@@ -515,7 +519,7 @@ TEST(Losses, ServerTopkOutputKeepsTheTeacherTail) {
   for (const char* kind : {"reverse_kl", "forward_kl", "jsd"}) {
     SCOPED_TRACE(kind);
     LossOptions o;
-    o.kind = kind;
+    o.kind = lossKind(kind);
     o.chunk_tokens = 64;
     at::Tensor z = z0.clone().requires_grad_(true);
     LossResult r = distillLoss(z, labels, sent, o, double(n));
@@ -661,7 +665,7 @@ TEST(Losses, LogsumexpContradictingTheTopkIsRefused) {
   for (const char* kind : {"forward_kl", "reverse_kl", "jsd"}) {
     for (bool withTail : {false, true}) {
       SCOPED_TRACE(std::string(kind) + (withTail ? " with log tail" : ""));
-      o.kind = kind;
+      o.kind = lossKind(kind);
       TeacherOutput good{{}, vals, idx, at::logsumexp(t, 1), {}};
       if (withTail) good.logTail = at::logsumexp(t.scatter(1, idx, -kInf), 1);
       EXPECT_NO_THROW(distillLoss(s.z, s.labels, good, o, 5.0));
@@ -881,7 +885,7 @@ TEST(Losses, MemoryIsBoundedByChunks) {
     for (const char* mode : {"dense", "topk_lse"}) {
       for (const char* kind : {"forward_kl", "jsd"}) {
         LossOptions o;
-        o.kind = kind;
+        o.kind = lossKind(kind);
         o.temperature = 2.0;
         o.chunk_tokens = chunk;
         TeacherOutput teacher = std::string(mode) == "dense"

@@ -5,6 +5,7 @@
 // the ring's answer to the loss with the same teacher run in its own process.
 #include <gtest/gtest.h>
 
+#include "distill/core/clock.h"
 #include "distill/ipc/segment.h"
 #include <torch/torch.h>
 
@@ -36,7 +37,7 @@ void runJob(const std::string& teacherYaml, const std::string& teacherKind, int 
     kids.push_back(job.spawnRole("distill_student", i, {teacherKind, std::to_string(steps)}));
   }
   auto st = dt::joinAll(kids, seconds(50));
-  const auto wallMs = duration_cast<milliseconds>(steady_clock::now() - start).count();
+  const auto wallMs = distill::msSince(start);
   const std::string teacherLog = job.log(job.teacherRank());
   EXPECT_TRUE(st[0].exited && st[0].code == 0) << "teacher: " << st[0].describe() << "\n" << teacherLog;
   const int64_t requests = int64_t(students) * steps * G;

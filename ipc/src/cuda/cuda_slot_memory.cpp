@@ -62,9 +62,9 @@ class ConsumerSlotMemory final : public SlotMemory {
 DeviceSlotMemory makeSlotMemory(const Port& port, const std::vector<RingSide>& in, const std::vector<RingSide>& out,
                                 const EndpointOptions& options) {
   DeviceSlotMemory m;
-  if (options.cudaIpc == "off") return m;
+  if (options.cudaIpc == CudaIpc::kOff) return m;
   const bool usable = options.cudaDevice >= 0 && options.cudaDevice < deviceCount();
-  DISTILL_CHECK_T(IpcError, usable || options.cudaIpc != "on", port.describeSelf(),
+  DISTILL_CHECK_T(IpcError, usable || options.cudaIpc != CudaIpc::kOn, port.describeSelf(),
                   ": transport.cuda_ipc=on but device ", options.cudaDevice, " is not usable (", deviceCount(),
                   " CUDA devices visible)");
   if (!usable) return m;

@@ -69,6 +69,7 @@
 #include <vector>
 
 #include "distill/ckpt/file_system.h"
+#include "distill/core/checksum.h"  // crc32c, as the manifest uses it
 #include "distill/core/options.h"
 
 namespace torch {
@@ -132,8 +133,6 @@ struct Manifest {
   const ManifestFile* find(const std::string& name) const;
 };
 
-// CRC32C (Castagnoli) of `n` bytes, continuing from `crc` (0 to start).
-uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
 // The manifest as JSON (written and read with nlohmann-json), its last line
 // but one the CRC32C of every byte before it. parseManifest checks that CRC
 // before parsing anything, refuses nesting deeper than 8 levels before

@@ -97,6 +97,9 @@ int64_t toMs(D d) {
   return std::chrono::duration_cast<Millis>(d).count();
 }
 
+// Milliseconds (rounded down) from `start` to now, for messages.
+inline int64_t msSince(Clock::time_point start) { return toMs(Clock::now() - start); }
+
 // Nanoseconds since an arbitrary epoch of the steady clock; comparable across
 // processes on one machine (CLOCK_MONOTONIC), so it is what shared memory stores.
 inline int64_t monotonicNs() {

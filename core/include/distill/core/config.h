@@ -80,7 +80,7 @@ std::vector<std::string> configDiff(const Config& a, const Config& b, bool train
 // What a process publishes of its config for another to compare with its own
 // (a student's, at attach; the teacher compares before admitting it): every
 // configEntries() key with its value, one `"key": "value"` YAML line each, a
-// value longer than 200 bytes as "#fnv1a64:<hex>" of it. Deterministic: equal
+// value longer than 200 bytes as "#crc32c:<hex>" of it. Deterministic: equal
 // configs give equal text; a config with few trainer keys takes ~3 KiB.
 std::string configDescription(const Config& config);
 
@@ -99,8 +99,10 @@ struct ConfigMismatch {
 // description at all.
 std::vector<ConfigMismatch> compareConfig(const Config& config, const std::string& description);
 
-// FNV-1a 64 over the keys and values of the training keys only (configEntries
-// with training == true): what a checkpoint manifest records. Changing a log
+// CRC32C (core/checksum.h) over the keys and values of the training keys only
+// (configEntries with training == true), in the low 32 bits: what a checkpoint
+// manifest records (as 16 hex digits). A checkpoint saved before issue 15
+// (FNV-1a 64) resumes with the "saved under another config" warning only. Changing a log
 // directory, a port or a timeout keeps the hash.
 uint64_t configHash(const Config& config);
 

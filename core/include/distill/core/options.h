@@ -4,12 +4,79 @@
 // key of the same name in snake_case (configs/reference.yaml documents them all,
 // with these defaults). Parsing and validation live in config.cpp only.
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
+#include <ostream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace distill {
+
+// Options with a fixed set of values are enums, parsed once by config.cpp;
+// modules compare enum values, never option strings. Each enum's YAML
+// spellings, in the order of its values, are EnumNames<E>::names: config.cpp
+// parses and writes them, toString() and operator<< print them in messages.
+template <class E>
+struct EnumNames;
+
+#define DISTILL_OPTION_ENUM_NAMES(E, ...)                        \
+  template <>                                                    \
+  struct EnumNames<E> {                                          \
+    static constexpr const char* names[] = {__VA_ARGS__};        \
+    static constexpr size_t count = sizeof(names) / sizeof(*names); \
+  }
+
+enum class OnHang { kTeardown, kWait };
+DISTILL_OPTION_ENUM_NAMES(OnHang, "teardown", "wait");
+enum class TeacherKind { kTorchscript, kRegistered, kSelf };
+DISTILL_OPTION_ENUM_NAMES(TeacherKind, "torchscript", "registered", "self");
+enum class Autocast { kNone, kFloat16, kBFloat16 };
+DISTILL_OPTION_ENUM_NAMES(Autocast, "none", "float16", "bfloat16");
+enum class GroupBackend { kAuto, kGloo, kNccl };
+DISTILL_OPTION_ENUM_NAMES(GroupBackend, "auto", "gloo", "nccl");
+enum class CudaIpc { kAuto, kOn, kOff };
+DISTILL_OPTION_ENUM_NAMES(CudaIpc, "auto", "on", "off");
+enum class LossKind { kForwardKl, kReverseKl, kJsd };
+DISTILL_OPTION_ENUM_NAMES(LossKind, "forward_kl", "reverse_kl", "jsd");
+enum class OnSaveError { kStop, kContinue };
+DISTILL_OPTION_ENUM_NAMES(OnSaveError, "stop", "continue");
+enum class OnCorrupt { kError, kRestart };
+DISTILL_OPTION_ENUM_NAMES(OnCorrupt, "error", "restart");
+
+#undef DISTILL_OPTION_ENUM_NAMES
+
+// The YAML spelling of an option enum's value; "(invalid)" for a value outside the enum.
+template <class E, class = decltype(EnumNames<E>::names)>
+const char* toString(E value) {
+  const auto i = static_cast<size_t>(value);
+  return i < EnumNames<E>::count ? EnumNames<E>::names[i] : "(invalid)";
+}
+
+// The value an option enum's YAML spelling names; nullopt for any other text.
+template <class E, class = decltype(EnumNames<E>::names)>
+std::optional<E> parseEnum(const std::string& text) {
+  for (size_t i = 0; i < EnumNames<E>::count; ++i) {
+    if (text == EnumNames<E>::names[i]) return static_cast<E>(i);
+  }
+  return std::nullopt;
+}
+
+template <class E, class = decltype(EnumNames<E>::names)>
+std::ostream& operator<<(std::ostream& os, E value) {
+  return os << toString(value);
+}
+
+// A device option (teacher.device, student.device) as config.cpp accepts it:
+// "cpu", "cuda" (the current device) or "cuda:N". The option stays a string
+// (torch::Device takes it as is); modules that need its parts call parseDevice.
+struct DeviceSpec {
+  bool cuda = false;
+  int index = -1;  // cuda:N: N; -1: "cpu" or "cuda" (the current device)
+};
+DeviceSpec parseDevice(const std::string& device);
 
 // Ranges that several keys share (config.cpp checks them; reference.yaml states them).
 // Every duration has one, so that no deadline computed from a config overflows.
@@ -31,7 +98,7 @@ struct RunOptions {
   double startup_timeout_s = 60;          // admission: students <-> teacher, store connect (0.001 .. 2592000)
   double collective_timeout_s = 300;      // each student-group collective (0.001 .. 2592000)
   double hang_timeout_s = 300;            // no progress on any rank for this long = hang (0.001 .. 2592000)
-  std::string on_hang = "teardown";       // teardown | wait: what the watchdog does on a hang
+  OnHang on_hang = OnHang::kTeardown;     // teardown | wait: what the watchdog does on a hang
   double stop_grace_s = 10;               // distill-run: SIGTERM follows a stop request after this (0 .. 2592000)
   double status_every_s = 30;             // distill-run: a status line this often off a terminal (1 .. 2592000)
   int64_t seed = 0;                       // base RNG seed; rank r uses seed + r
@@ -46,7 +113,7 @@ struct RunOptions {
 
 // teacher: the model served by the teacher process.
 struct TeacherOptions {
-  std::string kind = "torchscript";       // torchscript | registered | self
+  TeacherKind kind = TeacherKind::kTorchscript;  // torchscript | registered | self
   std::string path;                       // torchscript: the .pt file
   std::string library;                    // registered: shared library that registers the module
   std::string module;                     // registered: name the module was registered under
@@ -56,7 +123,7 @@ struct TeacherOptions {
   std::string output = "logits";          // name of the output tensor (first element if a tuple)
   std::vector<std::string> hidden_states; // extra named outputs to return (dict outputs only)
   std::string device = "cpu";             // cpu | cuda | cuda:N
-  std::string autocast = "none";          // none | float16 | bfloat16 (GPU only)
+  Autocast autocast = Autocast::kNone;    // none | float16 | bfloat16 (GPU only)
   int64_t max_batch_tokens = 16384;       // batch requests of several students up to this many tokens
   int64_t topk = 0;                       // 0: full logits; k > 0: top-k values + int32 indices
   int max_restarts = 0;                   // distill-run restarts a dead teacher this many times
@@ -76,7 +143,7 @@ struct StudentOptions {
   int grad_acc_steps = 1;                 // micro-batches per optimizer step (>= 1)
   int in_flight = 2;                      // requests outstanding per student (1 .. transport.slots)
   std::string device = "cpu";             // cpu | cuda | cuda:N (the student's tensors)
-  std::string backend = "auto";           // auto | gloo | nccl: the student group's backend
+  GroupBackend backend = GroupBackend::kAuto;  // auto | gloo | nccl: the student group's backend
   double bucket_mb = 25;                  // gradient all-reduce bucket size in MiB (> 0)
 };
 
@@ -87,12 +154,12 @@ struct TransportOptions {
   int64_t max_response_bytes = 64 << 20;  // payload capacity of a response slot
   int heartbeat_ms = 100;                 // liveness period; a peer is lost after ~2 of them (1 .. 60000)
   int spin_us = 20;                       // spin this long before sleeping on the futex (0: never; .. 1000000)
-  std::string cuda_ipc = "auto";          // auto | on | off: GPU tensors as CUDA IPC buffers
+  CudaIpc cuda_ipc = CudaIpc::kAuto;      // auto | on | off: GPU tensors as CUDA IPC buffers
 };
 
 // loss: the distillation loss.
 struct LossOptions {
-  std::string kind = "forward_kl";        // forward_kl | reverse_kl | jsd
+  LossKind kind = LossKind::kForwardKl;   // forward_kl | reverse_kl | jsd
   double temperature = 1.0;               // softmax temperature T (> 0); KL is scaled by T^2
   double alpha = 0.5;                     // weight of the distillation term; 1-alpha on hard-label CE
   double jsd_beta = 0.5;                  // JSD mixture weight, in (0, 1)
@@ -107,8 +174,8 @@ struct CheckpointOptions {
   int keep_last = 3;                      // complete checkpoints kept at most (>= 1)
   bool async = false;                     // write and publish in a background thread
   bool resume = true;                     // load the newest complete checkpoint at start
-  std::string on_error = "stop";          // stop | continue: what a failed save does
-  std::string on_corrupt = "error";       // error | restart: loadLatest when every checkpoint is corrupt
+  OnSaveError on_error = OnSaveError::kStop;  // stop | continue: what a failed save does
+  OnCorrupt on_corrupt = OnCorrupt::kError;  // error | restart: loadLatest when every checkpoint is corrupt
 };
 
 // trainer: the trainer's own keys (data file, model sizes, ...). distill checks

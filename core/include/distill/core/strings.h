@@ -4,10 +4,12 @@
 // (file-system helpers: core/sys.h).
 
 #include <string>
+#include <vector>
 
 namespace distill {
 
-// `s` as a JSON string literal: quotes, \" \\ \n \t, other control bytes as \u00XX.
-std::string jsonQuote(const std::string& s);
+// `items` separated by `sep`: "a, b, c"; "" when there are none.
+std::string join(const std::vector<std::string>& items, const std::string& sep = ", ");
+std::string join(const std::vector<int>& items, const std::string& sep = ", ");
 
 }  // namespace distill

@@ -69,7 +69,7 @@ struct TensorSpec {
 struct EndpointOptions {
   int rank = -1;                  // this process's global rank (messages, process table)
   int spinUs = 20;                // transport.spin_us: spin before sleeping on the futex
-  std::string cudaIpc = "auto";   // transport.cuda_ipc: auto | on | off
+  CudaIpc cudaIpc = CudaIpc::kAuto;  // transport.cuda_ipc: auto | on | off
   int cudaDevice = -1;            // this process's GPU for CUDA IPC buffers; -1: none (CUDA tensors are
                                   // staged through the host slots). "on" with no usable device: IpcError
   std::string config;             // published in the segment at attach for the teacher's admission check
