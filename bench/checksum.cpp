@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "distill/core/checksum.h"
-#include "distill/ipc/wire.h"
+#include "wire.h"  // internal: ipc/src
 
 namespace w = distill::ipc::wire;
 

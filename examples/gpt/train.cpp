@@ -51,7 +51,7 @@ int trainStudent(distill::Session& s) {
   ex::TextData data(set.data, set.valFraction, set.student.context);
   ex::DemoRun run(cfg, ex::PhaseKind::kDistilled,
                   ex::phaseKey(ex::PhaseKind::kDistilled, cfg, set, data.path(), data.hash(),
-                               cfg.teacher.kind + ":" + teacherFile + "@" + teacherPrint),
+                               std::string(distill::toString(cfg.teacher.kind)) + ":" + teacherFile + "@" + teacherPrint),
                   steps, set.logEvery, group.rank() == 0);
   torch::set_num_threads(std::max(1, set.threads));
   if (run.finished()) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "distill/core/clock.h"
+#include "distill/core/options.h"
 #include "distill/ipc/segment.h"
 #include "ranks.h"
 
@@ -25,7 +26,7 @@ struct Verdict {
 
 class Watchdog {
  public:
-  Watchdog(double timeoutS, std::string onHang) : timeoutS_(timeoutS), onHang_(std::move(onHang)) {}
+  Watchdog(double timeoutS, OnHang onHang) : timeoutS_(timeoutS), onHang_(toString(onHang)) {}
 
   // Progress is any event begun or ended by any process (its flight recorder),
   // an attach, a clean detach or a rank's exit; heartbeats are not. A hang is

@@ -810,7 +810,7 @@ TEST(Losses, FusedCpuKernelMatchesAtenOps) {
                              std::to_string(v) + " scale=" + std::to_string(scale) + " T=" + std::to_string(temp) +
                              " alpha=" + std::to_string(alpha));
                 LossOptions o;
-                o.kind = kind;
+                o.kind = lossKind(kind);
                 o.temperature = temp;
                 o.alpha = alpha;
                 o.jsd_beta = 0.3;

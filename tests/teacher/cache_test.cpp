@@ -122,7 +122,7 @@ TEST(TeacherCacheKeys, ContextNamesEverythingThatShapesTheAnswer) {
   auto lin = std::make_shared<Lin>();
   distill::ModuleTeacher<Lin> model(lin, "logits");
   distill::TeacherOptions t;
-  t.kind = "registered";
+  t.kind = distill::TeacherKind::kRegistered;
   const std::string base = distill::answerContext(t, 1.0, model);
   EXPECT_EQ(base, distill::answerContext(t, 1.0, model));
   // Full logits do not depend on the loss temperature; top-k answers do.
@@ -135,7 +135,7 @@ TEST(TeacherCacheKeys, ContextNamesEverythingThatShapesTheAnswer) {
   k4.topk = 4;
   EXPECT_NE(distill::answerContext(k8, 1.0, model), distill::answerContext(k4, 1.0, model));
   for (auto change : std::vector<std::function<void(distill::TeacherOptions&)>>{
-           [](auto& o) { o.hidden_states = {"h"}; }, [](auto& o) { o.autocast = "bfloat16"; },
+           [](auto& o) { o.hidden_states = {"h"}; }, [](auto& o) { o.autocast = distill::Autocast::kBFloat16; },
            [](auto& o) { o.device = "cuda"; }, [](auto& o) { o.output = "out"; },
            [](auto& o) { o.method = "score"; }}) {
     distill::TeacherOptions o = t;
