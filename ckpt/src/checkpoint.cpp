@@ -869,7 +869,7 @@ CheckpointManager::CheckpointManager(StudentContext& ctx, CheckpointOptions opts
   if (c.opts.dir.empty()) return;  // disabled, on every rank alike (same config)
 
   // Rank 0 makes the directory; the broadcast is the student-group barrier
-  // (postmortems/000: the teacher is not in this group) and carries the
+  // (docs/design.md, the checkpoint set-up hang: the teacher is not in this group) and carries the
   // outcome and a random id for this manager's notes (a store that outlives a
   // restarted job, like torchrun's agent store, may hold an earlier one's).
   std::string err;

@@ -403,7 +403,7 @@ DISTILL_TEST_ROLE(async) {
 
 // ---- tests -------------------------------------------------------------------
 
-// The production hang (postmortems/000) as a regression: 3 students make the
+// The production hang (docs/design.md: checkpoint set-up) as a regression: 3 students make the
 // directory, save and load at every step, with a live teacher that calls nothing.
 TEST_F(CkptTest, StudentsCheckpointWhileTeacherNeverJoins) {
   auto r = run("hang", 3, {"steps=50"}, /*teacher=*/true);

@@ -6,7 +6,7 @@
 // A CheckpointManager is built from a StudentContext only; every collective it
 // issues runs on ctx.group(), the students' group. The teacher cannot make one
 // (TeacherContext has no group), so it never touches the checkpoint directory
-// and is never waited for: the hang of postmortems/000 cannot happen.
+// and is never waited for: the checkpoint set-up hang of docs/design.md cannot happen.
 //
 // Layout under checkpoint.dir:
 //   step_N.tmp/          being written (never loaded; ignored with a warning)
