@@ -270,12 +270,13 @@ namespace {
 
 // The entries of a dumpConfig() text, "section.key" -> value as written. The
 // dump is distill's own canonical format (section lines, then "  key: value";
-// trainer keys quoted), so it is read line by line rather than re-validated
+// a group's keys nested under "  group:" as "    key: value", read as
+// "section.group.key"; trainer keys quoted), so it is read line by line rather than re-validated
 // with parseConfig: a config built in code (which no file check saw) or one
 // from another version of the schema still compares key by key.
 std::vector<std::pair<std::string, std::string>> dumpEntries(const std::string& yaml) {
   std::vector<std::pair<std::string, std::string>> out;
-  std::string section;
+  std::string section, group;
   size_t lineNo = 0;
   for (size_t at = 0; at < yaml.size();) {
     size_t end = yaml.find('\n', at);
@@ -290,11 +291,24 @@ std::vector<std::pair<std::string, std::string>> dumpEntries(const std::string& 
     if (line[0] != ' ') {
       if (line.back() != ':' || line.find(' ') != std::string::npos) bad();
       section = line.substr(0, line.size() - 1);
+      group.clear();
       continue;
     }
     if (section.empty() || line.size() < 3 || line.compare(0, 2, "  ") != 0) bad();
-    std::string key;
+    std::string prefix = section + ".";
     size_t i = 2;
+    if (line[2] == ' ') {  // "    key: value": a key of the group above
+      if (group.empty() || line.size() < 5 || line.compare(0, 4, "    ") != 0 || line[4] == ' ') bad();
+      prefix += group + ".";
+      i = 4;
+    } else if (line.back() == ':' && line.find(": ") == std::string::npos && line[2] != '"') {  // "  group:"
+      group = line.substr(2, line.size() - 3);
+      if (group.find(' ') != std::string::npos) bad();
+      continue;
+    } else {
+      group.clear();
+    }
+    std::string key;
     if (line[i] == '"') {  // a quoted trainer key: undo core's quote()
       for (++i; i < line.size() && line[i] != '"'; ++i) {
         char c = line[i];
@@ -322,7 +336,7 @@ std::vector<std::pair<std::string, std::string>> dumpEntries(const std::string& 
       i = colon;
     }
     if (line.compare(i, 2, ": ") != 0) bad();
-    out.emplace_back(section + "." + key, line.substr(i + 2));
+    out.emplace_back(prefix + key, line.substr(i + 2));
   }
   return out;
 }
