@@ -172,19 +172,11 @@ TEST_F(StudentGroupTest, StudentThatNeverStartsIsNamedAtRendezvous) {
 // rendezvous store within N ms". Student rank 0, started without distill-run,
 // binds the store's port itself and says the port is in use, at once.
 TEST_F(StudentGroupTest, PortInUseIsNamedAtOnce) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(::listen(fd, 4), 0);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  const int port = ntohs(a.sin_port);
+  auto [stranger, port] = distill::testing::listeningStranger();
   const std::string logPath = log(0);
   auto kid = dt::spawnRole("student", {"1", "5", "30", "run"}, envFor(0, 3, port), logPath);
   auto st = kid.join(seconds(30));
-  ::close(fd);
+  stranger.reset();
   const std::string out = dt::readFile(logPath);
   EXPECT_TRUE(st.exited && st.code == 5) << st.describe() << " (5: ConfigError)\n" << out;
   EXPECT_NE(out.find("port " + std::to_string(port) + " on 127.0.0.1 is in use (run.master_port)"), std::string::npos)

@@ -795,18 +795,10 @@ std::vector<std::string> listenersOn(int port) {
 // "cannot serve ... within 120000 ms". distill-run binds the store's port
 // itself before anything starts and says the port is in use.
 TEST_F(LauncherTest, PortInUseFailsAtOnceNamingThePortAndTheKey) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-  ASSERT_EQ(::listen(fd, 4), 0);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  const int port = ntohs(a.sin_port);
+  auto [stranger, port] = distill::testing::listeningStranger();
   Launch l({"--config", config(), "--master-port", std::to_string(port), "--", selfExe(), "--distill-role=job", "ok"});
   auto st = l.finish();
-  ::close(fd);
+  stranger.reset();
   std::printf("port in use -> distill-run exit: %lld ms\n", static_cast<long long>(l.elapsedMs()));
   EXPECT_TRUE(st.exited && st.code == 2) << st.describe() << "\n" << l.text();
   EXPECT_TRUE(has(l.text(), "port " + std::to_string(port) + " on 127.0.0.1 is in use (run.master_port)")) << l.text();

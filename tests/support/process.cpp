@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -174,6 +175,19 @@ int freePort() {
   int port = ntohs(addr.sin_port);
   ::close(fd);
   return port;
+}
+
+std::pair<distill::Fd, int> listeningStranger() {
+  distill::Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd.get() < 0 || ::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || ::listen(fd.get(), 4) != 0) {
+    throw std::runtime_error(std::string("listeningStranger: ") + std::strerror(errno));
+  }
+  socklen_t len = sizeof a;
+  ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len);
+  return {std::move(fd), ntohs(a.sin_port)};
 }
 
 static std::string envOr(const char* name, const std::string& fallback) {

@@ -17,7 +17,10 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "distill/core/sys.h"
 
 namespace distill::testing {
 
@@ -65,6 +68,10 @@ std::string uniqueName(const std::string& prefix = "distill-test");
 
 // A free TCP port on 127.0.0.1 (bound then released; good enough for tests).
 int freePort();
+
+// A socket listening on 127.0.0.1 at a port the kernel picked: a stranger on
+// that port for as long as the returned Fd lives. .second is the port.
+std::pair<distill::Fd, int> listeningStranger();
 
 // Path of a file in the build's bin/ (DISTILL_BIN_DIR, set by ctest).
 std::string binPath(const std::string& name);
