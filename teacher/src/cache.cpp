@@ -340,8 +340,8 @@ TeacherCache::TeacherCache(const TeacherOptions::CacheOptions& o, std::string co
       names_(std::move(names)),
       temperature_(temperature),
       maxBytes_(o.max_bytes),
-      reads_(o.mode == "read" || o.mode == "readwrite"),
-      writes_(o.mode == "write" || o.mode == "readwrite") {
+      reads_(o.mode == CacheMode::kRead || o.mode == CacheMode::kReadWrite),
+      writes_(o.mode == CacheMode::kWrite || o.mode == CacheMode::kReadWrite) {
   // POSIX calls, no std::filesystem (core/sys.h says why).
   if (writes_) {
     std::string failedAt;

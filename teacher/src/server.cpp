@@ -87,7 +87,7 @@ class Server {
 
   ServeStats run() {
     checkResponseFits(cfg_.teacher);
-    if (cfg_.teacher.cache.mode != "off") openCache();
+    if (cfg_.teacher.cache.mode != CacheMode::kOff) openCache();
     const Topology& topo = ctx_.topology();
     DISTILL_CHECK_T(ConfigError, !topo.segment.empty(),
                     "the teacher has no segment (DISTILL_SEGMENT is not set): start the job with distill-run");

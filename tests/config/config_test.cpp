@@ -717,11 +717,11 @@ TEST(Config, NestedCacheKeys) {
   const std::string teacher = "teacher:\n  kind: self\n";
   const Config c = parseConfig(teacher + "  cache:\n    path: /tmp/c\n    mode: readwrite\n    max_bytes: 4GiB\n");
   EXPECT_EQ(c.teacher.cache.path, "/tmp/c");
-  EXPECT_EQ(c.teacher.cache.mode, "readwrite");
+  EXPECT_EQ(c.teacher.cache.mode, distill::CacheMode::kReadWrite);
   EXPECT_EQ(c.teacher.cache.max_bytes, int64_t(4) << 30);
-  EXPECT_EQ(Config().teacher.cache.mode, "off");
+  EXPECT_EQ(Config().teacher.cache.mode, distill::CacheMode::kOff);
   const Config o = parseConfig(teacher, {"teacher.cache.mode=read", "teacher.cache.path=/x"});
-  EXPECT_EQ(o.teacher.cache.mode, "read");
+  EXPECT_EQ(o.teacher.cache.mode, distill::CacheMode::kRead);
   EXPECT_EQ(o.teacher.cache.path, "/x");
   // The dump writes the group nested and reads back the same.
   EXPECT_NE(dumpConfig(c).find("  cache:\n    path: "), std::string::npos) << dumpConfig(c);

@@ -85,7 +85,7 @@ distill::TeacherOptions::CacheOptions options(const std::string& path, const std
                                               int64_t maxBytes = int64_t(64) << 20) {
   distill::TeacherOptions::CacheOptions o;
   o.path = path;
-  o.mode = mode;
+  o.mode = *distill::parseEnum<distill::CacheMode>(mode);
   o.max_bytes = maxBytes;
   return o;
 }

@@ -45,6 +45,8 @@ enum class OnSaveError { kStop, kContinue };
 DISTILL_OPTION_ENUM_NAMES(OnSaveError, "stop", "continue");
 enum class OnCorrupt { kError, kRestart };
 DISTILL_OPTION_ENUM_NAMES(OnCorrupt, "error", "restart");
+enum class CacheMode { kOff, kRead, kWrite, kReadWrite };
+DISTILL_OPTION_ENUM_NAMES(CacheMode, "off", "read", "write", "readwrite");
 
 #undef DISTILL_OPTION_ENUM_NAMES
 
@@ -132,7 +134,7 @@ struct TeacherOptions {
   // answered from an LMDB store at `path` without a forward.
   struct CacheOptions {
     std::string path;                     // the store's directory ("" with mode off)
-    std::string mode = "off";             // off | read | write | readwrite
+    CacheMode mode = CacheMode::kOff;     // off | read | write | readwrite
     int64_t max_bytes = int64_t(1) << 30; // the store's size limit; full: inserts stop, hits go on
   };
   CacheOptions cache;
