@@ -89,13 +89,19 @@ class JobStore : public c10d::Store {
   // the error it causes here race by a few milliseconds).
   std::vector<int> lostRanks(Millis grace);
 
+  // Waits up to `timeout` for every key of `keys` to exist: false when the
+  // time ran out (an expected outcome, not an error); failures still throw.
+  bool tryWait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout);
+
   // "127.0.0.1:29500 (served by student rank 0 on node 0)"
   std::string describe() const;
 
  private:
   struct Conn;
+  // One request and its answer. At the deadline: TimeoutError, or, with
+  // `timedOut`, *timedOut = true and an empty answer.
   std::vector<uint8_t> call(uint8_t op, const std::string& payload, Deadline deadline, const std::string& what,
-                            uint8_t* status = nullptr);
+                            uint8_t* status = nullptr, bool* timedOut = nullptr);
 
   std::string host_;
   int port_;

@@ -184,73 +184,77 @@ struct StudentGroup::Impl {
     }
     return *gloo;
   }
+
+  void openAgentStore(const Topology& topo, Millis startup, const std::string& hostPort);
+  void openJobStore(const Topology& topo, Deadline deadline, const std::string& hostPort);
+  void admit(Deadline deadline, Millis startup);
+  void createBackends(const Topology& topo, const StudentOptions& student);
 };
 
-StudentGroup::StudentGroup(const Topology& topo, const RunOptions& run,
-                           const StudentOptions& student)
-    : impl_(std::make_unique<Impl>()) {
-  auto& s = *impl_;
-  s.rank = topo.studentRank;
-  s.size = topo.studentWorldSize;
-  s.perNode = std::max(1, topo.studentsPerNode());
-  s.timeout = secondsToMillis(run.collective_timeout_s);
-  const Millis startup = secondsToMillis(run.startup_timeout_s);
-  DISTILL_CHECK_T(ConfigError, topo.masterPort > 0, "student group: MASTER_PORT is not set");
-  auto deadline = Deadline::after(startup);
+namespace {
 
-  // Under torchrun the agent already serves a store at MASTER_ADDR:MASTER_PORT.
+// Under torchrun the agent already serves a store at MASTER_ADDR:MASTER_PORT.
+bool useAgentStore() {
   const char* agentStore = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
-  bool useAgentStore = agentStore && std::string(agentStore) == "True";
-  const std::string hostPort = topo.masterAddr + ":" + std::to_string(topo.masterPort);
-  s.storeWhere = hostPort + " (served by student rank 0 on node 0)";
-  s.storeHostPort = hostPort;
+  return agentStore && std::string(agentStore) == "True";
+}
 
-  if (useAgentStore) {
-    c10d::TCPStoreOptions opts;
-    opts.port = static_cast<uint16_t>(topo.masterPort);
-    opts.isServer = false;
-    opts.numWorkers = static_cast<size_t>(s.size);
-    opts.waitWorkers = false;  // admission below has its own deadline and names who is missing
-    opts.timeout = startup;
-    s.storeWhere = hostPort + " (torchrun's agent store)";
-    try {
-      auto tcp = c10::make_intrusive<c10d::TCPStore>(topo.masterAddr, opts);
-      s.store = c10::make_intrusive<c10d::PrefixStore>("distill/students", tcp);
-    } catch (const std::exception& e) {
-      DISTILL_THROW(TimeoutError, awaiting("student group store at " + hostPort),
-                    "student group: cannot reach torchrun's store at ", hostPort, " within ", startup.count(),
-                    " ms: ", Impl::firstLine(e.what()));
-    }
-  } else {
-    const char* secretEnv = std::getenv(kJobSecretEnv);
-    const std::string secret = secretEnv ? secretEnv : "";
-    if (secret.empty()) {
-      DISTILL_LOG(kWarning) << kJobSecretEnv << " is not set: the student group's rendezvous store at " << hostPort
-                            << " takes any process that connects (distill-run sets a secret per job)";
-    }
-    if (s.rank == 0) {
-      // distill-run binds the socket (to check the port before anything
-      // starts, and to choose a free one) and hands it over; a rank started
-      // otherwise binds it here. Either way to run.master_addr only.
-      int fd = -1;
-      if (const char* inherited = std::getenv(kStoreFdEnv); inherited && *inherited) {
-        fd = std::atoi(inherited);
-        const int port = listeningPort(fd);
-        DISTILL_CHECK_T(ConfigError, port == topo.masterPort, kStoreFdEnv, "=", inherited,
-                        " is not a socket listening on MASTER_PORT ", topo.masterPort,
-                        port < 0 ? std::string(" (not a listening socket)") : " (it listens on " + std::to_string(port) + ")");
-      } else {
-        fd = listenForStore(topo.masterAddr, topo.masterPort).fd;
-      }
-      s.server = std::make_unique<JobStoreServer>(fd, secret, hostPort);
-      s.serving = true;
-    }
-    s.jobStore = c10::make_intrusive<JobStore>(topo.masterAddr, topo.masterPort, secret, s.rank,
-                                               "student rank 0 on node 0", deadline);
-    s.store = c10::make_intrusive<c10d::PrefixStore>("distill/students", s.jobStore);
+}  // namespace
+
+// The store of torchrun's agent, under a prefix of its own.
+void StudentGroup::Impl::openAgentStore(const Topology& topo, Millis startup, const std::string& hostPort) {
+  auto& s = *this;
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<uint16_t>(topo.masterPort);
+  opts.isServer = false;
+  opts.numWorkers = static_cast<size_t>(s.size);
+  opts.waitWorkers = false;  // admission below has its own deadline and names who is missing
+  opts.timeout = startup;
+  s.storeWhere = hostPort + " (torchrun's agent store)";
+  try {
+    auto tcp = c10::make_intrusive<c10d::TCPStore>(topo.masterAddr, opts);
+    s.store = c10::make_intrusive<c10d::PrefixStore>("distill/students", tcp);
+  } catch (const std::exception& e) {
+    DISTILL_THROW(TimeoutError, awaiting("student group store at " + hostPort),
+                  "student group: cannot reach torchrun's store at ", hostPort, " within ", startup.count(),
+                  " ms: ", Impl::firstLine(e.what()));
   }
+}
 
-  // Admission: every student announces itself, then waits (deadline) for all.
+// distill's own authenticated store (job_store.h), served by student rank 0.
+void StudentGroup::Impl::openJobStore(const Topology& topo, Deadline deadline, const std::string& hostPort) {
+  auto& s = *this;
+  const char* secretEnv = std::getenv(kJobSecretEnv);
+  const std::string secret = secretEnv ? secretEnv : "";
+  if (secret.empty()) {
+    DISTILL_LOG(kWarning) << kJobSecretEnv << " is not set: the student group's rendezvous store at " << hostPort
+                          << " takes any process that connects (distill-run sets a secret per job)";
+  }
+  if (s.rank == 0) {
+    // distill-run binds the socket (to check the port before anything
+    // starts, and to choose a free one) and hands it over; a rank started
+    // otherwise binds it here. Either way to run.master_addr only.
+    int fd = -1;
+    if (const char* inherited = std::getenv(kStoreFdEnv); inherited && *inherited) {
+      fd = std::atoi(inherited);
+      const int port = listeningPort(fd);
+      DISTILL_CHECK_T(ConfigError, port == topo.masterPort, kStoreFdEnv, "=", inherited,
+                      " is not a socket listening on MASTER_PORT ", topo.masterPort,
+                      port < 0 ? std::string(" (not a listening socket)") : " (it listens on " + std::to_string(port) + ")");
+    } else {
+      fd = listenForStore(topo.masterAddr, topo.masterPort).fd;
+    }
+    s.server = std::make_unique<JobStoreServer>(fd, secret, hostPort);
+    s.serving = true;
+  }
+  s.jobStore = c10::make_intrusive<JobStore>(topo.masterAddr, topo.masterPort, secret, s.rank,
+                                             "student rank 0 on node 0", deadline);
+  s.store = c10::make_intrusive<c10d::PrefixStore>("distill/students", s.jobStore);
+}
+
+// Admission: every student announces itself, then waits (deadline) for all.
+void StudentGroup::Impl::admit(Deadline deadline, Millis startup) {
+  auto& s = *this;
   try {
     s.store->setTimeout(std::max(Millis(1), std::chrono::ceil<Millis>(deadline.remaining())));
     s.store->add("joined/" + std::to_string(s.rank), 1);
@@ -281,8 +285,11 @@ StudentGroup::StudentGroup(const Topology& topo, const RunOptions& run,
       }
     }
   }
-  s.store->setTimeout(s.timeout);
+}
 
+// gloo always (CPU tensors, the small collectives), NCCL for CUDA students.
+void StudentGroup::Impl::createBackends(const Topology& topo, const StudentOptions& student) {
+  auto& s = *this;
   // gloo rendezvous itself (connectFullMesh) is bounded by the store's timeout.
   auto glooOpts = c10d::ProcessGroupGloo::Options::create(s.timeout);
   const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
@@ -305,6 +312,30 @@ StudentGroup::StudentGroup(const Topology& topo, const RunOptions& run,
   DISTILL_LOG(kInfo) << "student group ready: rank " << s.rank << "/" << s.size << " (gloo"
                      << (s.nccl ? " + nccl" : "") << "), collective timeout " << s.timeout.count()
                      << " ms";
+}
+
+StudentGroup::StudentGroup(const Topology& topo, const RunOptions& run,
+                           const StudentOptions& student)
+    : impl_(std::make_unique<Impl>()) {
+  auto& s = *impl_;
+  s.rank = topo.studentRank;
+  s.size = topo.studentWorldSize;
+  s.perNode = std::max(1, topo.studentsPerNode());
+  s.timeout = secondsToMillis(run.collective_timeout_s);
+  const Millis startup = secondsToMillis(run.startup_timeout_s);
+  DISTILL_CHECK_T(ConfigError, topo.masterPort > 0, "student group: MASTER_PORT is not set");
+  auto deadline = Deadline::after(startup);
+  const std::string hostPort = topo.masterAddr + ":" + std::to_string(topo.masterPort);
+  s.storeWhere = hostPort + " (served by student rank 0 on node 0)";
+  s.storeHostPort = hostPort;
+  if (useAgentStore()) {
+    s.openAgentStore(topo, startup, hostPort);
+  } else {
+    s.openJobStore(topo, deadline, hostPort);
+  }
+  s.admit(deadline, startup);
+  s.store->setTimeout(s.timeout);
+  s.createBackends(topo, student);
 }
 
 StudentGroup::~StudentGroup() = default;

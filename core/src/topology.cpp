@@ -105,44 +105,42 @@ Topology Topology::fromEnvironment() {
   return fromEnv(env);
 }
 
-Topology Topology::fromEnv(const std::map<std::string, std::string>& env) {
-  EnvReader r(env);
-  Topology t;
-  t.masterAddr = r.str("MASTER_ADDR", "127.0.0.1");
-  t.segment = r.str("DISTILL_SEGMENT", "");
-  t.jobId = r.str("DISTILL_JOB_ID", "");
-  t.configPath = r.str("DISTILL_CONFIG", "");
+namespace {
 
-  if (r.has("DISTILL_ROLE")) {
-    // Launched by distill-run: DISTILL_* is the full picture.
-    t.role = parseRole(r, r.str("DISTILL_ROLE", ""));
-    t.localRank = r.integer("DISTILL_LOCAL_RANK", 0, true, 0);
-    t.localWorldSize = r.integer("DISTILL_LOCAL_WORLD_SIZE", 0, true, 2);
-    t.nodeRank = r.integer("DISTILL_NODE_RANK", 0, true, 0);
-    t.nnodes = r.integer("DISTILL_NNODES", 1, true, 1);
-    t.masterPort = r.integer("MASTER_PORT", 0, t.role == Role::kStudent, 1);
-  } else {
-    // Launched by torchrun: every process in RANK/WORLD_SIZE, teacher = last local rank.
-    int rank = r.integer("RANK", 0, true, 0);
-    int world = r.integer("WORLD_SIZE", 0, true, 1);
-    t.localRank = r.integer("LOCAL_RANK", 0, true, 0);
-    t.localWorldSize = r.integer("LOCAL_WORLD_SIZE", 0, true, 2);
-    const char* nodeKey = r.has("NODE_RANK") ? "NODE_RANK" : "GROUP_RANK";
-    t.nodeRank = r.integer(nodeKey, 0, false, 0);
-    t.masterPort = r.integer("MASTER_PORT", 0, true, 1);
-    if (t.localWorldSize >= 2 && world % t.localWorldSize != 0) {
-      r.problem("WORLD_SIZE=" + std::to_string(world) + " is not a multiple of LOCAL_WORLD_SIZE=" +
-                std::to_string(t.localWorldSize) + " (every node needs the same process count)");
-    } else if (t.localWorldSize >= 2) {
-      t.nnodes = world / t.localWorldSize;
-    }
-    if (t.localWorldSize >= 2 && rank != t.nodeRank * t.localWorldSize + t.localRank) {
-      r.problem("RANK=" + std::to_string(rank) + " does not match NODE_RANK*LOCAL_WORLD_SIZE+" +
-                "LOCAL_RANK=" + std::to_string(t.nodeRank * t.localWorldSize + t.localRank));
-    }
-    t.role = t.localRank == t.localWorldSize - 1 ? Role::kTeacher : Role::kStudent;
+// Launched by distill-run: DISTILL_* is the full picture.
+void readDistillRun(EnvReader& r, Topology& t) {
+  t.role = parseRole(r, r.str("DISTILL_ROLE", ""));
+  t.localRank = r.integer("DISTILL_LOCAL_RANK", 0, true, 0);
+  t.localWorldSize = r.integer("DISTILL_LOCAL_WORLD_SIZE", 0, true, 2);
+  t.nodeRank = r.integer("DISTILL_NODE_RANK", 0, true, 0);
+  t.nnodes = r.integer("DISTILL_NNODES", 1, true, 1);
+  t.masterPort = r.integer("MASTER_PORT", 0, t.role == Role::kStudent, 1);
+}
+
+// Launched by torchrun: every process in RANK/WORLD_SIZE, teacher = last local rank.
+void readTorchrun(EnvReader& r, Topology& t) {
+  int rank = r.integer("RANK", 0, true, 0);
+  int world = r.integer("WORLD_SIZE", 0, true, 1);
+  t.localRank = r.integer("LOCAL_RANK", 0, true, 0);
+  t.localWorldSize = r.integer("LOCAL_WORLD_SIZE", 0, true, 2);
+  const char* nodeKey = r.has("NODE_RANK") ? "NODE_RANK" : "GROUP_RANK";
+  t.nodeRank = r.integer(nodeKey, 0, false, 0);
+  t.masterPort = r.integer("MASTER_PORT", 0, true, 1);
+  if (t.localWorldSize >= 2 && world % t.localWorldSize != 0) {
+    r.problem("WORLD_SIZE=" + std::to_string(world) + " is not a multiple of LOCAL_WORLD_SIZE=" +
+              std::to_string(t.localWorldSize) + " (every node needs the same process count)");
+  } else if (t.localWorldSize >= 2) {
+    t.nnodes = world / t.localWorldSize;
   }
+  if (t.localWorldSize >= 2 && rank != t.nodeRank * t.localWorldSize + t.localRank) {
+    r.problem("RANK=" + std::to_string(rank) + " does not match NODE_RANK*LOCAL_WORLD_SIZE+" +
+              "LOCAL_RANK=" + std::to_string(t.nodeRank * t.localWorldSize + t.localRank));
+  }
+  t.role = t.localRank == t.localWorldSize - 1 ? Role::kTeacher : Role::kStudent;
+}
 
+// The ranks against the sizes, and the role against the local rank.
+void checkRanks(EnvReader& r, const Topology& t) {
   if (t.localWorldSize >= 2 && t.localRank >= t.localWorldSize) {
     r.problem("local rank " + std::to_string(t.localRank) + " is not below the local world size " +
               std::to_string(t.localWorldSize));
@@ -160,6 +158,41 @@ Topology Topology::fromEnv(const std::map<std::string, std::string>& env) {
     r.problem("local rank " + std::to_string(t.localRank) +
               " is the last local rank, which is the teacher's, but DISTILL_ROLE=student");
   }
+}
+
+// The student-world variables distill-run sets must agree with DISTILL_*.
+void checkStudentWorld(EnvReader& r, const Topology& t) {
+  struct {
+    const char* key;
+    int expected;
+  } checks[] = {{"RANK", t.studentRank},
+                {"WORLD_SIZE", t.studentWorldSize},
+                {"LOCAL_RANK", t.studentLocalRank},
+                {"LOCAL_WORLD_SIZE", t.localWorldSize - 1}};
+  for (auto& c : checks) {
+    int v = r.integer(c.key, c.expected, true, 0);
+    if (r.has(c.key) && v != c.expected) {
+      r.problem(std::string(c.key) + "=" + std::to_string(v) + " but the student world of " +
+                "DISTILL_* gives " + std::to_string(c.expected));
+    }
+  }
+}
+
+}  // namespace
+
+Topology Topology::fromEnv(const std::map<std::string, std::string>& env) {
+  EnvReader r(env);
+  Topology t;
+  t.masterAddr = r.str("MASTER_ADDR", "127.0.0.1");
+  t.segment = r.str("DISTILL_SEGMENT", "");
+  t.jobId = r.str("DISTILL_JOB_ID", "");
+  t.configPath = r.str("DISTILL_CONFIG", "");
+  if (r.has("DISTILL_ROLE")) {
+    readDistillRun(r, t);
+  } else {
+    readTorchrun(r, t);
+  }
+  checkRanks(r, t);
 
   t.globalWorldSize = t.nnodes * t.localWorldSize;
   t.globalRank = t.nodeRank * t.localWorldSize + t.localRank;
@@ -167,23 +200,7 @@ Topology Topology::fromEnv(const std::map<std::string, std::string>& env) {
   if (t.role == Role::kStudent) {
     t.studentLocalRank = t.localRank;
     t.studentRank = t.studentRankOf(t.nodeRank, t.localRank);
-    if (r.has("DISTILL_ROLE")) {
-      // The student-world variables distill-run sets must agree with DISTILL_*.
-      struct {
-        const char* key;
-        int expected;
-      } checks[] = {{"RANK", t.studentRank},
-                    {"WORLD_SIZE", t.studentWorldSize},
-                    {"LOCAL_RANK", t.studentLocalRank},
-                    {"LOCAL_WORLD_SIZE", t.localWorldSize - 1}};
-      for (auto& c : checks) {
-        int v = r.integer(c.key, c.expected, true, 0);
-        if (r.has(c.key) && v != c.expected) {
-          r.problem(std::string(c.key) + "=" + std::to_string(v) + " but the student world of " +
-                    "DISTILL_* gives " + std::to_string(c.expected));
-        }
-      }
-    }
+    if (r.has("DISTILL_ROLE")) checkStudentWorld(r, t);
   }
 
   if (!r.problems().empty()) {
