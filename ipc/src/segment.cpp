@@ -193,10 +193,10 @@ std::vector<std::string> Segment::removeStale(const std::string& prefix) {
   return removed;
 }
 
-Segment Segment::create(const std::string& name, const SegmentLayout& layout, const std::string& jobId) {
-  checkLayout(layout, name);
-  DISTILL_CHECK_T(IpcError, !jobId.empty() && jobId.size() < size_t(wire::kJobIdBytes), "segment '", name,
-                  "': job id '", jobId, "' must have 1..", wire::kJobIdBytes - 1, " characters");
+namespace {
+
+// A segment of this name left by a dead creator is removed; a live one's is an error.
+void clearStaleSegment(const std::string& name) {
   if (auto old = openExisting(name)) {
     auto& c = *static_cast<const wire::ControlBlock*>(old->region.get_address());
     const int pid = c.magic.load(std::memory_order_acquire) == wire::kSegmentMagic ? c.creatorPid : 0;
@@ -209,7 +209,10 @@ Segment Segment::create(const std::string& name, const SegmentLayout& layout, co
                           << (pid > 0 ? " is dead" : " unknown: never initialised") << "); removing and recreating it";
     bip::shared_memory_object::remove(name.c_str());
   }
-  const LayoutOffsets off = computeOffsets(layout);
+}
+
+// A new shared-memory object of off.total bytes, reserved and mapped.
+std::shared_ptr<Mapping> createMapping(const std::string& name, const LayoutOffsets& off, const SegmentLayout& layout) {
   // Room first, for a message that says what to change; the reservation below
   // is what guarantees it (another job may take the room in between).
   const int64_t free = shmBytesFree();
@@ -244,8 +247,12 @@ Segment Segment::create(const std::string& name, const SegmentLayout& layout, co
     bip::shared_memory_object::remove(name.c_str());
     DISTILL_THROW(IpcError, "segment '", name, "': cannot map ", bytesText(off.total), ": ", e.what());
   }
-  auto impl = makeImpl(name, std::move(m), layout);
-  auto* c = new (impl->base) wire::ControlBlock;  // atomics: trivially default-constructed, memory is zero
+  return m;
+}
+
+// The control block's fields (all but magic, which publishes it).
+void initControl(wire::ControlBlock* c, const SegmentLayout& layout, const std::string& jobId,
+                 const LayoutOffsets& off) {
   c->layoutVersion = wire::kLayoutVersion;
   std::strncpy(c->jobId, jobId.c_str(), sizeof c->jobId - 1);
   c->numStudents = layout.numStudents;
@@ -267,6 +274,19 @@ Segment Segment::create(const std::string& name, const SegmentLayout& layout, co
   c->configOffset = off.config;
   c->configBytesPerProcess = wire::kConfigBytesPerProcess;
   c->controlChecksum = wire::controlChecksum(*c);
+}
+
+}  // namespace
+
+Segment Segment::create(const std::string& name, const SegmentLayout& layout, const std::string& jobId) {
+  checkLayout(layout, name);
+  DISTILL_CHECK_T(IpcError, !jobId.empty() && jobId.size() < size_t(wire::kJobIdBytes), "segment '", name,
+                  "': job id '", jobId, "' must have 1..", wire::kJobIdBytes - 1, " characters");
+  clearStaleSegment(name);
+  const LayoutOffsets off = computeOffsets(layout);
+  auto impl = makeImpl(name, createMapping(name, off, layout), layout);
+  auto* c = new (impl->base) wire::ControlBlock;  // atomics: trivially default-constructed, memory is zero
+  initControl(c, layout, jobId, off);
   for (int i = 0; i < impl->numProcesses(); ++i) {
     auto& e = impl->process(i);
     new (&e) wire::ProcessEntry;

@@ -1,0 +1,285 @@
+// The teacher-output cache's rows (cache.h): the answer context and a row's
+// key (SHA-256), and a row's answer encoded compactly for the store (top-k
+// values in float16, indices in the narrowest integer that holds the vocabulary).
+#include "cache.h"
+
+#include <openssl/evp.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <sstream>
+
+#include "distill/core/errors.h"
+#include "distill/core/protocol.h"
+#include "distill/core/strings.h"
+
+namespace distill {
+namespace {
+
+// Incremental SHA-256 (EVP, as core's rendezvous HMAC uses libcrypto).
+class Sha256 {
+ public:
+  Sha256() : ctx_(EVP_MD_CTX_new()) {
+    DISTILL_CHECK_T(InternalError, ctx_ && EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr) == 1,
+                    "SHA-256 init failed");
+  }
+  ~Sha256() { EVP_MD_CTX_free(ctx_); }
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
+  void add(const void* p, size_t n) { EVP_DigestUpdate(ctx_, p, n); }
+  // A length first, so that ("ab","c") and ("a","bc") differ.
+  void addString(const std::string& s) {
+    addInt(static_cast<int64_t>(s.size()));
+    add(s.data(), s.size());
+  }
+  void addInt(int64_t v) { add(&v, sizeof v); }
+  CacheKey finish() {
+    CacheKey out{};
+    unsigned int n = 0;
+    EVP_DigestFinal_ex(ctx_, out.data(), &n);
+    return out;
+  }
+
+ private:
+  EVP_MD_CTX* ctx_;
+};
+
+std::string hex(const CacheKey& k) {
+  static const char* digits = "0123456789abcdef";
+  std::string s;
+  for (uint8_t b : k) {
+    s += digits[b >> 4];
+    s += digits[b & 15];
+  }
+  return s;
+}
+
+// How a tensor of a row is stored.
+enum class Encoding : uint8_t { kRaw = 0, kFloat16 = 1, kUInt8 = 2, kUInt16 = 3 };
+
+void put(std::string& out, const void* p, size_t n) { out.append(static_cast<const char*>(p), n); }
+template <typename T>
+void putValue(std::string& out, T v) {
+  put(out, &v, sizeof v);
+}
+
+// Reads a record with bounds checks: a short or odd record is an error, never a wild read.
+class Reader {
+ public:
+  Reader(const void* data, size_t size) : p_(static_cast<const char*>(data)), left_(size) {}
+  const char* take(size_t n) {
+    DISTILL_CHECK_T(IpcError, n <= left_, "teacher cache: malformed record (", n, " bytes wanted, ", left_,
+                    " left)");
+    const char* at = p_;
+    p_ += n;
+    left_ -= n;
+    return at;
+  }
+  template <typename T>
+  T value() {
+    T v;
+    std::memcpy(&v, take(sizeof v), sizeof v);
+    return v;
+  }
+  size_t left() const { return left_; }
+
+ private:
+  const char* p_;
+  size_t left_;
+};
+
+constexpr char kRecordMagic[4] = {'D', 'T', 'C', char(kCacheFormatVersion)};
+
+}  // namespace
+
+std::string modelDigest(const TeacherModel& model) {
+  const auto state = model.state();
+  if (state.empty()) return "";
+  Sha256 h;
+  for (const auto& [name, t] : state) {
+    at::Tensor c = t.detach().contiguous().cpu();
+    h.addString(name);
+    h.addString(c10::toString(c.scalar_type()));
+    h.addInt(c.dim());
+    for (int64_t d : c.sizes()) h.addInt(d);
+    h.addInt(static_cast<int64_t>(c.nbytes()));
+    h.add(c.data_ptr(), c.nbytes());
+  }
+  return hex(h.finish());
+}
+
+std::string answerContext(const TeacherOptions& t, double temperature, const TeacherModel& model) {
+  std::string weights = modelDigest(model);
+  if (weights.empty()) weights = model.fingerprint().empty() ? "" : "fingerprint " + model.fingerprint();
+  DISTILL_CHECK_T(ConfigError, !weights.empty(), "teacher.cache: the teacher model (teacher.kind ", t.kind,
+                  ") exposes neither its parameters (TeacherModel::state) nor a fingerprint, so its answers "
+                  "could not be kept apart from another teacher's; set teacher.cache.mode to off");
+  std::ostringstream os;
+  os << "distill teacher cache format " << kCacheFormatVersion << "\nweights " << weights << "\nkind " << t.kind
+     << "\nmethod " << t.method << "\noutput " << t.output;
+  if (t.topk > 0) {
+    // logsumexp and log_tail are taken at the loss temperature; full logits do not depend on it.
+    char temp[64];
+    std::snprintf(temp, sizeof temp, "%a", temperature);
+    os << "\ntopk " << t.topk << " temperature " << temp;
+  } else {
+    os << "\nfull logits";
+  }
+  os << "\nhidden_states";
+  for (const auto& h : t.hidden_states) os << " " << h;
+  os << "\nautocast " << t.autocast << "\ndevice " << at::Device(t.device).type();
+  return os.str();
+}
+
+CacheKey rowKey(const std::string& context, const std::vector<std::string>& names,
+                const std::vector<at::Tensor>& inputs, int64_t row) {
+  Sha256 h;
+  h.addString(context);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor& t = inputs[i];
+    DISTILL_INTERNAL_ASSERT(t.is_contiguous() && t.device().is_cpu(), "rowKey needs contiguous CPU inputs");
+    h.addString(names.at(i));
+    h.addString(c10::toString(t.scalar_type()));
+    h.addInt(t.dim() - 1);
+    for (int64_t d = 1; d < t.dim(); ++d) h.addInt(t.size(d));
+    const size_t rowBytes = t.nbytes() / static_cast<size_t>(t.size(0));
+    h.addInt(static_cast<int64_t>(rowBytes));
+    h.add(static_cast<const char*>(t.data_ptr()) + rowBytes * static_cast<size_t>(row), rowBytes);
+  }
+  return h.finish();
+}
+
+void roundForStorage(Answer& answer, double temperature) {
+  auto values = answer.find(protocol::kTopkValues);
+  auto lse = answer.find(protocol::kLogsumexp);
+  auto tail = answer.find(protocol::kLogTail);
+  if (values == answer.end() || lse == answer.end() || tail == answer.end() ||
+      values->second.scalar_type() != at::kFloat) {
+    return;
+  }
+  at::Tensor v = values->second;
+  at::Tensor rounded = v.to(at::kHalf).to(at::kFloat);
+  // Where float16 cannot hold a value it stays float32 (encodeRow then stores that row as float32).
+  rounded = at::where(at::isfinite(rounded) | ~at::isfinite(v), rounded, v);
+  values->second = rounded;
+  // logsumexp = log(exp(logsumexp(values / T)) + exp(log_tail)), so that the
+  // k + 1 buckets still sum to 1 (student/losses.h checks that they do).
+  at::Tensor head = at::logsumexp(rounded.div(temperature), -1);
+  lse->second = at::logaddexp(head, tail->second.to(at::kFloat)).contiguous();
+}
+
+std::string encodeRow(const Answer& row, int64_t vocab) {
+  std::string out(kRecordMagic, sizeof kRecordMagic);
+  putValue<uint8_t>(out, static_cast<uint8_t>(row.size()));
+  for (const auto& [name, tensor] : row) {
+    at::Tensor t = tensor.detach().contiguous().cpu();
+    DISTILL_INTERNAL_ASSERT(t.dim() >= 1 && t.size(0) == 1, "encodeRow takes one row");
+    Encoding enc = Encoding::kRaw;
+    at::Tensor stored = t;
+    if (name == protocol::kTopkValues && t.scalar_type() == at::kFloat) {
+      // float16: the top-k logits span a small range, where float16's 11-bit
+      // significand keeps 8 times bfloat16's precision. A row that float16
+      // cannot hold (|v| > 65504) stays float32.
+      at::Tensor half = t.to(at::kHalf);
+      if (at::equal(at::isfinite(half), at::isfinite(t))) {
+        enc = Encoding::kFloat16;
+        stored = half;
+      }
+    } else if (name == protocol::kTopkIndices && t.scalar_type() == at::kInt && vocab > 0 && vocab <= 65536) {
+      enc = vocab <= 256 ? Encoding::kUInt8 : Encoding::kUInt16;
+    }
+    putValue<uint8_t>(out, static_cast<uint8_t>(name.size()));
+    put(out, name.data(), name.size());
+    putValue<uint8_t>(out, static_cast<uint8_t>(enc));
+    putValue<int8_t>(out, static_cast<int8_t>(t.scalar_type()));
+    putValue<uint8_t>(out, static_cast<uint8_t>(t.dim() - 1));
+    for (int64_t d = 1; d < t.dim(); ++d) putValue<int64_t>(out, t.size(d));
+    if (enc == Encoding::kUInt8 || enc == Encoding::kUInt16) {
+      // By hand: torch has no uint16 arithmetic to convert with.
+      const int32_t* idx = t.data_ptr<int32_t>();
+      const int64_t n = t.numel();
+      putValue<uint64_t>(out, uint64_t(n) * (enc == Encoding::kUInt8 ? 1 : 2));
+      for (int64_t i = 0; i < n; ++i) {
+        DISTILL_INTERNAL_ASSERT(idx[i] >= 0 && idx[i] < vocab, "top-k index ", idx[i], " outside vocab ", vocab);
+        if (enc == Encoding::kUInt8) {
+          putValue<uint8_t>(out, static_cast<uint8_t>(idx[i]));
+        } else {
+          putValue<uint16_t>(out, static_cast<uint16_t>(idx[i]));
+        }
+      }
+      continue;
+    }
+    putValue<uint64_t>(out, stored.nbytes());
+    put(out, stored.data_ptr(), stored.nbytes());
+  }
+  return out;
+}
+
+Answer decodeRow(const void* data, size_t size) {
+  Reader r(data, size);
+  DISTILL_CHECK_T(IpcError, std::memcmp(r.take(sizeof kRecordMagic), kRecordMagic, sizeof kRecordMagic) == 0,
+                  "teacher cache: record of another format");
+  Answer out;
+  const int count = r.value<uint8_t>();
+  for (int i = 0; i < count; ++i) {
+    const size_t nameLen = r.value<uint8_t>();
+    std::string name(r.take(nameLen), nameLen);
+    const auto enc = static_cast<Encoding>(r.value<uint8_t>());
+    const int8_t dtypeCode = r.value<int8_t>();
+    DISTILL_CHECK_T(IpcError, dtypeCode >= 0 && dtypeCode < static_cast<int8_t>(at::ScalarType::NumOptions),
+                    "teacher cache: record with dtype code ", int(dtypeCode));
+    const auto dtype = static_cast<at::ScalarType>(dtypeCode);
+    const int ndim = r.value<uint8_t>();
+    std::vector<int64_t> shape{1};
+    int64_t numel = 1;
+    for (int d = 0; d < ndim; ++d) {
+      shape.push_back(r.value<int64_t>());
+      DISTILL_CHECK_T(IpcError, shape.back() >= 0 && shape.back() < (int64_t(1) << 40),
+                      "teacher cache: record with dim ", shape.back());
+      numel *= shape.back();
+    }
+    const uint64_t nbytes = r.value<uint64_t>();
+    const char* bytes = r.take(nbytes);
+    at::Tensor t;
+    switch (enc) {
+      case Encoding::kRaw:
+        DISTILL_CHECK_T(IpcError, nbytes == uint64_t(numel) * c10::elementSize(dtype), "teacher cache: record of '",
+                        name, "' holds ", nbytes, " bytes for ", numel, " elements");
+        t = at::empty(shape, at::TensorOptions().dtype(dtype));
+        std::memcpy(t.data_ptr(), bytes, nbytes);
+        break;
+      case Encoding::kFloat16:
+        DISTILL_CHECK_T(IpcError, nbytes == uint64_t(numel) * 2, "teacher cache: malformed float16 record");
+        t = at::empty(shape, at::kHalf);
+        std::memcpy(t.data_ptr(), bytes, nbytes);
+        t = t.to(dtype);
+        break;
+      case Encoding::kUInt8:
+      case Encoding::kUInt16: {
+        const size_t width = enc == Encoding::kUInt8 ? 1 : 2;
+        DISTILL_CHECK_T(IpcError, nbytes == uint64_t(numel) * width, "teacher cache: malformed index record");
+        t = at::empty(shape, at::kInt);
+        int32_t* dst = t.data_ptr<int32_t>();
+        for (int64_t k = 0; k < numel; ++k) {
+          if (width == 1) {
+            dst[k] = static_cast<uint8_t>(bytes[k]);
+          } else {
+            uint16_t v;
+            std::memcpy(&v, bytes + 2 * k, 2);
+            dst[k] = v;
+          }
+        }
+        t = t.to(dtype);
+        break;
+      }
+      default:
+        DISTILL_THROW(IpcError, "teacher cache: record with encoding ", int(enc));
+    }
+    out[name] = t;
+  }
+  DISTILL_CHECK_T(IpcError, r.left() == 0, "teacher cache: ", r.left(), " bytes after the record's tensors");
+  return out;
+}
+
+}  // namespace distill

@@ -1,0 +1,70 @@
+// What a teacher answers beyond the model's forward: the top-k shape of its
+// output (server.h, topkOutput) and the order check of the tags it serves.
+#include <ATen/ATen.h>
+
+#include <limits>
+#include <map>
+#include <optional>
+#include <string>
+
+#include "distill/core/errors.h"
+#include "distill/core/protocol.h"
+#include "distill/core/tag.h"
+#include "distill/teacher/server.h"
+
+namespace distill {
+namespace {
+
+std::string tagString(const Tag& t) { return "(" + describe(t) + ")"; }
+
+}  // namespace
+
+std::map<std::string, at::Tensor> topkOutput(const at::Tensor& logits, int64_t k, double temperature) {
+  DISTILL_CHECK_T(ConfigError, logits.dim() >= 1 && k >= 1 && k <= logits.size(-1), "teacher.topk=", k,
+                  " exceeds the vocabulary of ", logits.dim() >= 1 ? logits.size(-1) : 0);
+  std::map<std::string, at::Tensor> out;
+  auto [values, indices] = at::topk(logits, k, -1);
+  // One float32 buffer of logits / T (a new tensor: div never aliases): the
+  // logsumexp over everything, then, with the top-k masked out in place, over
+  // the tail. The tail is summed, never taken as a difference, which cancels
+  // to 0 when the top-k holds nearly all the mass.
+  at::Tensor scaled = logits.to(at::kFloat).div(temperature);
+  out[protocol::kLogsumexp] = at::logsumexp(scaled, -1).contiguous();
+  scaled.scatter_(-1, indices, -std::numeric_limits<float>::infinity());
+  out[protocol::kLogTail] = at::logsumexp(scaled, -1).contiguous();
+  out[protocol::kTopkValues] = values.to(at::kFloat).contiguous();
+  out[protocol::kTopkIndices] = indices.to(at::kInt).contiguous();
+  return out;
+}
+
+std::string checkTagOrder(const std::optional<Tag>& prev, const Tag& next,
+                          int gradAccSteps) {
+  const std::string g = " (student.grad_acc_steps=" + std::to_string(gradAccSteps) + ")";
+  if (next.step < 0 || next.accStep < 0 || next.accStep >= gradAccSteps) {
+    return "request " + tagString(next) + ": acc_step must be in [0, " +
+           std::to_string(gradAccSteps) + ") and step >= 0" + g;
+  }
+  if (!prev) return "";  // the first request (or the first a restarted teacher sees)
+  const std::string pair = "request " + tagString(next) + " after " + tagString(*prev) + ": ";
+  if (next.seq != prev->seq + 1) {
+    return pair + "seq " + std::to_string(next.seq) + " does not follow seq " + std::to_string(prev->seq);
+  }
+  if (next.step < prev->step) return pair + "step went back";
+  if (next.step == prev->step) {
+    if (next.accStep <= prev->accStep) return pair + "acc_step did not advance" + g;
+    if (next.accStep > prev->accStep + 1) {
+      return pair + "acc_step " + std::to_string(prev->accStep + 1) +
+             (next.accStep > prev->accStep + 2 ? " to " + std::to_string(next.accStep - 1) : "") +
+             " skipped" + g;
+    }
+    return "";
+  }
+  if (prev->accStep != gradAccSteps - 1) {
+    return pair + "step " + std::to_string(prev->step) + " ended at acc_step " +
+           std::to_string(prev->accStep) + ", expected " + std::to_string(gradAccSteps - 1) + g;
+  }
+  if (next.accStep != 0) return pair + "a new step must start at acc_step 0" + g;
+  return "";
+}
+
+}  // namespace distill
