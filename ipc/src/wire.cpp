@@ -5,6 +5,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "distill/core/checksum.h"
+
 namespace distill::ipc::wire {
 
 int64_t itemSize(DType d) {
@@ -39,23 +41,15 @@ const char* stateName(uint32_t s) {
 
 namespace {
 
-// Word-wise multiply-xorshift in 4 independent lanes (the multiply latency
-// chain of one lane would dominate a round trip); `skip` is the byte offset of
-// a 4-byte field hashed as 0. `n` must be a multiple of 8.
-uint32_t mixWords(const unsigned char* p, size_t n, size_t skip) {
-  uint64_t lane[4] = {0x6A09E667F3BCC909ull ^ n, 0xBB67AE8584CAA73Bull, 0x3C6EF372FE94F82Bull,
-                      0xA54FF53A5F1D36F1ull};
-  for (size_t i = 0; i < n; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, p + i, 8);
-    if (skip >= i && skip < i + 8) w &= ~(uint64_t(0xFFFFFFFFu) << ((skip - i) * 8));
-    uint64_t& h = lane[(i / 8) & 3];
-    h = (h ^ w) * 0x9E3779B97F4A7C15ull;
-    h ^= h >> 29;
-  }
-  uint64_t h = lane[0];
-  for (int k = 1; k < 4; ++k) h = (h ^ lane[k]) * 0xBF58476D1CE4E5B9ull, h ^= h >> 32;
-  return static_cast<uint32_t>(h ^ (h >> 31));
+// CRC32C (core/checksum.h) of p[0, n) with the 4-byte field at byte offset
+// `skip` taken as 0. CRC32C rather than a hand-written mix: one checksum
+// module for the project, and bench_checksum measured it faster on this
+// header (33 vs 44 ns at 176 bytes, SSE4.2).
+uint32_t crcSkipping(const unsigned char* p, size_t n, size_t skip) {
+  static const uint32_t kZero = 0;
+  uint32_t c = crc32c(p, skip);
+  c = crc32c(&kZero, sizeof kZero, c);
+  return crc32c(p + skip + 4, n - skip - 4, c);
 }
 
 }  // namespace
@@ -63,7 +57,7 @@ uint32_t mixWords(const unsigned char* p, size_t n, size_t skip) {
 uint32_t headerChecksum(const SlotHeader& h) {
   static_assert(sizeof(SlotHeader) % 8 == 0 && offsetof(SlotHeader, checksum) == 4, "checksum field");
   static_assert(offsetof(SlotHeader, tensors) % 8 == 0 && sizeof(TensorDesc) % 8 == 0, "whole words");
-  return mixWords(reinterpret_cast<const unsigned char*>(&h), headerBytes(h), offsetof(SlotHeader, checksum));
+  return crcSkipping(reinterpret_cast<const unsigned char*>(&h), headerBytes(h), offsetof(SlotHeader, checksum));
 }
 
 uint32_t controlChecksum(const ControlBlock& c) {
@@ -71,7 +65,7 @@ uint32_t controlChecksum(const ControlBlock& c) {
   constexpr size_t begin = offsetof(ControlBlock, layoutVersion);
   constexpr size_t end = offsetof(ControlBlock, reserved) + sizeof(ControlBlock::reserved);
   static_assert((end - begin) % 8 == 0, "immutable part is whole words");
-  return mixWords(reinterpret_cast<const unsigned char*>(&c) + begin, end - begin,
+  return crcSkipping(reinterpret_cast<const unsigned char*>(&c) + begin, end - begin,
                   offsetof(ControlBlock, controlChecksum) - begin);
 }
 

@@ -34,7 +34,7 @@ constexpr uint64_t kSegmentMagic = 0x314D48534C495444ull;  // "DTILSHM1", little
 // 3: checksum over the used prefix; 4: teacherMaxRestarts; 5: recorder; 6: config areas and
 // the teacher's admission refusal (issue 14 item 13); 7: ProcessEntry::endedNs; 8: status areas;
 // 9: ControlBlock::teacherCacheHitPermille
-constexpr uint32_t kLayoutVersion = 9;
+constexpr uint32_t kLayoutVersion = 10;
 constexpr uint32_t kSlotMagic = 0x544F4C53u;  // "SLOT"
 
 constexpr int kMaxTensors = 4;        // tensors per message
