@@ -44,6 +44,12 @@ if ! python3 -c "import matplotlib" 2>/dev/null; then
   python3 -m pip install -q matplotlib || python3 -m pip install -q --break-system-packages matplotlib
 fi
 
+# lizard measures function lengths for tests/structure (no library function over 80 lines).
+if ! python3 -c "import lizard" 2>/dev/null; then
+  echo "== installing lizard (pip)"
+  python3 -m pip install -q lizard || python3 -m pip install -q --break-system-packages lizard
+fi
+
 # ---- configure (once) and build ----
 if [ ! -f "$BUILD/build.ninja" ]; then
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDISTILL_BUILD_FUZZ=ON

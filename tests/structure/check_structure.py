@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""The house rules of the library code, checked on every test run.
+
+1. Include arrows: each module folder may include only the modules that the
+   "Layers" table of docs/design.md allows (the table is parsed, so the test and
+   the docs cannot drift apart); a relative include may not leave its module.
+2. No library source file (*.cpp, *.h of the module folders) over 500 lines.
+3. No library function over 80 lines, measured by lizard (pip package
+   `lizard`, installed by cmake/distill.sh). Without lizard the test is
+   SKIPPED (exit 77, ctest's SKIP_RETURN_CODE), never passed silently.
+
+Usage: check_structure.py --root SOURCE_DIR
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+
+MAX_FILE_LINES = 500
+MAX_FUNCTION_LINES = 80
+SKIP = 77
+SOURCE_SUFFIXES = (".cpp", ".h", ".cu", ".cuh")
+INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]')
+
+
+def layers(root):
+    """{module: set of modules it may include} from docs/design.md's Layers table."""
+    path = os.path.join(root, "docs", "design.md")
+    rows = {}
+    in_table = False
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("| folder |"):
+                in_table = True
+                continue
+            if in_table and not line.startswith("|"):
+                break
+            if not in_table or line.startswith("| ---"):
+                continue
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            module = cells[0].rstrip("/")
+            allowed = {m.strip().rstrip("/") for m in cells[2].split(",")}
+            rows[module] = {m for m in allowed if m}
+    if not rows:
+        sys.exit(f"{path}: no 'Layers' table (| folder | holds | may include |) found")
+    return rows
+
+
+def sources(root, module):
+    for dirpath, _, files in os.walk(os.path.join(root, module)):
+        for name in sorted(files):
+            if name.endswith(SOURCE_SUFFIXES):
+                yield os.path.join(dirpath, name)
+
+
+def include_problems(root, table):
+    problems = []
+    modules = set(table)
+    for module, allowed in sorted(table.items()):
+        for path in sources(root, module):
+            rel = os.path.relpath(path, root)
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for n, line in enumerate(f, 1):
+                    m = INCLUDE.match(line)
+                    if not m:
+                        continue
+                    target = m.group(1)
+                    parts = target.split("/")
+                    if parts[0] == "distill" and len(parts) > 2 and parts[1] in modules:
+                        other = parts[1]
+                    elif target.startswith("../"):
+                        resolved = os.path.relpath(os.path.normpath(os.path.join(os.path.dirname(path), target)), root)
+                        other = resolved.split(os.sep)[0]
+                    else:
+                        continue  # system, third-party, generated (distill/build_config.h) or the module's own
+                    if other != module and other not in allowed:
+                        problems.append(f"{rel}:{n}: includes {target}: {module}/ may include only "
+                                        f"{', '.join(sorted(allowed)) or 'nothing of distill'} (docs/design.md, Layers)")
+    return problems
+
+
+def length_problems(root, table):
+    problems = []
+    for module in sorted(table):
+        for path in sources(root, module):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                count = sum(1 for _ in f)
+            if count > MAX_FILE_LINES:
+                problems.append(f"{os.path.relpath(path, root)}: {count} lines (at most {MAX_FILE_LINES})")
+    return problems
+
+
+def function_problems(root, table):
+    try:
+        import lizard  # noqa: F401
+    except ImportError:
+        print(f"SKIPPED: function lengths: python3 cannot import lizard (pip install lizard; cmake/distill.sh "
+              f"installs it)")
+        return None
+    dirs = [os.path.join(root, m) for m in sorted(table)]
+    cmd = [sys.executable, "-m", "lizard", "-l", "cpp", "-L", str(MAX_FUNCTION_LINES), "-C", "1000", "-w"] + dirs
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    problems = []
+    for line in out.stdout.splitlines():
+        m = re.match(r"^(.*?):(\d+): warning: (\S+) has .* (\d+) length", line)
+        if m:
+            problems.append(f"{os.path.relpath(m.group(1), root)}:{m.group(2)}: {m.group(3)} is "
+                            f"{m.group(4)} lines long (at most {MAX_FUNCTION_LINES})")
+        elif "warning" in line:
+            problems.append(line)
+    if out.returncode not in (0, 1) and not problems:
+        sys.exit(f"lizard failed (exit {out.returncode}): {out.stderr.strip()}")
+    return problems
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", required=True, help="the source tree")
+    args = ap.parse_args()
+    table = layers(args.root)
+    failed = False
+    for title, problems in (("include arrows", include_problems(args.root, table)),
+                            ("file lengths", length_problems(args.root, table))):
+        print(f"{title}: {'ok' if not problems else f'{len(problems)} problem(s)'}")
+        for p in problems:
+            print(f"  {p}")
+        failed = failed or bool(problems)
+    functions = function_problems(args.root, table)
+    if functions is not None:
+        print(f"function lengths: {'ok' if not functions else f'{len(functions)} problem(s)'}")
+        for p in functions:
+            print(f"  {p}")
+        failed = failed or bool(functions)
+    if failed:
+        return 1
+    return SKIP if functions is None else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
