@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "distill/core/checksum.h"
-#include "wire.h"  // internal: ipc/src
+#include "wire.h" // internal: ipc/src
 
 namespace w = distill::ipc::wire;
 
@@ -45,8 +45,7 @@ double nsPerCall(F&& f, int iters, int rounds) {
 // multiply-xorshift in 4 independent lanes; `skip` is the byte offset of a
 // 4-byte field hashed as 0. `n` must be a multiple of 8.
 uint32_t mixWords(const unsigned char* p, size_t n, size_t skip) {
-  uint64_t lane[4] = {0x6A09E667F3BCC909ull ^ n, 0xBB67AE8584CAA73Bull, 0x3C6EF372FE94F82Bull,
-                      0xA54FF53A5F1D36F1ull};
+  uint64_t lane[4] = {0x6A09E667F3BCC909ull ^ n, 0xBB67AE8584CAA73Bull, 0x3C6EF372FE94F82Bull, 0xA54FF53A5F1D36F1ull};
   for (size_t i = 0; i < n; i += 8) {
     uint64_t w;
     std::memcpy(&w, p + i, 8);
@@ -64,14 +63,16 @@ uint32_t mixHeader(const w::SlotHeader& h) {
   return mixWords(reinterpret_cast<const unsigned char*>(&h), w::headerBytes(h), offsetof(w::SlotHeader, checksum));
 }
 
-}  // namespace
+} // namespace
 
 int main(int argc, char** argv) {
   int iters = 200000, rounds = 15;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
-    if (f == "--iters" && i + 1 < argc) iters = std::stoi(argv[++i]);
-    else if (f == "--rounds" && i + 1 < argc) rounds = std::stoi(argv[++i]);
+    if (f == "--iters" && i + 1 < argc)
+      iters = std::stoi(argv[++i]);
+    else if (f == "--rounds" && i + 1 < argc)
+      rounds = std::stoi(argv[++i]);
     else {
       std::fprintf(stderr, "usage: bench_checksum [--iters N] [--rounds R]\n");
       return 2;
@@ -84,19 +85,39 @@ int main(int argc, char** argv) {
     h.magic = w::kSlotMagic;
     h.kind = uint32_t(error ? w::Kind::kError : w::Kind::kResponse);
     h.ntensors = 1;
-    for (size_t i = 0; i < sizeof h.tensors[0]; ++i) reinterpret_cast<unsigned char*>(&h.tensors[0])[i] = uint8_t(i * 7);
+    for (size_t i = 0; i < sizeof h.tensors[0]; ++i)
+      reinterpret_cast<unsigned char*>(&h.tensors[0])[i] = uint8_t(i * 7);
     if (error) std::snprintf(h.errorText, sizeof h.errorText, "teacher: out of memory");
     const size_t bytes = w::headerBytes(h);
     w::SlotHeader dst;
     std::memset(&dst, 0, sizeof dst);
 
-    const double mix = nsPerCall([&](int i) { h.seq = uint64_t(i); uint32_t s = mixHeader(h); keep(s); }, iters, rounds);
-    const double crc = nsPerCall([&](int i) { h.seq = uint64_t(i); uint32_t s = w::headerChecksum(h); keep(s); }, iters, rounds);
-    const double copy = nsPerCall([&](int i) { h.seq = uint64_t(i); std::memcpy(&dst, &h, bytes); keep(dst); }, iters, rounds);
+    const double mix = nsPerCall(
+        [&](int i) {
+          h.seq = uint64_t(i);
+          uint32_t s = mixHeader(h);
+          keep(s);
+        },
+        iters, rounds);
+    const double crc = nsPerCall(
+        [&](int i) {
+          h.seq = uint64_t(i);
+          uint32_t s = w::headerChecksum(h);
+          keep(s);
+        },
+        iters, rounds);
+    const double copy = nsPerCall(
+        [&](int i) {
+          h.seq = uint64_t(i);
+          std::memcpy(&dst, &h, bytes);
+          keep(dst);
+        },
+        iters, rounds);
     worstGap = std::max(worstGap, crc - mix);
-    std::printf("{\"bench\":\"checksum\",\"bytes\":%zu,\"mixwords_ns\":%.2f,\"crc32c_ns\":%.2f,\"memcpy_ns\":%.2f,"
-                "\"mixwords_over_memcpy\":%.2f,\"crc32c_over_memcpy\":%.2f,\"crc32c_minus_mixwords_ns\":%.2f}\n",
-                bytes, mix, crc, copy, mix / copy, crc / copy, crc - mix);
+    std::printf(
+        "{\"bench\":\"checksum\",\"bytes\":%zu,\"mixwords_ns\":%.2f,\"crc32c_ns\":%.2f,\"memcpy_ns\":%.2f,"
+        "\"mixwords_over_memcpy\":%.2f,\"crc32c_over_memcpy\":%.2f,\"crc32c_minus_mixwords_ns\":%.2f}\n",
+        bytes, mix, crc, copy, mix / copy, crc / copy, crc - mix);
   }
   std::printf("{\"bench\":\"checksum\",\"crc32c_within_20ns_of_mixwords\":%s,\"worst_gap_ns\":%.2f}\n",
               worstGap <= 20 ? "true" : "false", worstGap);

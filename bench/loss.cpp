@@ -58,7 +58,7 @@ Timing timeMs(int reps, F&& f) {
   return {p50(wall), p50(cpu)};
 }
 
-}  // namespace
+} // namespace
 
 int main(int argc, char** argv) {
   int64_t n = 1024, v = 256;
@@ -67,12 +67,18 @@ int main(int argc, char** argv) {
   std::string only;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
-    if (f == "--no-tail") noTail = true;
-    else if (f == "--double") dbl = true;
-    else if (f == "--kind" && i + 1 < argc) only = argv[++i];
-    else if (f == "--n" && i + 1 < argc) n = std::stoll(argv[++i]);
-    else if (f == "--v" && i + 1 < argc) v = std::stoll(argv[++i]);
-    else if (f == "--reps" && i + 1 < argc) reps = std::stoi(argv[++i]);
+    if (f == "--no-tail")
+      noTail = true;
+    else if (f == "--double")
+      dbl = true;
+    else if (f == "--kind" && i + 1 < argc)
+      only = argv[++i];
+    else if (f == "--n" && i + 1 < argc)
+      n = std::stoll(argv[++i]);
+    else if (f == "--v" && i + 1 < argc)
+      v = std::stoll(argv[++i]);
+    else if (f == "--reps" && i + 1 < argc)
+      reps = std::stoi(argv[++i]);
     else {
       std::fprintf(stderr, "usage: bench_loss [--n N] [--v V] [--reps R] [--no-tail] [--double] [--kind K]\n");
       return 2;
@@ -96,7 +102,7 @@ int main(int argc, char** argv) {
       o.kind = distill::parseEnum<distill::LossKind>(kind).value();
       o.temperature = 1.0;
       distill::TeacherOutput t;
-      if (topk) {  // what the teacher server sends: values, indices, logsumexp, log tail
+      if (topk) { // what the teacher server sends: values, indices, logsumexp, log tail
         auto out = distill::topkOutput(teacher, 32, o.temperature);
         t.topkValues = out.at(distill::protocol::kTopkValues);
         t.topkIndices = out.at(distill::protocol::kTopkIndices);
@@ -109,11 +115,12 @@ int main(int argc, char** argv) {
         auto z = base.clone().requires_grad_(true);
         distill::distillLoss(z, labels, t, o, static_cast<double>(n)).loss.backward();
       });
-      std::printf("{\"bench\":\"loss\",\"kind\":\"%s\",\"teacher\":\"%s\",\"dtype\":\"%s\",\"n\":%lld,"
-                  "\"v\":%lld,\"ms_p50\":%.3f,\"ce_ms_p50\":%.3f,\"ratio_to_ce\":%.2f,\"cpu_ms_p50\":%.3f,"
-                  "\"ce_cpu_ms_p50\":%.3f,\"cpu_ratio_to_ce\":%.2f}\n",
-                  kind, topk ? "top32" : "full", dbl ? "float64" : "float32", static_cast<long long>(n),
-                  static_cast<long long>(v), ms.wall, ce.wall, ms.wall / ce.wall, ms.cpu, ce.cpu, ms.cpu / ce.cpu);
+      std::printf(
+          "{\"bench\":\"loss\",\"kind\":\"%s\",\"teacher\":\"%s\",\"dtype\":\"%s\",\"n\":%lld,"
+          "\"v\":%lld,\"ms_p50\":%.3f,\"ce_ms_p50\":%.3f,\"ratio_to_ce\":%.2f,\"cpu_ms_p50\":%.3f,"
+          "\"ce_cpu_ms_p50\":%.3f,\"cpu_ratio_to_ce\":%.2f}\n",
+          kind, topk ? "top32" : "full", dbl ? "float64" : "float32", static_cast<long long>(n),
+          static_cast<long long>(v), ms.wall, ce.wall, ms.wall / ce.wall, ms.cpu, ce.cpu, ms.cpu / ce.cpu);
     }
   }
   return 0;

@@ -40,7 +40,7 @@ constexpr int kSlots = 4;
 const std::vector<int64_t> kOneWaySizes = {4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20};
 const std::vector<int64_t> kRoundTripSizes = {64, 1 << 10, 4 << 10, 64 << 10};
 
-std::map<std::string, double> gResults;  // for the ratio line
+std::map<std::string, double> gResults; // for the ratio line
 
 EndpointOptions hostOnly(int rank) {
   EndpointOptions o;
@@ -54,7 +54,8 @@ int64_t iterationsFor(int64_t bytes) { return std::clamp<int64_t>((int64_t(1) <<
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 void printOneWay(const char* path, int64_t bytes, double gbps) {
-  std::printf("{\"bench\":\"ring\",\"path\":\"%s\",\"op\":\"oneway\",\"bytes\":%ld,\"GBps\":%.3f}\n", path, long(bytes), gbps);
+  std::printf("{\"bench\":\"ring\",\"path\":\"%s\",\"op\":\"oneway\",\"bytes\":%ld,\"GBps\":%.3f}\n", path, long(bytes),
+              gbps);
   std::fflush(stdout);
   gResults[std::string(path) + "/" + std::to_string(bytes)] = gbps;
 }
@@ -62,8 +63,9 @@ void printOneWay(const char* path, int64_t bytes, double gbps) {
 void printRoundTrip(const char* path, int64_t bytes, std::vector<double> us) {
   std::sort(us.begin(), us.end());
   const double p50 = us[us.size() / 2], p99 = us[std::min(us.size() - 1, us.size() * 99 / 100)];
-  std::printf("{\"bench\":\"ring\",\"path\":\"%s\",\"op\":\"roundtrip\",\"bytes\":%ld,\"p50_us\":%.2f,\"p99_us\":%.2f}\n",
-              path, long(bytes), p50, p99);
+  std::printf(
+      "{\"bench\":\"ring\",\"path\":\"%s\",\"op\":\"roundtrip\",\"bytes\":%ld,\"p50_us\":%.2f,\"p99_us\":%.2f}\n", path,
+      long(bytes), p50, p99);
   std::fflush(stdout);
   gResults[std::string(path) + "/rt/" + std::to_string(bytes)] = p50;
 }
@@ -99,7 +101,7 @@ std::string segName(const char* what) { return "distill-bench-" + std::to_string
 void benchMemcpy() {
   for (int64_t bytes : kOneWaySizes) {
     std::vector<char> src(size_t(bytes), 1);
-    std::vector<std::vector<char>> dst(kSlots, std::vector<char>(size_t(bytes), 0));  // touched: no page faults
+    std::vector<std::vector<char>> dst(kSlots, std::vector<char>(size_t(bytes), 0)); // touched: no page faults
     const int64_t n = iterationsFor(bytes);
     const auto t0 = Clock::now();
     for (int64_t i = 0; i < n; ++i) std::memcpy(dst[size_t(i % kSlots)].data(), src.data(), size_t(bytes));
@@ -118,7 +120,7 @@ void benchOneWay() {
   l.maxRequestBytes = kOneWaySizes.back();
   l.maxResponseBytes = 4096;
   auto seg = Segment::create(name, l, kJob);
-  constexpr int kWarm = kSlots * 2;  // every slot's pages touched before timing
+  constexpr int kWarm = kSlots * 2; // every slot's pages touched before timing
   pid_t child = forkRun([&] {
     auto s2 = Segment::attach(name, kJob, std::nullopt, Deadline::after(10s));
     StudentEndpoint st(s2, 0, hostOnly(0));
@@ -137,7 +139,7 @@ void benchOneWay() {
             st.send(m, Deadline::after(30s));
           } else {
             auto t = st.allocate(tag, {{"x", at::kFloat, {bytes / 4}}}, Deadline::after(30s));
-            static_cast<float*>(t[0].data_ptr())[0] = float(i);  // produced in place
+            static_cast<float*>(t[0].data_ptr())[0] = float(i); // produced in place
             st.publish();
           }
         }
@@ -313,7 +315,7 @@ void benchGloo() {
   reap(child);
 }
 
-}  // namespace
+} // namespace
 
 // bench_ring [memcpy|oneway|roundtrip|gloo|selfloop]...: the named parts only (default: all).
 int main(int argc, char** argv) {
@@ -336,14 +338,15 @@ int main(int argc, char** argv) {
   if (want("roundtrip")) benchRoundTrip();
   if (want("gloo")) benchGloo();
   if (want("selfloop")) benchSelfLoop();
-  if (argc > 1) return 0;  // ratios need every part
+  if (argc > 1) return 0; // ratios need every part
   auto r = [](const std::string& k) { return gResults.count(k) ? gResults[k] : 0.0; };
   const std::string mib = std::to_string(1 << 20), mib64 = std::to_string(64 << 20), k4 = std::to_string(4096);
   std::printf(
       "{\"bench\":\"ring\",\"ratios\":{\"copy_over_memcpy_1MiB\":%.3f,\"copy_over_memcpy_16MiB\":%.3f,"
       "\"copy_over_memcpy_64MiB\":%.3f,\"inslot_over_copy_1MiB\":%.2f,\"roundtrip_p50_us_64B\":%.2f,"
       "\"gloo_over_ring_roundtrip_p50_4KiB\":%.1f,\"software_share_roundtrip_4KiB\":%.2f,\"total_s\":%.1f}}\n",
-      r("copy/" + mib) / r("memcpy/" + mib), r("copy/" + std::to_string(16 << 20)) / r("memcpy/" + std::to_string(16 << 20)),
+      r("copy/" + mib) / r("memcpy/" + mib),
+      r("copy/" + std::to_string(16 << 20)) / r("memcpy/" + std::to_string(16 << 20)),
       r("copy/" + mib64) / r("memcpy/" + mib64), r("inslot/" + mib) / r("copy/" + mib), r("copy/rt/64"),
       r("gloo/rt/" + k4) / r("copy/rt/" + k4), r("selfloop/rt/" + k4) / r("copy/rt/" + k4),
       seconds(Clock::now() - start));

@@ -99,7 +99,7 @@ int studentMain(const std::string& seg, int64_t maxBytes) {
       (void)r.view("y");
       check(cudaStreamSynchronize(nullptr), "stream sync");
       r.release();
-      if (i >= 0) std::printf("%.3f\n", seconds(Clock::now() - t0) * 1e6);  // parsed by the parent
+      if (i >= 0) std::printf("%.3f\n", seconds(Clock::now() - t0) * 1e6); // parsed by the parent
     }
   }
   OutMessage fin;
@@ -167,14 +167,15 @@ void printRoundTrips(const std::string& file) {
     std::vector<double> v(us.begin() + long(lo), us.begin() + long(hi));
     std::sort(v.begin(), v.end());
     const double p50 = v[v.size() / 2], p99 = v[v.size() * 99 / 100];
-    std::printf("{\"bench\":\"ring_cuda\",\"path\":\"cudaipc\",\"op\":\"roundtrip\",\"bytes\":%ld,\"p50_us\":%.2f,"
-                "\"p99_us\":%.2f}\n",
-                long(kRoundTripSizes[part]), p50, p99);
+    std::printf(
+        "{\"bench\":\"ring_cuda\",\"path\":\"cudaipc\",\"op\":\"roundtrip\",\"bytes\":%ld,\"p50_us\":%.2f,"
+        "\"p99_us\":%.2f}\n",
+        long(kRoundTripSizes[part]), p50, p99);
     gResults["rt/" + std::to_string(kRoundTripSizes[part])] = p50;
   }
 }
 
-}  // namespace
+} // namespace
 
 int main(int argc, char** argv) {
   int64_t maxMib = 1024;
@@ -236,7 +237,7 @@ int main(int argc, char** argv) {
       for (int64_t i = 0; i < n; ++i) take();
       printOneWay("cudaipc", bytes, double(bytes) * double(n) / seconds(Clock::now() - t0) / 1e9);
     }
-    for (;;) {  // the round trips: echo
+    for (;;) { // the round trips: echo
       auto m = t.waitAny(Deadline::after(60s));
       if (m.kind() == MsgKind::kFinish) break;
       OutMessage r;

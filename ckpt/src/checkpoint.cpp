@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "checkpoint_impl.h"
 #include "distill/core/clock.h"
 #include "distill/core/config.h"
 #include "distill/core/context.h"
@@ -21,7 +22,6 @@
 #include "distill/core/strings.h"
 #include "distill/core/student_group.h"
 #include "distill/core/trace.h"
-#include "checkpoint_impl.h"
 #include "layout.h"
 
 namespace distill {
@@ -31,7 +31,7 @@ using namespace ckpt_impl;
 struct CheckpointManager::Impl {
   StudentGroup* group = nullptr;
   std::shared_ptr<CheckpointCore> core;
-  int64_t saveSeq = 0;  // async saves so far: the same on every rank (save() is collective)
+  int64_t saveSeq = 0; // async saves so far: the same on every rank (save() is collective)
 
   // Async only.
   std::shared_ptr<Writer> writer;
@@ -72,7 +72,7 @@ struct CheckpointManager::Impl {
       } else {
         mine.error = snapError;
       }
-      auto table = torch::zeros({c.world, 4}, torch::kLong);  // failed, size, crc, no space
+      auto table = torch::zeros({c.world, 4}, torch::kLong); // failed, size, crc, no space
       {
         auto acc = table.accessor<int64_t, 2>();
         const ManifestFile* own = nullptr;
@@ -97,7 +97,7 @@ struct CheckpointManager::Impl {
         reports[r].crc = static_cast<uint32_t>(acc[r][2]);
       }
       std::string publishError;
-      auto out = torch::zeros({4}, torch::kLong);  // code, publish failed, full, kept
+      auto out = torch::zeros({4}, torch::kLong); // code, publish failed, full, kept
       if (c.rank == 0) {
         Verdict v = c.decide(step, attempt, tmpDir, mine, reports, &publishError);
         out = torch::tensor({v.code, int64_t{v.publishFailed}, int64_t{v.full}, v.kept});
@@ -113,7 +113,7 @@ struct CheckpointManager::Impl {
       }
       if (v.code == Verdict::kPublished) return true;
       if (v.code == Verdict::kRetry) continue;
-      if (c.rank == 0) c.removeTmp(tmpDir);  // every rank is done with it
+      if (c.rank == 0) c.removeTmp(tmpDir); // every rank is done with it
       return failSave(step, c.failureText(v, mine.error.empty() ? publishError : mine.error));
     }
   }
@@ -125,20 +125,19 @@ struct CheckpointManager::Impl {
     Pending p = std::move(*pending);
     pending.reset();
     if (!writer->waitIdle(Deadline::after(writerPatience()))) {
-      return failSave(p.step, "the background writer is still writing or publishing " + p.tmpDir + " after " +
-                                  std::to_string(writerPatience().count()) +
-                                  " ms (3 x run.collective_timeout_s)");
+      return failSave(p.step,
+                      "the background writer is still writing or publishing " + p.tmpDir + " after " +
+                          std::to_string(writerPatience().count()) + " ms (3 x run.collective_timeout_s)");
     }
-    if (p.result->ok) return true;  // the writer is idle: its result happens-before (mutex)
+    if (p.result->ok) return true; // the writer is idle: its result happens-before (mutex)
     return failSave(p.step, p.result->error);
   }
 };
 
-CheckpointManager::CheckpointManager(StudentContext& ctx)
-    : CheckpointManager(ctx, ctx.config().checkpoint) {}
+CheckpointManager::CheckpointManager(StudentContext& ctx) : CheckpointManager(ctx, ctx.config().checkpoint) {}
 
-CheckpointManager::CheckpointManager(StudentContext& ctx, CheckpointOptions opts,
-                                     std::string teacherFingerprint, std::shared_ptr<FileSystem> fs)
+CheckpointManager::CheckpointManager(StudentContext& ctx, CheckpointOptions opts, std::string teacherFingerprint,
+                                     std::shared_ptr<FileSystem> fs)
     : impl_(std::make_unique<Impl>()) {
   auto& s = *impl_;
   s.core = std::make_shared<CheckpointCore>();
@@ -156,11 +155,10 @@ CheckpointManager::CheckpointManager(StudentContext& ctx, CheckpointOptions opts
   c.timeout = s.group->timeout();
   DISTILL_CHECK_T(ConfigError, c.opts.on_error == OnSaveError::kStop || c.opts.on_error == OnSaveError::kContinue,
                   "checkpoint.on_error must be stop or continue, got value ", static_cast<int>(c.opts.on_error));
-  DISTILL_CHECK_T(ConfigError, c.opts.keep_last >= 1, "checkpoint.keep_last must be >= 1, got ",
-                  c.opts.keep_last);
+  DISTILL_CHECK_T(ConfigError, c.opts.keep_last >= 1, "checkpoint.keep_last must be >= 1, got ", c.opts.keep_last);
   DISTILL_CHECK_T(ConfigError, c.opts.on_corrupt == OnCorrupt::kError || c.opts.on_corrupt == OnCorrupt::kRestart,
                   "checkpoint.on_corrupt must be error or restart, got value ", static_cast<int>(c.opts.on_corrupt));
-  if (c.opts.dir.empty()) return;  // disabled, on every rank alike (same config)
+  if (c.opts.dir.empty()) return; // disabled, on every rank alike (same config)
 
   // Rank 0 makes the directory; the broadcast is the student-group barrier
   // (docs/design.md, the checkpoint set-up hang: the teacher is not in this group) and carries the
@@ -215,7 +213,7 @@ CheckpointManager::~CheckpointManager() {
   if (idle) {
     s.writerThread.join();
   } else {
-    s.writerThread.detach();  // it owns what it uses (shared state, its task)
+    s.writerThread.detach(); // it owns what it uses (shared state, its task)
   }
 }
 
@@ -225,9 +223,7 @@ bool CheckpointManager::due(int64_t step) const {
   return enabled() && impl_->core->opts.every_steps > 0 && step % impl_->core->opts.every_steps == 0;
 }
 
-bool CheckpointManager::wait() {
-  return enabled() ? impl_->finishPending() : true;
-}
+bool CheckpointManager::wait() { return enabled() ? impl_->finishPending() : true; }
 
 bool CheckpointManager::save(int64_t step, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                              const TrainState& train, const RankState& rank, std::mt19937_64* rng) {
@@ -235,7 +231,7 @@ bool CheckpointManager::save(int64_t step, torch::nn::Module& model, torch::opti
   CheckpointCore& c = *s.core;
   if (!enabled()) return false;
   DISTILL_CHECK_T(CheckpointError, step >= 0, "checkpoint step must be >= 0, got ", step);
-  trace::Scope recorded(checkpointEvent("save", step));  // the hang table shows a stuck save
+  trace::Scope recorded(checkpointEvent("save", step)); // the hang table shows a stuck save
   bool previousOk = s.finishPending();
   const std::string tmpDir = c.path(stepName(step) + ".tmp");
   auto start = Clock::now();
@@ -259,7 +255,7 @@ bool CheckpointManager::save(int64_t step, torch::nn::Module& model, torch::opti
   const int64_t seq = ++s.saveSeq;
   if (!s.writer->waitIdle(Deadline::after(s.writerPatience()))) {
     result->error = "the background writer is still busy with an abandoned checkpoint after " +
-                    std::to_string(s.writerPatience().count()) + " ms";
+        std::to_string(s.writerPatience().count()) + " ms";
     return previousOk;
   }
   auto core = s.core;
@@ -286,8 +282,7 @@ bool CheckpointManager::save(int64_t step, torch::nn::Module& model, torch::opti
   return previousOk;
 }
 
-std::optional<LoadedState> CheckpointManager::loadLatest(torch::nn::Module& model,
-                                                         torch::optim::Optimizer& optimizer,
+std::optional<LoadedState> CheckpointManager::loadLatest(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                                                          std::mt19937_64* rng) {
   auto& s = *impl_;
   CheckpointCore& c = *s.core;
@@ -310,7 +305,7 @@ std::optional<LoadedState> CheckpointManager::loadLatest(torch::nn::Module& mode
   s.group->broadcast(choice, 0, "checkpoint load: choice");
   const int64_t status = choice[0].item<int64_t>(), step = choice[1].item<int64_t>();
   const int64_t savedWorld = choice[2].item<int64_t>();
-  if (status == 2) {  // every rank throws rank 0's reason
+  if (status == 2) { // every rank throws rank 0's reason
     err = broadcastText(*s.group, err, 0, "checkpoint load: why not");
     DISTILL_THROW(CheckpointError, "checkpoint load: ", err);
   }
@@ -322,7 +317,8 @@ std::optional<LoadedState> CheckpointManager::loadLatest(torch::nn::Module& mode
   DISTILL_CHECK_T(CheckpointError, savedWorld == c.world, "checkpoint ", dir, " was saved by ", savedWorld,
                   " student ranks, this run has ", c.world,
                   ": per-rank state (RNG, data position) cannot be re-split over a different number of "
-                  "ranks; resume with ", savedWorld, " students or start from a fresh checkpoint.dir");
+                  "ranks; resume with ",
+                  savedWorld, " students or start from a fresh checkpoint.dir");
   if (chosen) {
     if (chosen->configHash != c.cfgHash) {
       DISTILL_LOG(kWarning) << "checkpoint " << dir << " was saved under another config: " << c.configChange(*chosen)
@@ -347,10 +343,9 @@ std::optional<LoadedState> CheckpointManager::loadLatest(torch::nn::Module& mode
     if (failed[r].item<int64_t>() != 0) bad.push_back(r);
   }
   DISTILL_CHECK_T(CheckpointError, bad.empty(), "checkpoint load of ", dir, " failed: ",
-                  err.empty() ? "student rank(s) " + join(bad) + " could not load it (their logs say why)"
-                              : err);
+                  err.empty() ? "student rank(s) " + join(bad) + " could not load it (their logs say why)" : err);
   DISTILL_LOG(kInfo) << "checkpoint: resumed from " << dir << " (train step " << out->train.step << ")";
   return out;
 }
 
-}  // namespace distill
+} // namespace distill

@@ -4,8 +4,9 @@
 
 namespace distill::ckpt_impl {
 
-std::vector<OutFile> CheckpointCore::snapshot(int64_t step, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                              const TrainState& train, const RankState& rs, std::mt19937_64* rng) {
+std::vector<OutFile> CheckpointCore::snapshot(int64_t step, torch::nn::Module& model,
+                                              torch::optim::Optimizer& optimizer, const TrainState& train,
+                                              const RankState& rs, std::mt19937_64* rng) {
   torch::NoGradGuard noGrad;
   std::vector<OutFile> files;
   OutFile rf{rankFile(rank), {}, std::make_shared<OutputArchive>()};
@@ -75,8 +76,7 @@ std::optional<Manifest> CheckpointCore::choose() {
   for (const auto& r : scan.rejected) all += (all.empty() ? "" : "; ") + r;
   const std::string text = "no intact checkpoint in " + opts.dir + ": " + all;
   if (opts.on_corrupt == OnCorrupt::kRestart) {
-    DISTILL_LOG(kWarning) << "checkpoint: " << text
-                          << "; checkpoint.on_corrupt=restart: training starts from scratch";
+    DISTILL_LOG(kWarning) << "checkpoint: " << text << "; checkpoint.on_corrupt=restart: training starts from scratch";
     return std::nullopt;
   }
   DISTILL_THROW(CheckpointError, text,
@@ -111,7 +111,7 @@ std::string CheckpointCore::readVerified(const std::string& dir, const Manifest&
 }
 
 LoadedState CheckpointCore::loadStep(int64_t step, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                     std::mt19937_64* rng) {
+                                     std::mt19937_64* rng) {
   LoadedState out;
   out.step = step;
   out.path = path(stepName(step));
@@ -127,8 +127,8 @@ LoadedState CheckpointCore::loadStep(int64_t step, torch::nn::Module& model, tor
   open(kOptimizer, oa, dev);
   open(kTrain, ta, torch::Device(torch::kCPU));
   open(rankFile(rank), ra, torch::Device(torch::kCPU));
-  DISTILL_CHECK_T(CheckpointError, readInt(ra, "rank") == rank && readInt(ra, "step") == step,
-                  dir, "/", rankFile(rank), " is not rank ", rank, "'s file of step ", step);
+  DISTILL_CHECK_T(CheckpointError, readInt(ra, "rank") == rank && readInt(ra, "step") == step, dir, "/", rankFile(rank),
+                  " is not rank ", rank, "'s file of step ", step);
   model.load(ma);
   optimizer.load(oa);
   out.train.step = readInt(ta, "step");
@@ -167,4 +167,4 @@ LoadedState CheckpointCore::loadStep(int64_t step, torch::nn::Module& model, tor
   return out;
 }
 
-}  // namespace distill::ckpt_impl
+} // namespace distill::ckpt_impl

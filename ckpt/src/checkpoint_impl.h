@@ -121,9 +121,9 @@ struct OutFile {
 
 // What writing this rank's files of a checkpoint gave.
 struct WriteResult {
-  std::string error;                // "" when every file is written and fsynced
-  bool noSpace = false;             // the error was ENOSPC or EDQUOT
-  std::vector<ManifestFile> files;  // name, size, CRC32C of each
+  std::string error; // "" when every file is written and fsynced
+  bool noSpace = false; // the error was ENOSPC or EDQUOT
+  std::vector<ManifestFile> files; // name, size, CRC32C of each
 };
 
 // Creates `dir` and writes `files` into it, each fsynced. An archive is
@@ -164,11 +164,11 @@ struct RankReport {
 struct Verdict {
   enum Code : int64_t { kPublished = 0, kRetry = 1, kFailed = 2 };
   int64_t code = kFailed;
-  std::vector<int> failed;     // ranks whose files could not be written
-  std::vector<int> missing;    // ranks that never reported theirs (async)
-  bool publishFailed = false;  // student rank 0 could not publish
-  bool full = false;           // out of space, nothing more to remove this time
-  int64_t kept = -1;           // the published checkpoint left in place; -1 none, -2 unknown
+  std::vector<int> failed; // ranks whose files could not be written
+  std::vector<int> missing; // ranks that never reported theirs (async)
+  bool publishFailed = false; // student rank 0 could not publish
+  bool full = false; // out of space, nothing more to remove this time
+  int64_t kept = -1; // the published checkpoint left in place; -1 none, -2 unknown
 
   std::string encode() const {
     return nlohmann::json{{"code", code}, {"failed", failed}, {"missing", missing}, {"publish_failed", publishFailed},
@@ -195,8 +195,8 @@ struct Verdict {
 struct Writer {
   std::mutex mu;
   std::condition_variable cv;
-  std::function<void()> task;  // set by the caller thread, cleared by the writer
-  bool busy = false;           // a task is queued or running
+  std::function<void()> task; // set by the caller thread, cleared by the writer
+  bool busy = false; // a task is queued or running
   bool stop = false;
 
   static void loop(std::shared_ptr<Writer> w) {
@@ -207,7 +207,7 @@ struct Writer {
       auto task = std::move(w->task);
       w->task = nullptr;
       lock.unlock();
-      task();  // catches everything itself
+      task(); // catches everything itself
       lock.lock();
       w->busy = false;
       w->cv.notify_all();
@@ -235,7 +235,7 @@ inline trace::Event checkpointEvent(const char* what, int64_t step) {
 // it goes idle (the writer's mutex orders it before waitIdle returns).
 struct AsyncResult {
   bool ok = false;
-  std::string error;  // the reason, as failSave words it after "not saved: "
+  std::string error; // the reason, as failSave words it after "not saved: "
 };
 
 // The checkpoint directory and what is done in it: shared by the caller's
@@ -248,12 +248,12 @@ struct CheckpointCore {
   std::string fingerprint;
   std::shared_ptr<FileSystem> fs;
   uint64_t cfgHash = 0;
-  Config config;           // this run's
-  std::string configYaml;  // dumpConfig(config): each checkpoint's config.yaml
+  Config config; // this run's
+  std::string configYaml; // dumpConfig(config): each checkpoint's config.yaml
   int rank = 0;
   int world = 1;
   Millis timeout{0};
-  std::shared_ptr<GroupNotes> notes;  // async: the writers' channel (its own store connection)
+  std::shared_ptr<GroupNotes> notes; // async: the writers' channel (its own store connection)
 
   std::string path(const std::string& name) const { return opts.dir + "/" + name; }
 
@@ -329,4 +329,4 @@ struct CheckpointCore {
                        std::mt19937_64* rng);
 };
 
-}  // namespace distill::ckpt_impl
+} // namespace distill::ckpt_impl

@@ -86,7 +86,7 @@ void CheckpointCore::prune(int64_t step) {
 }
 
 void CheckpointCore::publish(int64_t step, const std::string& tmpDir, const WriteResult& mine,
-             const std::vector<RankReport>& reports) {
+                             const std::vector<RankReport>& reports) {
   auto start = Clock::now();
   Manifest m;
   m.step = step;
@@ -116,13 +116,13 @@ void CheckpointCore::publish(int64_t step, const std::string& tmpDir, const Writ
   fs->writeFile(path("latest.tmp"), stepName(step) + "\n");
   fs->rename(path("latest.tmp"), path(kLatest));
   fs->syncDir(opts.dir);
-  DISTILL_LOG(kInfo) << "checkpoint step " << step << " published: " << final << " (" << m.files.size()
-                     << " files, " << total << " bytes, publish " << toMs(Clock::now() - start) << " ms)";
+  DISTILL_LOG(kInfo) << "checkpoint step " << step << " published: " << final << " (" << m.files.size() << " files, "
+                     << total << " bytes, publish " << toMs(Clock::now() - start) << " ms)";
   prune(step);
 }
 
 Verdict CheckpointCore::decide(int64_t step, int attempt, const std::string& tmpDir, const WriteResult& mine,
-               const std::vector<RankReport>& reports, std::string* publishError) {
+                               const std::vector<RankReport>& reports, std::string* publishError) {
   Verdict v;
   bool allNoSpace = true;
   for (int r = 0; r < world; ++r) {
@@ -155,8 +155,8 @@ Verdict CheckpointCore::decide(int64_t step, int attempt, const std::string& tmp
     if (!removed.empty()) {
       std::string names;
       for (const auto& n : removed) names += (names.empty() ? "" : ", ") + n;
-      DISTILL_LOG(kWarning) << "checkpoint step " << step << ": no space left in " << opts.dir << "; removed "
-                            << names << " to make room (never the newest checkpoint) and writing it again";
+      DISTILL_LOG(kWarning) << "checkpoint step " << step << ": no space left in " << opts.dir << "; removed " << names
+                            << " to make room (never the newest checkpoint) and writing it again";
       v.code = Verdict::kRetry;
       return v;
     }
@@ -179,13 +179,13 @@ std::string CheckpointCore::failureText(const Verdict& v, const std::string& min
   }
   if (!v.missing.empty()) {
     err += std::string(err.empty() ? "" : "; ") + "student rank(s) " + join(v.missing) +
-           " never reported their files within " + std::to_string(timeout.count()) +
-           " ms (run.collective_timeout_s)";
+        " never reported their files within " + std::to_string(timeout.count()) + " ms (run.collective_timeout_s)";
   }
   if (v.full) {
-    err += "; " + opts.dir + " is out of space: to make room distill removes partial checkpoints and the "
-           "oldest complete one (once per save), never the newest before a newer one is published, so "
-           "checkpoint.dir needs room for at least two checkpoints";
+    err += "; " + opts.dir +
+        " is out of space: to make room distill removes partial checkpoints and the "
+        "oldest complete one (once per save), never the newest before a newer one is published, so "
+        "checkpoint.dir needs room for at least two checkpoints";
   }
   if (v.kept >= 0) {
     err += "; the newest checkpoint, " + path(stepName(v.kept)) + ", is left as it was";
@@ -206,11 +206,11 @@ void CheckpointCore::removeTmp(const std::string& tmpDir) {
 }
 
 void CheckpointCore::runAsync(int64_t seq, int64_t step, const std::string& tmpDir, std::vector<OutFile>& files,
-              const std::string& snapError, AsyncResult& out) {
+                              const std::string& snapError, AsyncResult& out) {
   auto key = [&](int attempt, const std::string& who) {
     return "s" + std::to_string(seq) + "/a" + std::to_string(attempt) + "/" + who;
   };
-  std::vector<std::string> used;  // rank 0 removes these at the end
+  std::vector<std::string> used; // rank 0 removes these at the end
   for (int attempt = 0; attempt < 2; ++attempt) {
     WriteResult mine;
     if (snapError.empty()) {
@@ -224,14 +224,16 @@ void CheckpointCore::runAsync(int64_t seq, int64_t step, const std::string& tmpD
     }
     const bool written = mine.error.empty() && own;
     if (rank != 0) {
-      nlohmann::json note{{"written", written}, {"no_space", mine.noSpace}, {"size", written ? own->size : 0},
+      nlohmann::json note{{"written", written},
+                          {"no_space", mine.noSpace},
+                          {"size", written ? own->size : 0},
                           {"crc32c", written ? own->crc32c : 0}};
       notes->post(key(attempt, "r" + std::to_string(rank)), note.dump());
-      const Millis patience = 2 * timeout;  // rank 0's own writing, then its wait for every note
+      const Millis patience = 2 * timeout; // rank 0's own writing, then its wait for every note
       auto got = notes->await({key(attempt, "verdict")}, patience);
       if (!got[0]) {
         out.error = "no verdict from student rank 0 within " + std::to_string(patience.count()) +
-                    " ms (2 x run.collective_timeout_s; awaited: its publication of " + tmpDir + ")";
+            " ms (2 x run.collective_timeout_s; awaited: its publication of " + tmpDir + ")";
         return;
       }
       Verdict v = Verdict::decode(*got[0]);
@@ -254,7 +256,7 @@ void CheckpointCore::runAsync(int64_t seq, int64_t step, const std::string& tmpD
     std::vector<std::string> acks;
     for (int r = 1; r < world; ++r) {
       const auto& note = got[r - 1];
-      if (!note) continue;  // kMissing
+      if (!note) continue; // kMissing
       used.push_back(keys[r - 1]);
       auto j = nlohmann::json::parse(*note);
       auto& rep = reports[r];
@@ -276,7 +278,7 @@ void CheckpointCore::runAsync(int64_t seq, int64_t step, const std::string& tmpD
     for (const auto& k : used) notes->erase(k);
     out.ok = v.code == Verdict::kPublished;
     if (!out.ok) {
-      if (v.missing.empty()) removeTmp(tmpDir);  // nobody writes there any more
+      if (v.missing.empty()) removeTmp(tmpDir); // nobody writes there any more
       out.error = failureText(v, mine.error.empty() ? publishError : mine.error);
     }
     return;
@@ -284,4 +286,4 @@ void CheckpointCore::runAsync(int64_t seq, int64_t step, const std::string& tmpD
   DISTILL_INTERNAL_ASSERT(false, "checkpoint step ", step, ": a retry verdict after the retry");
 }
 
-}  // namespace distill::ckpt_impl
+} // namespace distill::ckpt_impl

@@ -34,21 +34,30 @@ bool listNames(const std::string& dir, std::vector<std::string>* out) {
   return err == 0;
 }
 
-}  // namespace
+} // namespace
 
 bool FileSystemError::noSpace() const noexcept { return err_ == ENOSPC || err_ == EDQUOT; }
 
 const char* fsOpName(FsOp op) {
   switch (op) {
-    case FsOp::kMkdir: return "mkdir";
-    case FsOp::kOpen: return "open";
-    case FsOp::kWrite: return "write";
-    case FsOp::kFsync: return "fsync";
-    case FsOp::kClose: return "close";
-    case FsOp::kRead: return "read";
-    case FsOp::kRename: return "rename";
-    case FsOp::kRemove: return "remove";
-    case FsOp::kList: return "list";
+    case FsOp::kMkdir:
+      return "mkdir";
+    case FsOp::kOpen:
+      return "open";
+    case FsOp::kWrite:
+      return "write";
+    case FsOp::kFsync:
+      return "fsync";
+    case FsOp::kClose:
+      return "close";
+    case FsOp::kRead:
+      return "read";
+    case FsOp::kRename:
+      return "rename";
+    case FsOp::kRemove:
+      return "remove";
+    case FsOp::kList:
+      return "list";
   }
   return "?";
 }
@@ -87,7 +96,7 @@ std::string PosixFileSystem::readFile(const std::string& path) {
   size_t done = 0;
   for (;;) {
     if (int e = fault(FsOp::kRead, path)) fail("read", path, e);
-    if (done == out.size()) out.resize(out.size() + 4096);  // the file grew: read to EOF
+    if (done == out.size()) out.resize(out.size() + 4096); // the file grew: read to EOF
     ssize_t r = retryEintr([&] { return ::read(fd.get(), &out[done], out.size() - done); });
     if (r < 0) fail("read", path, errno);
     if (r == 0) break;
@@ -148,4 +157,4 @@ int FaultyFileSystem::fault(FsOp op, const std::string& path) {
 
 std::shared_ptr<FileSystem> posixFileSystem() { return std::make_shared<PosixFileSystem>(); }
 
-}  // namespace distill
+} // namespace distill

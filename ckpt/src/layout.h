@@ -18,7 +18,7 @@ constexpr const char* kManifest = "manifest.json";
 constexpr const char* kModel = "model.pt";
 constexpr const char* kOptimizer = "optimizer.pt";
 constexpr const char* kTrain = "train_state.pt";
-constexpr const char* kConfig = "config.yaml";  // dumpConfig() of the run that saved it
+constexpr const char* kConfig = "config.yaml"; // dumpConfig() of the run that saved it
 constexpr const char* kLatest = "latest";
 
 inline std::string rankFile(int r) { return "rank_" + std::to_string(r) + ".pt"; }
@@ -34,4 +34,4 @@ inline int64_t parseStepName(const std::string& name, bool* tmp) {
   return std::stoll(rest);
 }
 
-}  // namespace distill::ckpt_layout
+} // namespace distill::ckpt_layout

@@ -59,8 +59,9 @@ void checkDepth(const std::string& text, const std::string& path) {
       inString = true;
     } else if (c == '[' || c == '{') {
       if (++depth > kMaxDepth) {
-        corrupt(path, "JSON nested deeper than " + std::to_string(kMaxDepth) + " levels (too deeply nested at byte " +
-                          std::to_string(i) + ")");
+        corrupt(path,
+                "JSON nested deeper than " + std::to_string(kMaxDepth) + " levels (too deeply nested at byte " +
+                    std::to_string(i) + ")");
       }
     } else if (c == ']' || c == '}') {
       --depth;
@@ -100,7 +101,7 @@ uint64_t hexField(const Json& obj, const char* key, size_t digits, const std::st
   return std::stoull(s, nullptr, 16);
 }
 
-}  // namespace
+} // namespace
 
 const ManifestFile* Manifest::find(const std::string& name) const {
   for (const auto& f : files) {
@@ -124,9 +125,9 @@ std::string formatManifest(const Manifest& m) {
   }
   // Bytes that are not UTF-8 (a fingerprint is the caller's string) become U+FFFD.
   std::string s = j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
-  s.resize(s.size() - 2);  // the closing "\n}": the checksum line comes last
+  s.resize(s.size() - 2); // the closing "\n}": the checksum line comes last
   s += ",\n";
-  const uint32_t self = crc32c(s.data(), s.size());  // every byte before its line
+  const uint32_t self = crc32c(s.data(), s.size()); // every byte before its line
   return s + (kSelfKey + 1) + hex(self, 8) + kSelfEnd;
 }
 
@@ -150,15 +151,15 @@ Manifest parseManifest(const std::string& text, const std::string& path) {
   try {
     doc = Json::parse(text);
   } catch (const Json::exception& e) {
-    std::string why = e.what();  // "[json.exception.parse_error.101] parse error at line 3, ..."
+    std::string why = e.what(); // "[json.exception.parse_error.101] parse error at line 3, ..."
     auto close = why.find("] ");
     corrupt(path, "invalid JSON: " + (close == std::string::npos ? why : why.substr(close + 2)));
   }
   // 3. The fields.
   if (!doc.is_object()) corrupt(path, "not a JSON object");
   if (stringField(doc, "format", path) != "distill-checkpoint" || intField(doc, "version", path) != 1) {
-    DISTILL_THROW(CheckpointError, "manifest ", path, ": unknown format or version (",
-                  doc["format"].dump(), ", version ", doc["version"].dump(), ")");
+    DISTILL_THROW(CheckpointError, "manifest ", path, ": unknown format or version (", doc["format"].dump(),
+                  ", version ", doc["version"].dump(), ")");
   }
   Manifest m;
   m.step = intField(doc, "step", path);
@@ -173,8 +174,7 @@ Manifest parseManifest(const std::string& text, const std::string& path) {
     mf.name = stringField(f, "name", path);
     mf.size = intField(f, "size", path);
     mf.crc32c = static_cast<uint32_t>(hexField(f, "crc32c", 8, path));
-    if (mf.name.empty() || mf.name.find('/') != std::string::npos || mf.name == "." || mf.name == ".." ||
-        mf.size < 0) {
+    if (mf.name.empty() || mf.name.find('/') != std::string::npos || mf.name == "." || mf.name == ".." || mf.size < 0) {
       corrupt(path, "bad files entry " + f.dump());
     }
     m.files.push_back(std::move(mf));
@@ -193,8 +193,8 @@ Manifest verifyCheckpoint(const std::string& stepDir, FileSystem& fs) {
   for (const auto& f : m.files) {
     const std::string path = stepDir + "/" + f.name;
     std::string bytes = fs.readFile(path);
-    DISTILL_CHECK_T(CheckpointError, static_cast<int64_t>(bytes.size()) == f.size, "corrupt file ", path,
-                    ": ", bytes.size(), " bytes, the manifest says ", f.size);
+    DISTILL_CHECK_T(CheckpointError, static_cast<int64_t>(bytes.size()) == f.size, "corrupt file ", path, ": ",
+                    bytes.size(), " bytes, the manifest says ", f.size);
     uint32_t crc = crc32c(bytes.data(), bytes.size());
     DISTILL_CHECK_T(CheckpointError, crc == f.crc32c, "corrupt file ", path, ": CRC32C ", hex(crc, 8),
                     ", the manifest says ", hex(f.crc32c, 8));
@@ -297,11 +297,11 @@ std::vector<std::pair<std::string, std::string>> dumpEntries(const std::string& 
     if (section.empty() || line.size() < 3 || line.compare(0, 2, "  ") != 0) bad();
     std::string prefix = section + ".";
     size_t i = 2;
-    if (line[2] == ' ') {  // "    key: value": a key of the group above
+    if (line[2] == ' ') { // "    key: value": a key of the group above
       if (group.empty() || line.size() < 5 || line.compare(0, 4, "    ") != 0 || line[4] == ' ') bad();
       prefix += group + ".";
       i = 4;
-    } else if (line.back() == ':' && line.find(": ") == std::string::npos && line[2] != '"') {  // "  group:"
+    } else if (line.back() == ':' && line.find(": ") == std::string::npos && line[2] != '"') { // "  group:"
       group = line.substr(2, line.size() - 3);
       if (group.find(' ') != std::string::npos) bad();
       continue;
@@ -309,7 +309,7 @@ std::vector<std::pair<std::string, std::string>> dumpEntries(const std::string& 
       group.clear();
     }
     std::string key;
-    if (line[i] == '"') {  // a quoted trainer key: undo core's quote()
+    if (line[i] == '"') { // a quoted trainer key: undo core's quote()
       for (++i; i < line.size() && line[i] != '"'; ++i) {
         char c = line[i];
         if (c == '\\' && i + 1 < line.size()) {
@@ -341,7 +341,7 @@ std::vector<std::pair<std::string, std::string>> dumpEntries(const std::string& 
   return out;
 }
 
-}  // namespace
+} // namespace
 
 std::vector<std::string> configChanges(const std::string& savedYaml, const Config& now) {
   std::map<std::string, std::string> saved;
@@ -366,4 +366,4 @@ std::vector<std::string> configChanges(const std::string& savedYaml, const Confi
   return out;
 }
 
-}  // namespace distill
+} // namespace distill

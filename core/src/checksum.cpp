@@ -44,7 +44,7 @@ bool haveSse42() {
 }
 #endif
 
-}  // namespace
+} // namespace
 
 uint32_t crc32c(const void* data, size_t n, uint32_t crc) {
   auto p = static_cast<const uint8_t*>(data);
@@ -58,4 +58,4 @@ uint32_t crc32cPortable(const void* data, size_t n, uint32_t crc) {
   return ~crcSoft(~crc, static_cast<const uint8_t*>(data), n);
 }
 
-}  // namespace distill
+} // namespace distill

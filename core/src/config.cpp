@@ -22,8 +22,8 @@ namespace {
 
 // "trainer.<key>: <what>" as a ConfigError, naming the file when known.
 [[noreturn]] void trainerProblem(const TrainerOptions& t, const std::string& key, const std::string& what) {
-  DISTILL_THROW(ConfigError, "config ", t.source.empty() ? "<string>" : t.source, ": 1 problem(s):\n",
-                kTrainerSection, ".", key, ": ", what);
+  DISTILL_THROW(ConfigError, "config ", t.source.empty() ? "<string>" : t.source, ": 1 problem(s):\n", kTrainerSection,
+                ".", key, ": ", what);
 }
 
 // The text of `key`, or nullptr when not set.
@@ -42,8 +42,9 @@ int64_t trainerInt(const TrainerOptions& t, const std::string& key, const std::s
   int64_t v = 0;
   if (numberKind(text) != Number::kInt) trainerProblem(t, key, "expected an integer, found " + quote(text));
   if (!parseNumber(text, v)) {
-    trainerProblem(t, key, "must be in [" + std::to_string(std::numeric_limits<int64_t>::min()) + ", " +
-                               std::to_string(std::numeric_limits<int64_t>::max()) + "], found " + text);
+    trainerProblem(t, key,
+                   "must be in [" + std::to_string(std::numeric_limits<int64_t>::min()) + ", " +
+                       std::to_string(std::numeric_limits<int64_t>::max()) + "], found " + text);
   }
   return v;
 }
@@ -60,7 +61,7 @@ bool trainerBool(const TrainerOptions& t, const std::string& key, const std::str
   return text[0] == 't' || text[0] == 'T';
 }
 
-}  // namespace
+} // namespace
 
 std::string TrainerOptions::getString(const std::string& key, const std::string& fallback) const {
   const std::string* text = trainerText(*this, key);
@@ -85,9 +86,7 @@ int64_t TrainerOptions::getInt(const std::string& key) const {
 double TrainerOptions::getDouble(const std::string& key) const {
   return trainerDouble(*this, key, requiredText(*this, key));
 }
-bool TrainerOptions::getBool(const std::string& key) const {
-  return trainerBool(*this, key, requiredText(*this, key));
-}
+bool TrainerOptions::getBool(const std::string& key) const { return trainerBool(*this, key, requiredText(*this, key)); }
 
 void TrainerOptions::expectOnly(const std::vector<std::string>& known) const {
   std::vector<std::string> problems;
@@ -96,13 +95,12 @@ void TrainerOptions::expectOnly(const std::vector<std::string>& known) const {
     if (std::find(known.begin(), known.end(), key) != known.end()) continue;
     const std::string best = nearest(key, known);
     const std::string path = kTrainerSection + "." + key;
-    problems.push_back(best.empty()
-                           ? path + ": unknown key; valid keys in " + kTrainerSection + ": " + join(known)
-                           : path + ": unknown key; did you mean " + kTrainerSection + "." + best + "?");
+    problems.push_back(best.empty() ? path + ": unknown key; valid keys in " + kTrainerSection + ": " + join(known)
+                                    : path + ": unknown key; did you mean " + kTrainerSection + "." + best + "?");
   }
   if (problems.empty()) return;
   std::string msg = "config " + (source.empty() ? std::string("<string>") : source) + ": " +
-                    std::to_string(problems.size()) + " problem(s):";
+      std::to_string(problems.size()) + " problem(s):";
   for (const std::string& p : problems) msg += "\n" + p;
   DISTILL_THROW(ConfigError, msg);
 }
@@ -127,7 +125,7 @@ std::vector<std::string> configKeys() {
 }
 
 std::string dumpConfig(const Config& config) {
-  Config copy = config;  // the schema's accessors take a mutable Config
+  Config copy = config; // the schema's accessors take a mutable Config
   std::string out;
   std::string section, group;
   for (const KeySpec& k : schema()) {
@@ -158,7 +156,7 @@ std::string dumpConfig(const Config& config) {
 }
 
 std::vector<ConfigEntry> configEntries(const Config& config) {
-  Config copy = config;  // the schema's accessors take a mutable Config
+  Config copy = config; // the schema's accessors take a mutable Config
   std::vector<ConfigEntry> out;
   for (const KeySpec& k : schema()) out.push_back({k.path, formatValue(k.field(copy)), !k.runtimeOnly});
   for (const auto& [key, value] : config.trainer.values) {
@@ -180,7 +178,7 @@ std::vector<std::string> configDiff(const Config& a, const Config& b, bool train
     if (it == left.end() || it->second.value != e.value) out.push_back(e.key);
     if (it != left.end()) left.erase(it);
   }
-  for (const auto& [key, e] : left) {  // trainer keys only a has
+  for (const auto& [key, e] : left) { // trainer keys only a has
     if (!trainingOnly || e.training) out.push_back(key);
   }
   return out;
@@ -207,7 +205,7 @@ std::string describedValue(const std::string& value) {
   return buf;
 }
 
-}  // namespace
+} // namespace
 
 std::string configDescription(const Config& config) {
   std::string out;
@@ -285,13 +283,12 @@ std::vector<std::string> extractSetOverrides(int& argc, char** argv) {
   return out;
 }
 
-
 Config jobConfig(int& argc, char** argv) {
   std::string path;
   int out = 1;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--") {  // the rest belongs to someone else
+    if (a == "--") { // the rest belongs to someone else
       for (; i < argc; ++i) argv[out++] = argv[i];
       break;
     }
@@ -329,4 +326,4 @@ Config jobConfig(int& argc, char** argv) {
   return loadConfig(path, overrides);
 }
 
-}  // namespace distill
+} // namespace distill

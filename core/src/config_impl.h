@@ -34,14 +34,12 @@ struct EnumField {
 };
 
 // Where a key's value lives in a Config; the alternative held is also its type.
-using Field = std::variant<std::string*, int*, int64_t*, double*, bool*,
-                           std::vector<std::string>*, EnumField>;
+using Field = std::variant<std::string*, int*, int64_t*, double*, bool*, std::vector<std::string>*, EnumField>;
 
 template <class T>
 Field fieldOf(T* p) {
   if constexpr (std::is_enum_v<T>) {
-    return EnumField{EnumNames<T>::names, EnumNames<T>::count,
-                     [p] { return static_cast<size_t>(*p); },
+    return EnumField{EnumNames<T>::names, EnumNames<T>::count, [p] { return static_cast<size_t>(*p); },
                      [p](size_t i) { *p = static_cast<T>(i); }};
   } else {
     return p;
@@ -59,29 +57,58 @@ struct Range {
 // One key of the schema. The setters chain so that the table reads one line per key.
 struct KeySpec {
   KeySpec(const char* p, Field (*f)(Config&)) : path(p), field(f) {}
-  KeySpec& min(double v) { range.lo = v; return *this; }
-  KeySpec& above(double v) { range.lo = v; range.loOpen = true; return *this; }
-  KeySpec& max(double v) { range.hi = v; return *this; }
-  KeySpec& below(double v) { range.hi = v; range.hiOpen = true; return *this; }
-  KeySpec& oneOf(std::vector<std::string> c) { choices = std::move(c); return *this; }
-  KeySpec& byteSize() { bytes = true; return *this; }
-  KeySpec& mandatory() { required = true; return *this; }
-  KeySpec& nonEmpty() { notEmpty = true; return *this; }
-  KeySpec& runtime() { runtimeOnly = true; return *this; }
+  KeySpec& min(double v) {
+    range.lo = v;
+    return *this;
+  }
+  KeySpec& above(double v) {
+    range.lo = v;
+    range.loOpen = true;
+    return *this;
+  }
+  KeySpec& max(double v) {
+    range.hi = v;
+    return *this;
+  }
+  KeySpec& below(double v) {
+    range.hi = v;
+    range.hiOpen = true;
+    return *this;
+  }
+  KeySpec& oneOf(std::vector<std::string> c) {
+    choices = std::move(c);
+    return *this;
+  }
+  KeySpec& byteSize() {
+    bytes = true;
+    return *this;
+  }
+  KeySpec& mandatory() {
+    required = true;
+    return *this;
+  }
+  KeySpec& nonEmpty() {
+    notEmpty = true;
+    return *this;
+  }
+  KeySpec& runtime() {
+    runtimeOnly = true;
+    return *this;
+  }
 
   std::string section() const { return path.substr(0, path.find('.')); }
   std::string name() const { return path.substr(path.find('.') + 1); }
 
-  std::string path;                  // "section.key"
-  Field (*field)(Config&);           // the field in a Config
-  Range range;                       // numbers only
-  std::vector<std::string> choices;  // strings of a fixed form ("cuda:N" stands for cuda:<index>);
-                                     // enum fields take their choices from options.h
-  bool bytes = false;                // an int64 that also takes "64MiB"
-  bool required = false;             // no default: the file must set it
-  bool notEmpty = false;             // strings and lists
-  bool runtimeOnly = false;          // cannot change what is trained (paths, ports, timeouts,
-                                     // transport sizes): left out of configHash
+  std::string path; // "section.key"
+  Field (*field)(Config&); // the field in a Config
+  Range range; // numbers only
+  std::vector<std::string> choices; // strings of a fixed form ("cuda:N" stands for cuda:<index>);
+                                    // enum fields take their choices from options.h
+  bool bytes = false; // an int64 that also takes "64MiB"
+  bool required = false; // no default: the file must set it
+  bool notEmpty = false; // strings and lists
+  bool runtimeOnly = false; // cannot change what is trained (paths, ports, timeouts,
+                            // transport sizes): left out of configHash
 };
 
 // The schema, in the order of options.h; ranges are its comments.
@@ -134,4 +161,4 @@ std::string formatValue(const Field& field);
 // A value of the trainer section: a scalar, kept as written. Returns the problem, if any.
 std::optional<std::string> trainerValue(const YAML::Node& n, std::string& out);
 
-}  // namespace distill::config_impl
+} // namespace distill::config_impl

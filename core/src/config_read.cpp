@@ -46,7 +46,7 @@ void readKey(const std::string& path, const YAML::Node& value, std::vector<std::
 // sets teacher.cache.mode (one level of nesting; --set spells the whole path).
 void readGroup(const std::string& path, const std::vector<std::string>& keys, const YAML::Node& body,
                std::vector<std::optional<Setting>>& values, std::vector<std::string>& problems) {
-  if (body.IsNull()) return;  // every key of the group commented out
+  if (body.IsNull()) return; // every key of the group commented out
   if (!body.IsMap()) {
     problems.push_back(path + ": expected a map of " + join(keys) + ", found " + describe(body));
     return;
@@ -66,7 +66,7 @@ void readGroup(const std::string& path, const std::vector<std::string>& keys, co
 // Returns false if the document is no map at all.
 bool readDocument(const YAML::Node& doc, std::vector<std::optional<Setting>>& values,
                   std::map<std::string, std::string>& trainer, std::vector<std::string>& problems) {
-  if (doc.IsNull()) return true;  // an empty file: only the required keys will be missing
+  if (doc.IsNull()) return true; // an empty file: only the required keys will be missing
   if (!doc.IsMap()) {
     problems.push_back("(document): expected a map of sections, found " + describe(doc));
     return false;
@@ -84,7 +84,7 @@ bool readDocument(const YAML::Node& doc, std::vector<std::optional<Setting>>& va
     }
     if (!seen.insert(name).second) problems.push_back(name + ": duplicate section");
     const YAML::Node& body = sec.second;
-    if (body.IsNull()) continue;  // "loss:" with every key commented out
+    if (body.IsNull()) continue; // "loss:" with every key commented out
     if (!body.IsMap()) {
       problems.push_back(name + ": expected a map, found " + describe(body));
       continue;
@@ -103,7 +103,7 @@ bool readDocument(const YAML::Node& doc, std::vector<std::optional<Setting>>& va
         }
         if (!trainer.emplace(kv.first.Scalar(), value).second) {
           problems.push_back(path + ": duplicate key");
-          trainer[kv.first.Scalar()] = value;  // the later one wins, as for distill's keys
+          trainer[kv.first.Scalar()] = value; // the later one wins, as for distill's keys
         }
         continue;
       }
@@ -132,10 +132,8 @@ std::string controlCharacter(const std::string& s) {
   return "";
 }
 
-void readOverrides(const std::vector<ConfigOverride>& overrides,
-                   std::vector<std::optional<Setting>>& values,
-                   std::map<std::string, std::string>& trainer,
-                   std::vector<std::string>& problems) {
+void readOverrides(const std::vector<ConfigOverride>& overrides, std::vector<std::optional<Setting>>& values,
+                   std::map<std::string, std::string>& trainer, std::vector<std::string>& problems) {
   const std::string trainerPrefix = kTrainerSection + ".";
   for (const ConfigOverride& over : overrides) {
     const std::string& o = over.setting;
@@ -215,8 +213,7 @@ void checkAcrossFields(const Config& config, const std::vector<std::optional<Set
   };
   const auto needs = [&](const char* path, const std::string& value) {
     if (value.empty() && ok(path)) {
-      problems.push_back(std::string(path) + ": required when teacher.kind is " +
-                         toString(config.teacher.kind));
+      problems.push_back(std::string(path) + ": required when teacher.kind is " + toString(config.teacher.kind));
     }
   };
   if (values[knownKey("teacher.kind")] && ok("teacher.kind")) {
@@ -228,14 +225,12 @@ void checkAcrossFields(const Config& config, const std::vector<std::optional<Set
   }
   if (ok("teacher.cache.mode") && ok("teacher.cache.path") && config.teacher.cache.mode != CacheMode::kOff &&
       config.teacher.cache.path.empty()) {
-    problems.push_back("teacher.cache.path: required when teacher.cache.mode is " + std::string(toString(config.teacher.cache.mode)) +
-                       suffix("teacher.cache.mode"));
+    problems.push_back("teacher.cache.path: required when teacher.cache.mode is " +
+                       std::string(toString(config.teacher.cache.mode)) + suffix("teacher.cache.mode"));
   }
-  if (ok("student.in_flight") && ok("transport.slots") &&
-      config.student.in_flight > config.transport.slots) {
-    problems.push_back("student.in_flight: must be <= transport.slots (" +
-                       std::to_string(config.transport.slots) + "), found " +
-                       std::to_string(config.student.in_flight) + suffix("student.in_flight"));
+  if (ok("student.in_flight") && ok("transport.slots") && config.student.in_flight > config.transport.slots) {
+    problems.push_back("student.in_flight: must be <= transport.slots (" + std::to_string(config.transport.slots) +
+                       "), found " + std::to_string(config.student.in_flight) + suffix("student.in_flight"));
   }
   if (ok("run.nnodes") && ok("run.nproc_per_node") &&
       static_cast<int64_t>(config.run.nnodes) * config.run.nproc_per_node > INT_MAX) {
@@ -245,11 +240,9 @@ void checkAcrossFields(const Config& config, const std::vector<std::optional<Set
                        std::to_string(config.run.nproc_per_node) + suffix("run.nnodes"));
   }
   if (ok("run.node_rank") && ok("run.nnodes") && config.run.node_rank >= config.run.nnodes) {
-    problems.push_back("run.node_rank: must be < run.nnodes (" +
-                       std::to_string(config.run.nnodes) + "), found " +
+    problems.push_back("run.node_rank: must be < run.nnodes (" + std::to_string(config.run.nnodes) + "), found " +
                        std::to_string(config.run.node_rank) + suffix("run.node_rank"));
   }
-
 }
 
 Config parseWith(const std::string& yamlText, const std::vector<ConfigOverride>& overrides,
@@ -266,7 +259,7 @@ Config parseWith(const std::string& yamlText, const std::vector<ConfigOverride>&
   Config config;
   config.trainer.values = std::move(trainer);
   config.trainer.source = sourceName;
-  std::vector<bool> valid(keys.size(), true);  // false: the key's value had a problem
+  std::vector<bool> valid(keys.size(), true); // false: the key's value had a problem
   for (size_t i = 0; i < keys.size(); ++i) {
     if (!values[i]) {
       if (keys[i].required && isMap) problems.push_back(keys[i].path + ": required key is missing");
@@ -281,8 +274,7 @@ Config parseWith(const std::string& yamlText, const std::vector<ConfigOverride>&
   checkAcrossFields(config, values, valid, problems);
 
   if (!problems.empty()) {
-    std::string msg = "config " + sourceName + ": " + std::to_string(problems.size()) +
-                      " problem(s):";
+    std::string msg = "config " + sourceName + ": " + std::to_string(problems.size()) + " problem(s):";
     for (const std::string& p : problems) msg += "\n" + p;
     DISTILL_THROW(ConfigError, msg);
   }
@@ -295,7 +287,7 @@ std::vector<ConfigOverride> fromSet(const std::vector<std::string>& overrides) {
   return out;
 }
 
-}  // namespace
+} // namespace
 
 Config parseConfig(const std::string& yamlText, const std::vector<std::string>& overrides,
                    const std::string& sourceName) {
@@ -303,8 +295,7 @@ Config parseConfig(const std::string& yamlText, const std::vector<std::string>& 
 }
 
 Config loadConfig(const std::string& path, const std::vector<ConfigOverride>& overrides) {
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "rb"),
-                                                        &std::fclose);
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!file) DISTILL_THROW(ConfigError, "config ", path, ": cannot open: ", errnoString(errno));
   std::string text;
   char buf[1 << 16];
@@ -322,4 +313,4 @@ Config loadConfig(const std::string& path, const std::vector<std::string>& overr
   return loadConfig(path, fromSet(overrides));
 }
 
-}  // namespace distill
+} // namespace distill

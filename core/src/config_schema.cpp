@@ -17,19 +17,18 @@
 namespace distill::config_impl {
 
 // The path and the field come from one spelling, so they cannot drift apart.
-#define DISTILL_KEY(sec, key) \
-  KeySpec(#sec "." #key, [](Config& c) -> Field { return fieldOf(&c.sec.key); })
+#define DISTILL_KEY(sec, key) KeySpec(#sec "." #key, [](Config& c) -> Field { return fieldOf(&c.sec.key); })
 
 const std::vector<KeySpec>& schema() {
   static const std::vector<KeySpec> keys = {
       DISTILL_KEY(run, name).nonEmpty().runtime(),
       DISTILL_KEY(run, nproc_per_node).min(2).max(kMaxProcsPerNode),
-      DISTILL_KEY(run, nnodes).min(1),  // and nnodes x nproc_per_node fits an int, checked across fields
+      DISTILL_KEY(run, nnodes).min(1), // and nnodes x nproc_per_node fits an int, checked across fields
       // Each node's distill-run passes its own --node-rank: it differs between
       // nodes, so it cannot be part of the hash every rank compares on resume.
-      DISTILL_KEY(run, node_rank).min(0).runtime(),  // and < run.nnodes, checked across fields
+      DISTILL_KEY(run, node_rank).min(0).runtime(), // and < run.nnodes, checked across fields
       DISTILL_KEY(run, master_addr).nonEmpty().runtime(),
-      DISTILL_KEY(run, master_port).min(0).max(65535).runtime(),  // 0: a free port (single node, distill-run)
+      DISTILL_KEY(run, master_port).min(0).max(65535).runtime(), // 0: a free port (single node, distill-run)
       DISTILL_KEY(run, log_dir).nonEmpty().runtime(),
       DISTILL_KEY(run, startup_timeout_s).min(kMinTimeoutS).max(kMaxTimeoutS).runtime(),
       DISTILL_KEY(run, collective_timeout_s).min(kMinTimeoutS).max(kMaxTimeoutS).runtime(),
@@ -41,9 +40,9 @@ const std::vector<KeySpec>& schema() {
       DISTILL_KEY(run, steps).min(0),
 
       DISTILL_KEY(teacher, kind).mandatory(),
-      DISTILL_KEY(teacher, path),     // required by kind, checked across fields
-      DISTILL_KEY(teacher, library),  // idem
-      DISTILL_KEY(teacher, module),   // idem
+      DISTILL_KEY(teacher, path), // required by kind, checked across fields
+      DISTILL_KEY(teacher, library), // idem
+      DISTILL_KEY(teacher, module), // idem
       DISTILL_KEY(teacher, weights),
       DISTILL_KEY(teacher, method).nonEmpty(),
       DISTILL_KEY(teacher, inputs).nonEmpty(),
@@ -57,12 +56,12 @@ const std::vector<KeySpec>& schema() {
       DISTILL_KEY(teacher, threads).min(0).runtime(),
       // Runtime: a hit is bit-equal to the answer it replaces, so the cache
       // changes how fast a job runs, never what it trains.
-      DISTILL_KEY(teacher, cache.path).runtime(),  // required unless mode is off, checked across fields
+      DISTILL_KEY(teacher, cache.path).runtime(), // required unless mode is off, checked across fields
       DISTILL_KEY(teacher, cache.mode).runtime(),
       DISTILL_KEY(teacher, cache.max_bytes).byteSize().min(1 << 20).runtime(),
 
       DISTILL_KEY(student, grad_acc_steps).min(1),
-      DISTILL_KEY(student, in_flight).min(1).runtime(),  // and <= transport.slots, checked across fields
+      DISTILL_KEY(student, in_flight).min(1).runtime(), // and <= transport.slots, checked across fields
       DISTILL_KEY(student, device).oneOf({"cpu", "cuda", "cuda:N"}),
       DISTILL_KEY(student, backend),
       DISTILL_KEY(student, bucket_mb).above(0).runtime(),
@@ -223,4 +222,4 @@ std::string unknownSection(const std::string& name) {
   return name + ": unknown section; valid sections: " + join(sectionNames());
 }
 
-}  // namespace distill::config_impl
+} // namespace distill::config_impl

@@ -20,10 +20,18 @@ std::string quote(const std::string& s) {
   std::string out = "\"";
   for (unsigned char ch : s) {
     switch (ch) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (ch < 0x20 || ch == 0x7f) {
           char buf[8];
@@ -73,11 +81,16 @@ bool isPlain(const YAML::Node& n) { return n.IsScalar() && n.Tag() == "?"; }
 
 std::string describe(const YAML::Node& n) {
   switch (n.Type()) {
-    case YAML::NodeType::Null: return "null";
-    case YAML::NodeType::Sequence: return "a list";
-    case YAML::NodeType::Map: return "a map";
-    case YAML::NodeType::Scalar: break;
-    default: return "nothing";
+    case YAML::NodeType::Null:
+      return "null";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Map:
+      return "a map";
+    case YAML::NodeType::Scalar:
+      break;
+    default:
+      return "nothing";
   }
   const std::string& s = n.Scalar();
   if (isPlain(n) && isBoolText(s)) return "boolean " + s;
@@ -91,7 +104,7 @@ std::string expected(const char* what, const YAML::Node& n) {
 
 std::string formatNumber(double v) {
   char buf[32];
-  const auto res = std::to_chars(buf, buf + sizeof buf, v);  // shortest exact form
+  const auto res = std::to_chars(buf, buf + sizeof buf, v); // shortest exact form
   return std::string(buf, res.ptr);
 }
 
@@ -109,8 +122,8 @@ std::optional<std::string> checkRange(const Range& r, double v, const std::strin
   if (ok) return std::nullopt;
   std::string bound;
   if (r.lo > -kInf && r.hi < kInf) {
-    bound = std::string("in ") + (r.loOpen ? "(" : "[") + formatBound(r.lo) + ", " +
-            formatBound(r.hi) + (r.hiOpen ? ")" : "]");
+    bound = std::string("in ") + (r.loOpen ? "(" : "[") + formatBound(r.lo) + ", " + formatBound(r.hi) +
+        (r.hiOpen ? ")" : "]");
   } else if (r.lo > -kInf) {
     bound = (r.loOpen ? "> " : ">= ") + formatBound(r.lo);
   } else {
@@ -122,7 +135,7 @@ std::optional<std::string> checkRange(const Range& r, double v, const std::strin
 bool isCudaIndex(const std::string& value) {
   const std::string prefix = "cuda:";
   return value.size() > prefix.size() && value.compare(0, prefix.size(), prefix) == 0 &&
-         std::all_of(value.begin() + prefix.size(), value.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+      std::all_of(value.begin() + prefix.size(), value.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
 }
 
 bool matchesChoice(const std::string& value, const std::string& choice) {
@@ -135,7 +148,7 @@ bool matchesChoice(const std::string& value, const std::string& choice) {
 bool parseByteSize(const YAML::Node& n, int64_t& out, bool& overflow) {
   const std::string& s = n.Scalar();
   if (isPlain(n) && numberKind(s) == Number::kInt) {
-    overflow = !parseNumber(s, out);  // negative or zero: the range check reports it
+    overflow = !parseNumber(s, out); // negative or zero: the range check reports it
     return true;
   }
   size_t digits = 0;
@@ -143,13 +156,15 @@ bool parseByteSize(const YAML::Node& n, int64_t& out, bool& overflow) {
   std::string unit = s.substr(digits);
   if (!unit.empty() && unit[0] == ' ') unit.erase(0, 1);
   int shift = 0;
-  if (unit == "KiB") shift = 10;
-  else if (unit == "MiB") shift = 20;
-  else if (unit == "GiB") shift = 30;
+  if (unit == "KiB")
+    shift = 10;
+  else if (unit == "MiB")
+    shift = 20;
+  else if (unit == "GiB")
+    shift = 30;
   if (digits == 0 || shift == 0) return false;
   int64_t amount = 0;
-  overflow = !parseNumber(s.substr(0, digits), amount) ||
-             amount > (std::numeric_limits<int64_t>::max() >> shift);
+  overflow = !parseNumber(s.substr(0, digits), amount) || amount > (std::numeric_limits<int64_t>::max() >> shift);
   out = overflow ? 0 : amount << shift;
   return true;
 }
@@ -220,7 +235,7 @@ std::optional<std::string> assignInteger(const KeySpec& k, const YAML::Node& n, 
   }
   if (overflow) {
     return "must be in [" + std::to_string(std::numeric_limits<int64_t>::min()) + ", " +
-           std::to_string(std::numeric_limits<int64_t>::max()) + "], found " + n.Scalar();
+        std::to_string(std::numeric_limits<int64_t>::max()) + "], found " + n.Scalar();
   }
   if (auto problem = checkRange(k.range, static_cast<double>(v), n.Scalar())) return problem;
   if (std::holds_alternative<int*>(field)) {
@@ -238,7 +253,7 @@ std::optional<std::string> assignInteger(const KeySpec& k, const YAML::Node& n, 
   return std::nullopt;
 }
 
-}  // namespace
+} // namespace
 
 std::optional<std::string> assign(const KeySpec& k, const YAML::Node& n, Config& c) {
   const Field field = k.field(c);
@@ -273,11 +288,10 @@ std::string formatValue(const Field& field) {
 
 std::optional<std::string> trainerValue(const YAML::Node& n, std::string& out) {
   if (!n.IsScalar()) {
-    return "expected a scalar (the trainer's keys take strings, numbers or booleans), found " +
-           describe(n);
+    return "expected a scalar (the trainer's keys take strings, numbers or booleans), found " + describe(n);
   }
   out = n.Scalar();
   return std::nullopt;
 }
 
-}  // namespace distill::config_impl
+} // namespace distill::config_impl

@@ -6,8 +6,7 @@
 
 namespace distill {
 
-StudentContext::StudentContext(Topology topo, Config config)
-    : topo_(std::move(topo)), config_(std::move(config)) {
+StudentContext::StudentContext(Topology topo, Config config) : topo_(std::move(topo)), config_(std::move(config)) {
   DISTILL_CHECK_T(ConfigError, topo_.isStudent(), "a StudentContext needs a student's topology, got ",
                   topo_.describe());
   setIdentity(topo_.identity());
@@ -16,11 +15,10 @@ StudentContext::StudentContext(Topology topo, Config config)
 
 StudentContext::~StudentContext() = default;
 
-TeacherContext::TeacherContext(Topology topo, Config config)
-    : topo_(std::move(topo)), config_(std::move(config)) {
+TeacherContext::TeacherContext(Topology topo, Config config) : topo_(std::move(topo)), config_(std::move(config)) {
   DISTILL_CHECK_T(ConfigError, topo_.isTeacher(), "a TeacherContext needs the teacher's topology, got ",
                   topo_.describe());
   setIdentity(topo_.identity());
 }
 
-}  // namespace distill
+} // namespace distill

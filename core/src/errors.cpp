@@ -45,7 +45,7 @@ std::string format(const std::string& msg, const ErrorWhere& w, const char* file
   return os.str();
 }
 
-}  // namespace
+} // namespace
 
 Error::Error(std::string msg, ErrorWhere where, const char* file, int line)
     : std::runtime_error(format(msg, withCurrentStep(where), file, line)),
@@ -80,8 +80,9 @@ std::terminate_handler gPreviousTerminate = nullptr;
       if (what.compare(0, prefix.size(), prefix) == 0) what.erase(0, prefix.size());
       std::cout.flush();
       std::fflush(nullptr);
-      logLine(LogLevel::kError, std::string("uncaught ") + errorTypeName(e) + " (exit code " +
-                                    std::to_string(kUncaughtErrorExitCode) + "): " + what);
+      logLine(LogLevel::kError,
+              std::string("uncaught ") + errorTypeName(e) + " (exit code " + std::to_string(kUncaughtErrorExitCode) +
+                  "): " + what);
       ::_exit(kUncaughtErrorExitCode);
     } catch (...) {
     }
@@ -90,7 +91,7 @@ std::terminate_handler gPreviousTerminate = nullptr;
   std::abort();
 }
 
-}  // namespace
+} // namespace
 
 void exitOnUncaughtError() {
   static std::once_flag once;
@@ -104,4 +105,4 @@ std::string errnoString(int err) {
   return std::string(s) + " (errno " + std::to_string(err) + ")";
 }
 
-}  // namespace distill
+} // namespace distill

@@ -29,7 +29,7 @@ struct JobStore::Conn {
   int fd = -1;
   std::mutex mutex;
   uint64_t nextId = 1;
-  bool broken = false;  // lost: every later call fails at once
+  bool broken = false; // lost: every later call fails at once
   std::string brokenWhy;
   ~Conn() {
     if (fd >= 0) ::close(fd);
@@ -43,21 +43,23 @@ bool waitFd(int fd, short events, Deadline deadline) {
   for (;;) {
     const auto left = std::chrono::ceil<Millis>(deadline.remaining()).count();
     pollfd p{fd, events, 0};
-    const int n = ::poll(&p, 1, deadline.when() == Clock::time_point::max() ? -1 : int(std::min<int64_t>(left, 1 << 30)));
+    const int n =
+        ::poll(&p, 1, deadline.when() == Clock::time_point::max() ? -1 : int(std::min<int64_t>(left, 1 << 30)));
     if (n > 0) return true;
     if (n == 0) return false;
-    if (errno != EINTR) return true;  // let the read or write report it
+    if (errno != EINTR) return true; // let the read or write report it
   }
 }
 
-}  // namespace
+} // namespace
 
 namespace {
 
 // A connected, blocking TCP socket to host:port. Nothing tells a client when
 // the store begins to listen: try to connect, backing off from 10 to 500 ms,
 // until the deadline (as TCPStore does).
-int connectTo(const std::string& host, int port, Deadline connectBy, const std::string& where, Clock::time_point start) {
+int connectTo(const std::string& host, int port, Deadline connectBy, const std::string& where,
+              Clock::time_point start) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -112,8 +114,10 @@ std::string recvExact(int fd, size_t n, const char* what, Deadline connectBy, co
                     " ms (is another program listening on run.master_port?)");
     char buf[256];
     const ssize_t got = ::recv(fd, buf, std::min(sizeof buf, n - b.size()), 0);
-    if (got > 0) b.append(buf, size_t(got));
-    else if (got < 0 && errno == EINTR) continue;
+    if (got > 0)
+      b.append(buf, size_t(got));
+    else if (got < 0 && errno == EINTR)
+      continue;
     else
       DISTILL_THROW(PeerLostError, awaiting("rendezvous store at " + where), "the rendezvous store at ", where,
                     " closed the connection before its ", what, got == 0 ? std::string() : ": " + errnoString(errno));
@@ -156,7 +160,7 @@ void handshake(int fd, const std::string& secret, int rank, Deadline connectBy, 
                   "process squatting on run.master_port)");
 }
 
-}  // namespace
+} // namespace
 
 JobStore::JobStore(std::string host, int port, std::string secret, int rank, std::string server, Deadline connectBy)
     : host_(std::move(host)),
@@ -181,9 +185,7 @@ JobStore::~JobStore() {
   (void)!::send(conn_->fd, bye.data(), bye.size(), MSG_NOSIGNAL);
 }
 
-std::string JobStore::describe() const {
-  return host_ + ":" + std::to_string(port_) + " (served by " + server_ + ")";
-}
+std::string JobStore::describe() const { return host_ + ":" + std::to_string(port_) + " (served by " + server_ + ")"; }
 
 c10::intrusive_ptr<c10d::Store> JobStore::clone() {
   auto s = c10::make_intrusive<JobStore>(host_, port_, secret_, rank_, server_, Deadline::after(timeout_));
@@ -235,7 +237,7 @@ std::vector<uint8_t> JobStore::call(uint8_t op, const std::string& payload, Dead
       return toBytes(body);
     }
     if (!waitFd(conn_->fd, POLLIN, deadline)) {
-      if (timedOut) {  // an answer the caller expects may not come: not a failure
+      if (timedOut) { // an answer the caller expects may not come: not a failure
         *timedOut = true;
         return {};
       }
@@ -263,7 +265,7 @@ std::string keyList(const std::vector<std::string>& keys) {
   for (auto& k : keys) s += (s.empty() ? "'" : ", '") + k + "'";
   return s;
 }
-}  // namespace
+} // namespace
 
 void JobStore::set(const std::string& key, const std::vector<uint8_t>& value) {
   Writer w;
@@ -342,7 +344,7 @@ bool JobStore::tryWait(const std::vector<std::string>& keys, const std::chrono::
 std::vector<int> JobStore::lostRanks(Millis grace) {
   std::vector<int> out;
   const std::string first = std::string(kLostKeyPrefix) + "1";
-  if (grace > Millis(0) && !tryWait({first}, grace)) return out;  // nobody was lost
+  if (grace > Millis(0) && !tryWait({first}, grace)) return out; // nobody was lost
   for (int n = 1;; ++n) {
     const std::string key = std::string(kLostKeyPrefix) + std::to_string(n);
     if (!check({key})) break;
@@ -351,4 +353,4 @@ std::vector<int> JobStore::lostRanks(Millis grace) {
   return out;
 }
 
-}  // namespace distill
+} // namespace distill

@@ -68,7 +68,7 @@ class JobStore : public c10d::Store {
   // ConfigError; a store that goes away during a call is a PeerLostError
   // naming `server`; a wait past its timeout is a TimeoutError.
   JobStore(std::string host, int port, std::string secret, int rank, std::string server, Deadline connectBy);
-  ~JobStore() override;  // says goodbye, unless an exception is unwinding (that counts as lost)
+  ~JobStore() override; // says goodbye, unless an exception is unwinding (that counts as lost)
 
   c10::intrusive_ptr<c10d::Store> clone() override;
   using c10d::Store::set;
@@ -76,7 +76,7 @@ class JobStore : public c10d::Store {
   using c10d::Store::compareSet;
   std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
                                   const std::vector<uint8_t>& desired) override;
-  std::vector<uint8_t> get(const std::string& key) override;  // waits (getTimeout()) until the key exists
+  std::vector<uint8_t> get(const std::string& key) override; // waits (getTimeout()) until the key exists
   int64_t add(const std::string& key, int64_t value) override;
   bool deleteKey(const std::string& key) override;
   bool check(const std::vector<std::string>& keys) override;
@@ -111,4 +111,4 @@ class JobStore : public c10d::Store {
   std::unique_ptr<Conn> conn_;
 };
 
-}  // namespace distill
+} // namespace distill

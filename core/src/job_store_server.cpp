@@ -31,7 +31,7 @@ namespace {
 std::vector<std::string> readKeys(Reader& r) {
   const uint32_t n = r.u32();
   std::vector<std::string> keys;
-  if (n > r.n / 4) {  // each key takes at least its 4-byte length: a count that cannot be
+  if (n > r.n / 4) { // each key takes at least its 4-byte length: a count that cannot be
     r.ok = false;
     return keys;
   }
@@ -40,7 +40,7 @@ std::vector<std::string> readKeys(Reader& r) {
   return keys;
 }
 
-}  // namespace
+} // namespace
 
 struct JobStoreServer::Impl {
   struct Connection {
@@ -50,15 +50,15 @@ struct JobStoreServer::Impl {
     Nonce nonce{};
     bool authed = false;
     bool bye = false;
-    bool closing = false;  // close once `out` is flushed (a refusal)
+    bool closing = false; // close once `out` is flushed (a refusal)
     int rank = -1;
     Clock::time_point handshakeBy;
   };
   struct Waiter {
-    int conn;  // connection id
+    int conn; // connection id
     uint64_t id;
     std::vector<std::string> keys;
-    bool get;  // answer with the value of keys[0]
+    bool get; // answer with the value of keys[0]
   };
 
   int listenFd = -1;
@@ -67,13 +67,13 @@ struct JobStoreServer::Impl {
   std::thread thread;
   std::atomic<int> refused{0};
   // Owned by the thread:
-  std::map<int, Connection> conns;  // by id
+  std::map<int, Connection> conns; // by id
   int nextConn = 0;
   std::map<std::string, std::string> data;
   std::vector<Waiter> waiters;
   std::set<int> lost;
   int lostCount = 0;
-  std::map<std::string, int> refusedFor;  // refusals by reason, for the log
+  std::map<std::string, int> refusedFor; // refusals by reason, for the log
 
   void run() {
     for (;;) {
@@ -91,7 +91,7 @@ struct JobStoreServer::Impl {
         DISTILL_LOG(kError) << "rendezvous store " << where << ": poll: " << errnoString(errno) << "; stopping";
         return;
       }
-      if (fds[0].revents) return;  // destructor
+      if (fds[0].revents) return; // destructor
       if (fds[1].revents & POLLIN) acceptAll();
       for (size_t i = 2; i < fds.size(); ++i) {
         const int id = ids[i - 2];
@@ -104,8 +104,10 @@ struct JobStoreServer::Impl {
       for (auto& [id, c] : conns)
         if (!c.authed && now >= c.handshakeBy) expired.push_back(id);
       for (int id : expired) {
-        if (conns.at(id).closing) closeConn(id);  // refused, and not reading our refusal
-        else refuse(id, "it did not complete the handshake within 10 s");
+        if (conns.at(id).closing)
+          closeConn(id); // refused, and not reading our refusal
+        else
+          refuse(id, "it did not complete the handshake within 10 s");
       }
     }
   }
@@ -113,7 +115,7 @@ struct JobStoreServer::Impl {
   void acceptAll() {
     for (;;) {
       const int fd = ::accept4(listenFd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-      if (fd < 0) return;  // EAGAIN: all taken; anything else: the next poll tells
+      if (fd < 0) return; // EAGAIN: all taken; anything else: the next poll tells
       const int one = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
       Connection c;
@@ -150,7 +152,7 @@ struct JobStoreServer::Impl {
   void refuse(int id, const std::string& why) {
     Connection& c = conns.at(id);
     refused.fetch_add(1);
-    if (++refusedFor[why] <= kRefusalsLogged) {  // a client that retries, or a scanner, is not a flood
+    if (++refusedFor[why] <= kRefusalsLogged) { // a client that retries, or a scanner, is not a flood
       DISTILL_LOG(kWarning) << "rendezvous store " << where << ": refused a connection from " << c.peer << ": " << why
                             << (refusedFor[why] == kRefusalsLogged ? " (more like this are not logged)" : "");
     }
@@ -170,7 +172,7 @@ struct JobStoreServer::Impl {
       }
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-      closeConn(id);  // the peer went away
+      closeConn(id); // the peer went away
       return;
     }
     if (c.closing) closeConn(id);
@@ -183,12 +185,12 @@ struct JobStoreServer::Impl {
       const ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
       if (n > 0) {
         if (!c.closing) c.in.append(buf, size_t(n));
-        if (!process(id)) return;  // closed
+        if (!process(id)) return; // closed
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-      closeConn(id);  // EOF or error
+      closeConn(id); // EOF or error
       return;
     }
   }
@@ -228,8 +230,8 @@ struct JobStoreServer::Impl {
       Reader len{c->in.data(), 4};
       const uint32_t n = len.u32();
       if (n < 9 || n > kMaxFrame) {
-        DISTILL_LOG(kWarning) << "rendezvous store " << where << ": student rank " << c->rank
-                              << " sent a frame of " << n << " bytes; closing its connection";
+        DISTILL_LOG(kWarning) << "rendezvous store " << where << ": student rank " << c->rank << " sent a frame of "
+                              << n << " bytes; closing its connection";
         closeConn(id);
         return false;
       }
@@ -395,7 +397,7 @@ JobStoreServer::JobStoreServer(int listenFd, std::string secret, std::string whe
   impl_->thread = std::thread([this] {
     try {
       impl_->run();
-    } catch (const std::exception& e) {  // the store stops; its clients see it gone and say so
+    } catch (const std::exception& e) { // the store stops; its clients see it gone and say so
       DISTILL_LOG(kError) << "rendezvous store " << impl_->where << " stopped: " << e.what();
     }
   });
@@ -412,4 +414,4 @@ JobStoreServer::~JobStoreServer() {
 
 int JobStoreServer::refused() const { return impl_->refused.load(); }
 
-}  // namespace distill
+} // namespace distill

@@ -26,12 +26,12 @@ namespace distill::job_store_wire {
 // ---- Protocol ------------------------------------------------------------------------------------
 
 constexpr size_t kMagic = 8, kNonce = 32, kMac = 32;
-constexpr char kGreeting[kMagic + 1] = "DSTORE01";  // server -> client, then its nonce
-constexpr char kHello[kMagic + 1] = "DSTHELLO";     // client -> server: rank (i32 LE), its nonce, its MAC
-constexpr char kWelcome[kMagic + 1] = "DSTWELCM";   // server -> client: the server's MAC
-constexpr char kRefused[kMagic + 1] = "DSTNOPE!";   // server -> client, then the server closes
+constexpr char kGreeting[kMagic + 1] = "DSTORE01"; // server -> client, then its nonce
+constexpr char kHello[kMagic + 1] = "DSTHELLO"; // client -> server: rank (i32 LE), its nonce, its MAC
+constexpr char kWelcome[kMagic + 1] = "DSTWELCM"; // server -> client: the server's MAC
+constexpr char kRefused[kMagic + 1] = "DSTNOPE!"; // server -> client, then the server closes
 constexpr size_t kHelloBytes = kMagic + 4 + kNonce + kMac;
-constexpr uint32_t kMaxFrame = 256u << 20;  // gloo's and NCCL's values are small; bounds a broken peer
+constexpr uint32_t kMaxFrame = 256u << 20; // gloo's and NCCL's values are small; bounds a broken peer
 constexpr auto kHandshakeTime = std::chrono::seconds(10);
 constexpr int kRefusalsLogged = 5;
 
@@ -142,4 +142,4 @@ inline std::string peerAddress(int fd) {
   return std::string(host) + ":" + port;
 }
 
-}  // namespace distill::job_store_wire
+} // namespace distill::job_store_wire

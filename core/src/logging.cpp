@@ -34,22 +34,30 @@ std::atomic<int> gLevel{static_cast<int>(levelFromEnv())};
 
 const char* levelTag(LogLevel l) {
   switch (l) {
-    case LogLevel::kDebug: return "D";
-    case LogLevel::kInfo: return "I";
-    case LogLevel::kWarning: return "W";
-    case LogLevel::kError: return "E";
+    case LogLevel::kDebug:
+      return "D";
+    case LogLevel::kInfo:
+      return "I";
+    case LogLevel::kWarning:
+      return "W";
+    case LogLevel::kError:
+      return "E";
   }
   return "?";
 }
 
-}  // namespace
+} // namespace
 
 const char* roleName(Role role) {
   switch (role) {
-    case Role::kStudent: return "student";
-    case Role::kTeacher: return "teacher";
-    case Role::kLauncher: return "launcher";
-    case Role::kUnknown: return "unknown";
+    case Role::kStudent:
+      return "student";
+    case Role::kTeacher:
+      return "teacher";
+    case Role::kLauncher:
+      return "launcher";
+    case Role::kUnknown:
+      return "unknown";
   }
   return "unknown";
 }
@@ -108,8 +116,7 @@ void logLine(LogLevel level, const std::string& text) {
   tm t{};
   gmtime_r(&ts.tv_sec, &t);
   char stamp[32];
-  std::snprintf(stamp, sizeof stamp, "%02d:%02d:%02d.%03ld", t.tm_hour, t.tm_min, t.tm_sec,
-                ts.tv_nsec / 1000000);
+  std::snprintf(stamp, sizeof stamp, "%02d:%02d:%02d.%03ld", t.tm_hour, t.tm_min, t.tm_sec, ts.tv_nsec / 1000000);
   std::string line = identityPrefix() + " " + levelTag(level) + " " + stamp + " " + text + "\n";
   // One write per line keeps lines whole when many processes share a pipe.
   const char* p = line.data();
@@ -123,4 +130,4 @@ void logLine(LogLevel level, const std::string& text) {
   }
 }
 
-}  // namespace distill
+} // namespace distill

@@ -10,13 +10,11 @@
 
 namespace distill {
 
-c10::intrusive_ptr<c10d::Backend> makeNcclBackend(c10::intrusive_ptr<c10d::Store> store, int rank,
-                                                  int size, std::chrono::milliseconds timeout,
-                                                  const std::string& device) {
+c10::intrusive_ptr<c10d::Backend> makeNcclBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
+                                                  std::chrono::milliseconds timeout, const std::string& device) {
 #if DISTILL_CUDA
   DISTILL_CHECK_T(ConfigError, c10::cuda::device_count() > 0,
-                  "student.backend needs NCCL but no CUDA device is visible (student.device=",
-                  device, ")");
+                  "student.backend needs NCCL but no CUDA device is visible (student.device=", device, ")");
   auto opts = c10d::ProcessGroupNCCL::Options::create();
   opts->timeout = timeout;
   return c10::make_intrusive<c10d::ProcessGroupNCCL>(std::move(store), rank, size, opts);
@@ -26,4 +24,4 @@ c10::intrusive_ptr<c10d::Backend> makeNcclBackend(c10::intrusive_ptr<c10d::Store
 #endif
 }
 
-}  // namespace distill
+} // namespace distill

@@ -12,8 +12,7 @@
 namespace distill {
 
 // Throws ConfigError when distill was built without CUDA.
-c10::intrusive_ptr<c10d::Backend> makeNcclBackend(c10::intrusive_ptr<c10d::Store> store, int rank,
-                                                  int size, std::chrono::milliseconds timeout,
-                                                  const std::string& device);
+c10::intrusive_ptr<c10d::Backend> makeNcclBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
+                                                  std::chrono::milliseconds timeout, const std::string& device);
 
-}  // namespace distill
+} // namespace distill

@@ -18,8 +18,7 @@ namespace {
 
 bool isWildcard(const sockaddr* a) {
   if (a->sa_family == AF_INET) return reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr == htonl(INADDR_ANY);
-  if (a->sa_family == AF_INET6)
-    return IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr);
+  if (a->sa_family == AF_INET6) return IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr);
   return false;
 }
 
@@ -36,7 +35,7 @@ std::string numericHost(const sockaddr* a, socklen_t len) {
                 "single-node job)");
 }
 
-}  // namespace
+} // namespace
 
 StoreListener listenForStore(const std::string& address, int port) {
   if (address.empty() || address == "*" || address == "0.0.0.0" || address == "::") wildcard(address);
@@ -81,15 +80,16 @@ StoreListener listenForStore(const std::string& address, int port) {
   }
   ::freeaddrinfo(found);
   if (inUse)
-    DISTILL_THROW(ConfigError, "port ", port, " on ", address, " is in use (run.master_port): another job's "
+    DISTILL_THROW(ConfigError, "port ", port, " on ", address,
+                  " is in use (run.master_port): another job's "
                   "rendezvous store or another program listens there; choose another run.master_port "
                   "(--master-port), or 0 for a free one (single-node jobs)");
   if (lastErr == EADDRNOTAVAIL)
     DISTILL_THROW(ConfigError, "run.master_addr '", address, "' (", tried,
                   ") is not an address of this host: the rendezvous store runs on the node of student rank 0 "
                   "(node 0) and binds to run.master_addr");
-  DISTILL_THROW(ConfigError, "cannot listen on ", address, ":", port, " (run.master_addr, run.master_port): ",
-                errnoString(lastErr));
+  DISTILL_THROW(ConfigError, "cannot listen on ", address, ":", port,
+                " (run.master_addr, run.master_port): ", errnoString(lastErr));
 }
 
 int listeningPort(int fd) {
@@ -122,4 +122,4 @@ std::string makeJobSecret() {
   return s;
 }
 
-}  // namespace distill
+} // namespace distill

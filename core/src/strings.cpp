@@ -16,4 +16,4 @@ std::string join(const std::vector<int>& items, const std::string& sep) {
   return out;
 }
 
-}  // namespace distill
+} // namespace distill

@@ -24,39 +24,40 @@ namespace {
 
 c10d::ReduceOp toC10d(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return c10d::ReduceOp::SUM;
-    case ReduceOp::kMax: return c10d::ReduceOp::MAX;
-    case ReduceOp::kMin: return c10d::ReduceOp::MIN;
-    case ReduceOp::kAvg: return c10d::ReduceOp::AVG;
+    case ReduceOp::kSum:
+      return c10d::ReduceOp::SUM;
+    case ReduceOp::kMax:
+      return c10d::ReduceOp::MAX;
+    case ReduceOp::kMin:
+      return c10d::ReduceOp::MIN;
+    case ReduceOp::kAvg:
+      return c10d::ReduceOp::AVG;
   }
   return c10d::ReduceOp::SUM;
 }
 
-bool isLoopback(const std::string& host) {
-  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
-}
+bool isLoopback(const std::string& host) { return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1"; }
 
 std::string firstLineOf(const std::string& s) { return s.substr(0, s.find('\n')); }
 
-
-}  // namespace
+} // namespace
 
 struct StudentGroup::Impl {
   int rank = 0;
   int size = 0;
-  int perNode = 1;  // students per node: student rank r is on node r / perNode
+  int perNode = 1; // students per node: student rank r is on node r / perNode
   Millis timeout{0};
   int64_t seq = 0;
   // Declared first, destroyed last: the store outlives every client of it.
-  std::unique_ptr<JobStoreServer> server;   // student rank 0: the rendezvous store
-  c10::intrusive_ptr<JobStore> jobStore;    // this rank's connection (null under torchrun's agent store)
-  c10::intrusive_ptr<c10d::Store> store;    // prefixed "distill/students/"
+  std::unique_ptr<JobStoreServer> server; // student rank 0: the rendezvous store
+  c10::intrusive_ptr<JobStore> jobStore; // this rank's connection (null under torchrun's agent store)
+  c10::intrusive_ptr<c10d::Store> store; // prefixed "distill/students/"
   c10::intrusive_ptr<c10d::Backend> gloo;
-  c10::intrusive_ptr<c10d::Backend> nccl;  // null unless CUDA tensors may be reduced
+  c10::intrusive_ptr<c10d::Backend> nccl; // null unless CUDA tensors may be reduced
 
-  bool serving = false;  // this rank hosts the store (student rank 0)
-  std::string storeWhere;  // "127.0.0.1:29500 (served by student rank 0 on node 0)"
-  std::string storeHostPort;  // "127.0.0.1:29500"
+  bool serving = false; // this rank hosts the store (student rank 0)
+  std::string storeWhere; // "127.0.0.1:29500 (served by student rank 0 on node 0)"
+  std::string storeHostPort; // "127.0.0.1:29500"
 
   std::string studentName(int r) const {
     return "student rank " + std::to_string(r) + " (node " + std::to_string(r / perNode) + ")";
@@ -69,7 +70,7 @@ struct StudentGroup::Impl {
   struct Diagnosis {
     std::vector<int> absent;
     std::vector<int> lost;
-    bool storeLost = false;  // the store did not answer: its connection closed
+    bool storeLost = false; // the store did not answer: its connection closed
   };
   // `lossGrace`: how long to wait for a first loss to be recorded (a peer's
   // death and the error it causes here race by milliseconds). The store lives
@@ -111,8 +112,8 @@ struct StudentGroup::Impl {
                       ", was lost (the connection to it closed: its process is gone?)");
     } else if (!d.lost.empty()) {
       std::string s = studentName(d.lost[0]) +
-                      " was lost first (its connection to the rendezvous store closed without a goodbye: "
-                      "its process died or failed)";
+          " was lost first (its connection to the rendezvous store closed without a goodbye: "
+          "its process died or failed)";
       if (d.lost.size() > 1) {
         s += "; then ";
         std::vector<std::string> later;
@@ -131,14 +132,14 @@ struct StudentGroup::Impl {
   void run(const std::string& what, const std::function<c10::intrusive_ptr<c10d::Work>()>& start) {
     const int64_t mySeq = ++seq;
     const std::string awaited = "student group " + what + " #" + std::to_string(mySeq);
-    trace::Event ev;  // the flight recorder: the hang table shows who is in which collective
+    trace::Event ev; // the flight recorder: the hang table shows who is in which collective
     ev.op = trace::Op::kCollective;
     ev.seq = static_cast<uint64_t>(mySeq);
     ev.label = what;
     currentStep(&ev.step, &ev.accStep);
     trace::Scope recorded(ev);
     auto deadline = Deadline::after(timeout);
-    std::string how;  // "" = done
+    std::string how; // "" = done
     try {
       store->add("arrived/" + std::to_string(rank), 1);
       auto work = start();
@@ -150,23 +151,20 @@ struct StudentGroup::Impl {
       if (mine && !dynamic_cast<const PeerLostError*>(mine) && !dynamic_cast<const TimeoutError*>(mine)) throw;
       how = (deadline.expired() ? "timed out after " + std::to_string(timeout.count()) + " ms: "
                                 : std::string("failed: ")) +
-            firstLine(mine ? mine->message() : std::string(e.what()));
+          firstLine(mine ? mine->message() : std::string(e.what()));
     }
     if (!how.empty()) failed(what, mySeq, awaited, how);
   }
 
-  [[noreturn]] void failed(const std::string& what, int64_t mySeq, const std::string& awaited,
-                           const std::string& how) {
+  [[noreturn]] void failed(const std::string& what, int64_t mySeq, const std::string& awaited, const std::string& how) {
     const bool timedOut = how.rfind("timed out", 0) == 0;
     auto d = diagnose("arrived/", mySeq, "c" + std::to_string(mySeq), timedOut ? Millis(0) : kLossGrace);
     std::string who = explain(d, "never entered it");
     if (who.empty()) who = "every student rank entered it; a peer failed inside it";
     if (timedOut) {
-      DISTILL_THROW(TimeoutError, awaiting(awaited), "student group ", what, " #", mySeq, " ", how,
-                    "; ", who);
+      DISTILL_THROW(TimeoutError, awaiting(awaited), "student group ", what, " #", mySeq, " ", how, "; ", who);
     }
-    DISTILL_THROW(PeerLostError, awaiting(awaited), "student group ", what, " #", mySeq, " ", how,
-                  "; ", who);
+    DISTILL_THROW(PeerLostError, awaiting(awaited), "student group ", what, " #", mySeq, " ", how, "; ", who);
   }
 
   static std::string firstLine(const std::string& s) {
@@ -176,8 +174,10 @@ struct StudentGroup::Impl {
 
   c10d::Backend& backendFor(const std::vector<at::Tensor>& tensors) {
     if (!tensors.empty() && tensors[0].is_cuda()) {
-      DISTILL_CHECK_T(ConfigError, nccl, "CUDA tensors given to the student group, but it has no "
-                      "NCCL backend (built with DISTILL_CUDA=", DISTILL_CUDA,
+      DISTILL_CHECK_T(ConfigError, nccl,
+                      "CUDA tensors given to the student group, but it has no "
+                      "NCCL backend (built with DISTILL_CUDA=",
+                      DISTILL_CUDA,
                       ", student.device/student.backend select gloo); move them to CPU or set "
                       "student.device: cuda");
       return *nccl;
@@ -199,7 +199,7 @@ bool useAgentStore() {
   return agentStore && std::string(agentStore) == "True";
 }
 
-}  // namespace
+} // namespace
 
 // The store of torchrun's agent, under a prefix of its own.
 void StudentGroup::Impl::openAgentStore(const Topology& topo, Millis startup, const std::string& hostPort) {
@@ -208,7 +208,7 @@ void StudentGroup::Impl::openAgentStore(const Topology& topo, Millis startup, co
   opts.port = static_cast<uint16_t>(topo.masterPort);
   opts.isServer = false;
   opts.numWorkers = static_cast<size_t>(s.size);
-  opts.waitWorkers = false;  // admission below has its own deadline and names who is missing
+  opts.waitWorkers = false; // admission below has its own deadline and names who is missing
   opts.timeout = startup;
   s.storeWhere = hostPort + " (torchrun's agent store)";
   try {
@@ -238,9 +238,10 @@ void StudentGroup::Impl::openJobStore(const Topology& topo, Deadline deadline, c
     if (const char* inherited = std::getenv(kStoreFdEnv); inherited && *inherited) {
       fd = std::atoi(inherited);
       const int port = listeningPort(fd);
-      DISTILL_CHECK_T(ConfigError, port == topo.masterPort, kStoreFdEnv, "=", inherited,
-                      " is not a socket listening on MASTER_PORT ", topo.masterPort,
-                      port < 0 ? std::string(" (not a listening socket)") : " (it listens on " + std::to_string(port) + ")");
+      DISTILL_CHECK_T(
+          ConfigError, port == topo.masterPort, kStoreFdEnv, "=", inherited,
+          " is not a socket listening on MASTER_PORT ", topo.masterPort,
+          port < 0 ? std::string(" (not a listening socket)") : " (it listens on " + std::to_string(port) + ")");
     } else {
       fd = listenForStore(topo.masterAddr, topo.masterPort).fd;
     }
@@ -260,15 +261,15 @@ void StudentGroup::Impl::admit(Deadline deadline, Millis startup) {
     s.store->add("joined/" + std::to_string(s.rank), 1);
     if (s.store->add("joined", 1) == s.size) s.store->set("all_joined", std::vector<uint8_t>{1});
   } catch (const std::exception& e) {
-    DISTILL_THROW(PeerLostError, awaiting("student group rendezvous"),
-                  "student group: lost the rendezvous store at ", s.storeWhere, ": ", Impl::firstLine(e.what()));
+    DISTILL_THROW(PeerLostError, awaiting("student group rendezvous"), "student group: lost the rendezvous store at ",
+                  s.storeWhere, ": ", Impl::firstLine(e.what()));
   }
   for (;;) {
     if (deadline.expired()) {
       auto d = s.diagnose("joined/", 1, "rendezvous", Millis(0));
-      DISTILL_THROW(TimeoutError, awaiting("student group rendezvous"), "student group: ",
-                    d.absent.size(), " of ", s.size, " student rank(s) never joined within ",
-                    startup.count(), " ms: missing student rank(s) ", join(d.absent),
+      DISTILL_THROW(TimeoutError, awaiting("student group rendezvous"), "student group: ", d.absent.size(), " of ",
+                    s.size, " student rank(s) never joined within ", startup.count(), " ms: missing student rank(s) ",
+                    join(d.absent),
                     d.lost.empty() && !d.storeLost ? "" : "; " + s.explain({{}, d.lost, d.storeLost}, ""));
     }
     // The store has no blocking "wait until counter >= n": wait() on the key
@@ -304,18 +305,16 @@ void StudentGroup::Impl::createBackends(const Topology& topo, const StudentOptio
   s.gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(glooStore, s.rank, s.size, glooOpts);
 
   bool wantNccl = student.backend == GroupBackend::kNccl ||
-                  (student.backend == GroupBackend::kAuto && parseDevice(student.device).cuda);
+      (student.backend == GroupBackend::kAuto && parseDevice(student.device).cuda);
   if (wantNccl) {
-    s.nccl = makeNcclBackend(c10::make_intrusive<c10d::PrefixStore>("nccl", s.store), s.rank,
-                             s.size, s.timeout, student.device);
+    s.nccl = makeNcclBackend(c10::make_intrusive<c10d::PrefixStore>("nccl", s.store), s.rank, s.size, s.timeout,
+                             student.device);
   }
-  DISTILL_LOG(kInfo) << "student group ready: rank " << s.rank << "/" << s.size << " (gloo"
-                     << (s.nccl ? " + nccl" : "") << "), collective timeout " << s.timeout.count()
-                     << " ms";
+  DISTILL_LOG(kInfo) << "student group ready: rank " << s.rank << "/" << s.size << " (gloo" << (s.nccl ? " + nccl" : "")
+                     << "), collective timeout " << s.timeout.count() << " ms";
 }
 
-StudentGroup::StudentGroup(const Topology& topo, const RunOptions& run,
-                           const StudentOptions& student)
+StudentGroup::StudentGroup(const Topology& topo, const RunOptions& run, const StudentOptions& student)
     : impl_(std::make_unique<Impl>()) {
   auto& s = *impl_;
   s.rank = topo.studentRank;
@@ -353,8 +352,7 @@ void StudentGroup::barrier(const std::string& what) {
   });
 }
 
-void StudentGroup::allReduce(std::vector<at::Tensor>& tensors, ReduceOp op,
-                             const std::string& what) {
+void StudentGroup::allReduce(std::vector<at::Tensor>& tensors, ReduceOp op, const std::string& what) {
   auto& backend = impl_->backendFor(tensors);
   impl_->run(what, [&] {
     c10d::AllreduceOptions o;
@@ -370,8 +368,8 @@ void StudentGroup::allReduce(at::Tensor& tensor, ReduceOp op, const std::string&
 }
 
 void StudentGroup::broadcast(std::vector<at::Tensor>& tensors, int root, const std::string& what) {
-  DISTILL_CHECK_T(ConfigError, root >= 0 && root < impl_->size, "broadcast root ", root,
-                  " is not a student rank (0..", impl_->size - 1, ")");
+  DISTILL_CHECK_T(ConfigError, root >= 0 && root < impl_->size, "broadcast root ", root, " is not a student rank (0..",
+                  impl_->size - 1, ")");
   auto& backend = impl_->backendFor(tensors);
   impl_->run(what, [&] {
     c10d::BroadcastOptions o;
@@ -389,13 +387,13 @@ void StudentGroup::broadcast(at::Tensor& tensor, int root, const std::string& wh
 // ---- notes ----
 
 struct GroupNotes::Impl {
-  c10::intrusive_ptr<c10d::Store> store;  // a clone: its own connection
+  c10::intrusive_ptr<c10d::Store> store; // a clone: its own connection
 
   // `doing` is "posting", "awaiting", ...; `what` names the note(s).
   [[noreturn]] static void lost(const std::string& doing, const std::string& what, const std::exception& e) {
     DISTILL_THROW(PeerLostError, doing == "awaiting" ? awaiting("student group note " + what) : ErrorWhere{},
-                  "student group notes: lost the rendezvous store (served by student rank 0) while ", doing, " ",
-                  what, ": ", firstLineOf(e.what()));
+                  "student group notes: lost the rendezvous store (served by student rank 0) while ", doing, " ", what,
+                  ": ", firstLineOf(e.what()));
   }
 };
 
@@ -410,8 +408,7 @@ void GroupNotes::post(const std::string& key, const std::string& value) {
   }
 }
 
-std::vector<std::optional<std::string>> GroupNotes::await(const std::vector<std::string>& keys,
-                                                          Millis timeout) {
+std::vector<std::optional<std::string>> GroupNotes::await(const std::vector<std::string>& keys, Millis timeout) {
   std::vector<std::optional<std::string>> out(keys.size());
   if (keys.empty()) return out;
   bool all = false;
@@ -454,4 +451,4 @@ std::unique_ptr<GroupNotes> StudentGroup::notes(const std::string& prefix) {
   return n;
 }
 
-}  // namespace distill
+} // namespace distill

@@ -18,7 +18,7 @@ int Fd::close() {
 int makeDirs(const std::string& dir, std::string* failedAt, const std::function<int(const std::string&)>& before) {
   for (size_t end = dir.find('/', 1);; end = dir.find('/', end + 1)) {
     const std::string prefix = dir.substr(0, end);
-    if (!prefix.empty() && prefix != "/" && prefix.back() != '/') {  // "a//b": one mkdir for "a"
+    if (!prefix.empty() && prefix != "/" && prefix.back() != '/') { // "a//b": one mkdir for "a"
       int err = before ? before(prefix) : 0;
       struct stat st;
       if (err == 0 && ::mkdir(prefix.c_str(), 0755) != 0) {
@@ -34,4 +34,4 @@ int makeDirs(const std::string& dir, std::string* failedAt, const std::function<
   }
 }
 
-}  // namespace distill
+} // namespace distill

@@ -61,12 +61,12 @@ Role parseRole(EnvReader& r, const std::string& v) {
   return Role::kUnknown;
 }
 
-}  // namespace
+} // namespace
 
 std::string Topology::describe() const {
   std::ostringstream os;
-  os << roleName(role) << " node " << nodeRank << "/" << nnodes << " local " << localRank << "/"
-     << localWorldSize << " global " << globalRank << "/" << globalWorldSize;
+  os << roleName(role) << " node " << nodeRank << "/" << nnodes << " local " << localRank << "/" << localWorldSize
+     << " global " << globalRank << "/" << globalWorldSize;
   if (isStudent()) os << " student " << studentRank << "/" << studentWorldSize;
   if (!segment.empty()) os << " segment " << segment;
   return os.str();
@@ -96,9 +96,9 @@ Topology Topology::fromEnvironment() {
     auto eq = kv.find('=');
     if (eq == std::string::npos) continue;
     std::string key = kv.substr(0, eq);
-    if (key.rfind("DISTILL_", 0) == 0 || key == "RANK" || key == "WORLD_SIZE" ||
-        key == "LOCAL_RANK" || key == "LOCAL_WORLD_SIZE" || key == "NODE_RANK" ||
-        key == "GROUP_RANK" || key == "MASTER_ADDR" || key == "MASTER_PORT") {
+    if (key.rfind("DISTILL_", 0) == 0 || key == "RANK" || key == "WORLD_SIZE" || key == "LOCAL_RANK" ||
+        key == "LOCAL_WORLD_SIZE" || key == "NODE_RANK" || key == "GROUP_RANK" || key == "MASTER_ADDR" ||
+        key == "MASTER_PORT") {
       env[key] = kv.substr(eq + 1);
     }
   }
@@ -146,8 +146,7 @@ void checkRanks(EnvReader& r, const Topology& t) {
               std::to_string(t.localWorldSize));
   }
   if (t.nodeRank >= t.nnodes) {
-    r.problem("node rank " + std::to_string(t.nodeRank) + " is not below the node count " +
-              std::to_string(t.nnodes));
+    r.problem("node rank " + std::to_string(t.nodeRank) + " is not below the node count " + std::to_string(t.nnodes));
   }
   bool lastLocal = t.localRank == t.localWorldSize - 1;
   if (t.role == Role::kTeacher && !lastLocal) {
@@ -172,13 +171,13 @@ void checkStudentWorld(EnvReader& r, const Topology& t) {
   for (auto& c : checks) {
     int v = r.integer(c.key, c.expected, true, 0);
     if (r.has(c.key) && v != c.expected) {
-      r.problem(std::string(c.key) + "=" + std::to_string(v) + " but the student world of " +
-                "DISTILL_* gives " + std::to_string(c.expected));
+      r.problem(std::string(c.key) + "=" + std::to_string(v) + " but the student world of " + "DISTILL_* gives " +
+                std::to_string(c.expected));
     }
   }
 }
 
-}  // namespace
+} // namespace
 
 Topology Topology::fromEnv(const std::map<std::string, std::string>& env) {
   EnvReader r(env);
@@ -205,8 +204,8 @@ Topology Topology::fromEnv(const std::map<std::string, std::string>& env) {
 
   if (!r.problems().empty()) {
     std::ostringstream os;
-    os << "bad distill environment (" << r.problems().size() << " problem"
-       << (r.problems().size() > 1 ? "s" : "") << "):";
+    os << "bad distill environment (" << r.problems().size() << " problem" << (r.problems().size() > 1 ? "s" : "")
+       << "):";
     for (auto& p : r.problems()) os << "\n  " << p;
     DISTILL_THROW(ConfigError, os.str());
   }
@@ -238,4 +237,4 @@ std::map<std::string, std::string> topologyEnv(const Topology& t) {
   return env;
 }
 
-}  // namespace distill
+} // namespace distill

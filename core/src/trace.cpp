@@ -5,20 +5,30 @@
 namespace distill::trace {
 namespace {
 std::atomic<Sink*> gSink{nullptr};
-}  // namespace
+} // namespace
 
 const char* opName(Op op) {
   switch (op) {
-    case Op::kNone: return "none";
-    case Op::kAttach: return "attach";
-    case Op::kAdmission: return "admission";
-    case Op::kSend: return "send";
-    case Op::kReceive: return "receive";
-    case Op::kRequest: return "request";
-    case Op::kReply: return "reply";
-    case Op::kForward: return "forward";
-    case Op::kCollective: return "collective";
-    case Op::kCheckpoint: return "checkpoint";
+    case Op::kNone:
+      return "none";
+    case Op::kAttach:
+      return "attach";
+    case Op::kAdmission:
+      return "admission";
+    case Op::kSend:
+      return "send";
+    case Op::kReceive:
+      return "receive";
+    case Op::kRequest:
+      return "request";
+    case Op::kReply:
+      return "reply";
+    case Op::kForward:
+      return "forward";
+    case Op::kCollective:
+      return "collective";
+    case Op::kCheckpoint:
+      return "checkpoint";
   }
   return "unknown";
 }
@@ -32,4 +42,4 @@ void clearSink(Sink* sink) {
 
 Sink* sink() { return gSink.load(std::memory_order_acquire); }
 
-}  // namespace distill::trace
+} // namespace distill::trace

@@ -57,7 +57,7 @@ struct AloneCheckpoint {
     archive.read("step", step);
     archive.read("note", note);
     archive.read("rng", rng);
-    at::Generator gen = at::detail::getDefaultCPUGenerator();  // a handle on the default generator
+    at::Generator gen = at::detail::getDefaultCPUGenerator(); // a handle on the default generator
     gen.set_state(rng);
     return {static_cast<int64_t>(step[0].item<double>()), note.toStringRef()};
   }
@@ -85,13 +85,13 @@ int trainAlone(PhaseKind kind, const Config& cfg) {
   DemoRun run(cfg, kind, phaseKey(kind, cfg, s, data.path(), data.hash(), ""), steps, s.logEvery, true);
   torch::set_num_threads(s.threadsAlone > 0 ? s.threadsAlone : torch::get_num_threads());
 
-  const bool weightsCurrent = !teacher || (fileExists(s.teacherWeights) &&
-                                           run.phase().doneRecord()["weights"] == fileFingerprint(s.teacherWeights));
+  const bool weightsCurrent = !teacher ||
+      (fileExists(s.teacherWeights) && run.phase().doneRecord()["weights"] == fileFingerprint(s.teacherWeights));
   if (run.finished(weightsCurrent)) return 0;
   const AloneCheckpoint ckpt{run.phase().path("checkpoint.pt")};
   run.prepare({ckpt.path});
 
-  torch::manual_seed(cfg.run.seed);  // the same initial weights in every phase
+  torch::manual_seed(cfg.run.seed); // the same initial weights in every phase
   Gpt model(arch);
   model->train();
   torch::optim::AdamW opt(model->parameters(),
@@ -128,7 +128,7 @@ int trainAlone(PhaseKind kind, const Config& cfg) {
     rec.lr = learningRate(peakLr, step, steps, s.warmup, s.minLrRatio);
     setLr(opt, rec.lr);
     std::vector<Batch> batches;
-    double tokens = 0;  // the loss is a sum over tokens divided by the step's tokens
+    double tokens = 0; // the loss is a sum over tokens divided by the step's tokens
     for (int acc = 0; acc < G; ++acc) {
       batches.push_back(microBatch(step, acc));
       tokens += static_cast<double>(batches.back().labels.numel());
@@ -138,7 +138,7 @@ int trainAlone(PhaseKind kind, const Config& cfg) {
       auto ce = torch::nn::functional::cross_entropy(
                     logits.reshape({-1, logits.size(-1)}), b.labels.reshape({-1}),
                     torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum)) /
-                tokens;
+          tokens;
       ce.backward();
       rec.loss += ce.item<double>();
     }
@@ -162,7 +162,7 @@ int trainAlone(PhaseKind kind, const Config& cfg) {
     }
   }
 
-  if (std::isnan(lastVal)) lastVal = evaluate(model, val.ids, val.labels);  // resumed from the last step
+  if (std::isnan(lastVal)) lastVal = evaluate(model, val.ids, val.labels); // resumed from the last step
   JsonLine extra;
   if (teacher) {
     const size_t slash = s.teacherWeights.rfind('/');
@@ -175,9 +175,9 @@ int trainAlone(PhaseKind kind, const Config& cfg) {
   return 0;
 }
 
-}  // namespace
+} // namespace
 
 int trainTeacher(const Config& cfg) { return trainAlone(PhaseKind::kTeacher, cfg); }
 int trainLabelOnly(const Config& cfg) { return trainAlone(PhaseKind::kLabelOnly, cfg); }
 
-}  // namespace distill::examples
+} // namespace distill::examples

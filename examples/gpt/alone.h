@@ -12,4 +12,4 @@ namespace distill::examples {
 int trainTeacher(const Config& cfg);
 int trainLabelOnly(const Config& cfg);
 
-}  // namespace distill::examples
+} // namespace distill::examples

@@ -19,10 +19,9 @@ uint64_t mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-}  // namespace
+} // namespace
 
-TextData::TextData(const std::string& path, double valFraction, int64_t context)
-    : path_(path), context_(context) {
+TextData::TextData(const std::string& path, double valFraction, int64_t context) : path_(path), context_(context) {
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!f) throw std::runtime_error("data " + path + ": cannot open: " + std::strerror(errno));
   char buf[1 << 16];
@@ -44,10 +43,10 @@ TextData::TextData(const std::string& path, double valFraction, int64_t context)
 }
 
 Batch TextData::sample(int64_t seed, int64_t step, int64_t rank, int64_t accStep, int64_t rows) const {
-  uint64_t state = mix(mix(mix(mix(static_cast<uint64_t>(seed)) ^ static_cast<uint64_t>(step)) ^
-                           static_cast<uint64_t>(rank)) ^
-                       static_cast<uint64_t>(accStep));
-  const uint64_t starts = static_cast<uint64_t>(split_ - context_);  // window start in [0, starts)
+  uint64_t state =
+      mix(mix(mix(mix(static_cast<uint64_t>(seed)) ^ static_cast<uint64_t>(step)) ^ static_cast<uint64_t>(rank)) ^
+          static_cast<uint64_t>(accStep));
+  const uint64_t starts = static_cast<uint64_t>(split_ - context_); // window start in [0, starts)
   at::Tensor window = at::empty({rows, context_ + 1}, at::kLong);
   int64_t* out = window.data_ptr<int64_t>();
   for (int64_t r = 0; r < rows; ++r) {
@@ -72,4 +71,4 @@ Batch TextData::validation(int64_t maxTokens) const {
   return {window.narrow(1, 0, context_).contiguous(), window.narrow(1, 1, context_).contiguous()};
 }
 
-}  // namespace distill::examples
+} // namespace distill::examples

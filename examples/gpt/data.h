@@ -18,8 +18,8 @@
 namespace distill::examples {
 
 struct Batch {
-  at::Tensor ids;     // [rows, context] int64: bytes
-  at::Tensor labels;  // [rows, context] int64: the next byte of each position
+  at::Tensor ids; // [rows, context] int64: bytes
+  at::Tensor labels; // [rows, context] int64: the next byte of each position
 };
 
 class TextData {
@@ -47,4 +47,4 @@ class TextData {
   uint64_t hash_ = 0;
 };
 
-}  // namespace distill::examples
+} // namespace distill::examples

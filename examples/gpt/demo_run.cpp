@@ -15,14 +15,17 @@ double monotonicSeconds() {
 
 const char* phaseName(PhaseKind kind) {
   switch (kind) {
-    case PhaseKind::kTeacher: return "teacher";
-    case PhaseKind::kLabelOnly: return "label_only";
-    case PhaseKind::kDistilled: return "distilled";
+    case PhaseKind::kTeacher:
+      return "teacher";
+    case PhaseKind::kLabelOnly:
+      return "label_only";
+    case PhaseKind::kDistilled:
+      return "distilled";
   }
   return "?";
 }
 
-}  // namespace
+} // namespace
 
 std::string phaseKey(PhaseKind kind, const Config& cfg, const Settings& s, const std::string& dataPath,
                      uint64_t dataHash, const std::string& teacherServed) {
@@ -77,7 +80,7 @@ void DemoRun::resume(int64_t start, const std::string& note) {
     launch_ = launches + 1;
     elapsedBefore_ = elapsed;
   } else if (start > 0) {
-    launch_ = 2;  // a checkpoint without the note (written by another trainer)
+    launch_ = 2; // a checkpoint without the note (written by another trainer)
   }
   if (start > 0 && rank0_) {
     std::printf("[%s] resumed from step %lld (launch %lld)\n", name().c_str(), static_cast<long long>(start),
@@ -160,4 +163,4 @@ void DemoRun::finish(double valLoss, int64_t parameters, JsonLine extra) {
   line(buf);
 }
 
-}  // namespace distill::examples
+} // namespace distill::examples

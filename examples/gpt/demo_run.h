@@ -27,10 +27,10 @@ std::string phaseKey(PhaseKind kind, const Config& cfg, const Settings& s, const
 struct StepRecord {
   int64_t step = 0;
   double loss = 0, ce = 0, kd = 0;
-  bool hasKd = false;       // distilling: kd is one of the loss's parts
+  bool hasKd = false; // distilling: kd is one of the loss's parts
   double lr = 0;
-  double seconds = 0;       // this step's wall time
-  double tokensPerS = 0;    // of the whole step (every student)
+  double seconds = 0; // this step's wall time
+  double tokensPerS = 0; // of the whole step (every student)
 };
 
 class DemoRun {
@@ -50,9 +50,9 @@ class DemoRun {
   int64_t launch() const { return launch_; }
   // "launch=N elapsed=S": kept in the checkpoint, read back by resume().
   std::string resumeNote() const;
-  double elapsed() const;  // training seconds over every launch so far
+  double elapsed() const; // training seconds over every launch so far
 
-  void line(const std::string& text);  // rank 0
+  void line(const std::string& text); // rank 0
   void trained(const StepRecord& r);
   void validated(int64_t step, double valLoss);
   void checkpointed(int64_t step, bool saved);
@@ -68,7 +68,7 @@ class DemoRun {
   bool rank0_, tty_, live_ = false;
   int64_t launch_ = 1;
   double elapsedBefore_ = 0;
-  double t0_ = 0;  // monotonic seconds at resume()
+  double t0_ = 0; // monotonic seconds at resume()
 };
 
-}  // namespace distill::examples
+} // namespace distill::examples

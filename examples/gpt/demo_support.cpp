@@ -15,15 +15,15 @@
 
 #include "distill/core/errors.h"
 #include "distill/core/strings.h"
-#include "distill/core/sys.h"  // makeDirs
+#include "distill/core/sys.h" // makeDirs
 
 namespace distill::examples {
 
 // ---- GptOptions (declared in gpt_options.h) ----
 
 int64_t GptOptions::parameterCount() const {
-  const int64_t block = 2 * 2 * dim + (dim * 3 * dim + 3 * dim) + (dim * dim + dim) +
-                        (dim * 4 * dim + 4 * dim) + (4 * dim * dim + dim);
+  const int64_t block =
+      2 * 2 * dim + (dim * 3 * dim + 3 * dim) + (dim * dim + dim) + (dim * 4 * dim + 4 * dim) + (4 * dim * dim + dim);
   return vocab * dim + context * dim + layers * block + 2 * dim + dim * vocab;
 }
 
@@ -38,11 +38,31 @@ std::string GptOptions::describe() const {
 // ---- settings ----
 
 std::vector<std::string> Settings::keys() {
-  return {"data",           "val_fraction",   "context",       "batch",          "lr",
-          "warmup",         "min_lr_ratio",   "weight_decay",  "grad_clip",      "eval_every",
-          "eval_tokens",    "log_every",      "threads",       "threads_alone",  "student_layers",
-          "student_heads",  "student_dim",    "teacher_layers", "teacher_heads", "teacher_dim",
-          "teacher_dropout", "teacher_steps", "teacher_batch", "teacher_lr",     "teacher_weights"};
+  return {"data",
+          "val_fraction",
+          "context",
+          "batch",
+          "lr",
+          "warmup",
+          "min_lr_ratio",
+          "weight_decay",
+          "grad_clip",
+          "eval_every",
+          "eval_tokens",
+          "log_every",
+          "threads",
+          "threads_alone",
+          "student_layers",
+          "student_heads",
+          "student_dim",
+          "teacher_layers",
+          "teacher_heads",
+          "teacher_dim",
+          "teacher_dropout",
+          "teacher_steps",
+          "teacher_batch",
+          "teacher_lr",
+          "teacher_weights"};
 }
 
 Settings Settings::fromConfig(const Config& cfg) {
@@ -124,8 +144,10 @@ JsonLine& JsonLine::add(const std::string& key, const std::string& value) {
 }
 
 JsonLine& JsonLine::add(const std::string& key, double value) {
-  if (std::isfinite(value)) obj_[key] = value;
-  else obj_[key] = nullptr;
+  if (std::isfinite(value))
+    obj_[key] = value;
+  else
+    obj_[key] = nullptr;
   return *this;
 }
 
@@ -183,7 +205,7 @@ void fsyncPath(const std::string& path, int flags) {
   if (rc != 0) throw std::runtime_error("cannot fsync " + path + ": " + std::strerror(err));
 }
 
-}  // namespace
+} // namespace
 
 void publishFile(const std::string& tmp, const std::string& path) {
   fsyncPath(tmp, O_RDONLY);
@@ -215,7 +237,8 @@ void writeTextAtomic(const std::string& path, const std::string& text) {
 
 void makeDirs(const std::string& dir) {
   std::string at;
-  if (const int err = distill::makeDirs(dir, &at)) throw std::runtime_error("cannot create " + at + ": " + std::strerror(err));
+  if (const int err = distill::makeDirs(dir, &at))
+    throw std::runtime_error("cannot create " + at + ": " + std::strerror(err));
 }
 
 bool fileExists(const std::string& path) {
@@ -301,4 +324,4 @@ void Phase::record(const JsonLine& line) {
   std::fwrite(text.data(), 1, text.size(), f.get());
 }
 
-}  // namespace distill::examples
+} // namespace distill::examples

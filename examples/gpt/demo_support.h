@@ -26,25 +26,25 @@ namespace distill::examples {
 // ---- settings ----
 
 struct Settings {
-  std::string data = "/usr/share/common-licenses/GPL-3";  // any text file
-  double valFraction = 0.1;     // held-out tail of the file
-  int64_t batch = 16;           // sequences per student per micro-batch
-  double lr = 3e-3;             // AdamW peak learning rate (students)
-  int64_t warmup = 50;          // linear warm-up steps, then cosine decay
-  double minLrRatio = 0.1;      // the cosine ends at lr * this
+  std::string data = "/usr/share/common-licenses/GPL-3"; // any text file
+  double valFraction = 0.1; // held-out tail of the file
+  int64_t batch = 16; // sequences per student per micro-batch
+  double lr = 3e-3; // AdamW peak learning rate (students)
+  int64_t warmup = 50; // linear warm-up steps, then cosine decay
+  double minLrRatio = 0.1; // the cosine ends at lr * this
   double weightDecay = 0.01;
-  double gradClip = 1.0;        // global gradient norm clip (0: off)
-  int64_t evalEvery = 25;       // validation every N steps (and at step 0 and the end)
-  int64_t evalTokens = 4096;    // validation tokens (consecutive windows of the held-out part)
-  int64_t logEvery = 50;        // a plain progress line every N steps when not on a terminal
-  int threads = 1;              // torch threads of each process of a distill-run job
-  int threadsAlone = 1;         // torch threads of a single-process phase (0: torch's default)
-  GptOptions student;           // student_layers, student_heads, student_dim (+ context)
-  GptOptions teacher;           // teacher_layers, teacher_heads, teacher_dim, teacher_dropout
+  double gradClip = 1.0; // global gradient norm clip (0: off)
+  int64_t evalEvery = 25; // validation every N steps (and at step 0 and the end)
+  int64_t evalTokens = 4096; // validation tokens (consecutive windows of the held-out part)
+  int64_t logEvery = 50; // a plain progress line every N steps when not on a terminal
+  int threads = 1; // torch threads of each process of a distill-run job
+  int threadsAlone = 1; // torch threads of a single-process phase (0: torch's default)
+  GptOptions student; // student_layers, student_heads, student_dim (+ context)
+  GptOptions teacher; // teacher_layers, teacher_heads, teacher_dim, teacher_dropout
   int64_t teacherSteps = 600;
-  int64_t teacherBatch = 32;    // sequences per teacher training step
+  int64_t teacherBatch = 32; // sequences per teacher training step
   double teacherLr = 2e-3;
-  std::string teacherWeights = "logs/demo/teacher/teacher.pt";  // what train-teacher writes
+  std::string teacherWeights = "logs/demo/teacher/teacher.pt"; // what train-teacher writes
 
   // Reads cfg.trainer (ConfigError on an unknown key or a bad value, naming it).
   static Settings fromConfig(const Config& cfg);
@@ -64,14 +64,14 @@ class JsonLine {
  public:
   JsonLine& add(const std::string& key, const std::string& value);
   JsonLine& add(const std::string& key, const char* value) { return add(key, std::string(value)); }
-  JsonLine& add(const std::string& key, double value);  // NaN, inf: null
+  JsonLine& add(const std::string& key, double value); // NaN, inf: null
   JsonLine& add(const std::string& key, int64_t value);
   JsonLine& add(const std::string& key, int value) { return add(key, static_cast<int64_t>(value)); }
   JsonLine& merge(const JsonLine& other);
-  std::string str() const { return obj_.dump(); }  // one line
+  std::string str() const { return obj_.dump(); } // one line
 
  private:
-  nlohmann::ordered_json obj_ = nlohmann::ordered_json::object();  // keys in the order added
+  nlohmann::ordered_json obj_ = nlohmann::ordered_json::object(); // keys in the order added
 };
 
 // Parses one flat object; values come back as text (strings unescaped,
@@ -82,14 +82,14 @@ double jsonNumber(const std::map<std::string, std::string>& obj, const std::stri
 
 // ---- files ----
 
-std::string readText(const std::string& path);          // "" when missing
+std::string readText(const std::string& path); // "" when missing
 // Publishes the finished file `tmp` as `path`: fsync, rename, fsync the folder,
 // so that `path` is the old file or the whole new one, also after a crash.
 void publishFile(const std::string& tmp, const std::string& path);
-void writeTextAtomic(const std::string& path, const std::string& text);  // tmp + publishFile
-void makeDirs(const std::string& dir);                  // mkdir -p; runtime_error naming it
+void writeTextAtomic(const std::string& path, const std::string& text); // tmp + publishFile
+void makeDirs(const std::string& dir); // mkdir -p; runtime_error naming it
 bool fileExists(const std::string& path);
-void removeTree(const std::string& path);               // rm -r; missing is fine
+void removeTree(const std::string& path); // rm -r; missing is fine
 
 // ---- a phase's folder ----
 
@@ -104,7 +104,7 @@ class Phase {
 
   // done.json with this key and `steps`: the phase is finished.
   bool done(int64_t steps) const;
-  std::map<std::string, std::string> doneRecord() const;  // {} when not done
+  std::map<std::string, std::string> doneRecord() const; // {} when not done
   // Whether the folder's phase.json names another key (its checkpoints are stale).
   bool stale() const;
   // Removes what belongs to a previous key (the given checkpoint paths,
@@ -124,4 +124,4 @@ class Phase {
   std::string metrics_;
 };
 
-}  // namespace distill::examples
+} // namespace distill::examples

@@ -7,9 +7,9 @@
 namespace distill::examples {
 namespace {
 
-const char* kHparams = "gpt_hparams";  // [vocab, context, layers, heads, dim]
+const char* kHparams = "gpt_hparams"; // [vocab, context, layers, heads, dim]
 
-}  // namespace
+} // namespace
 
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptOptions& o) : heads_(o.heads), dropout_(o.dropout) {
   TORCH_CHECK(o.dim % o.heads == 0, "gpt: heads (", o.heads, ") must divide dim (", o.dim, ")");
@@ -56,7 +56,7 @@ GptImpl::GptImpl(const GptOptions& o) : opts_(o) {
   for (auto& p : named_parameters()) {
     const std::string& name = p.key();
     torch::Tensor& w = p.value();
-    if (name.find("ln") != std::string::npos) continue;  // LayerNorm: ones and zeros already
+    if (name.find("ln") != std::string::npos) continue; // LayerNorm: ones and zeros already
     if (name.size() >= 4 && name.compare(name.size() - 4, 4, "bias") == 0) {
       w.zero_();
     } else if (name.find(".proj.weight") != std::string::npos) {
@@ -123,10 +123,10 @@ double evaluate(Gpt& model, const torch::Tensor& ids, const torch::Tensor& label
       const int64_t n = std::min(rows, ids.size(0) - i);
       auto logits = model->forward(ids.narrow(0, i, n));
       auto y = labels.narrow(0, i, n);
-      sum += torch::nn::functional::cross_entropy(
-                 logits.reshape({-1, logits.size(-1)}), y.reshape({-1}),
-                 torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                 .item<double>();
+      sum +=
+          torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}),
+                                               torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+              .item<double>();
       count += y.numel();
     }
   }
@@ -134,4 +134,4 @@ double evaluate(Gpt& model, const torch::Tensor& ids, const torch::Tensor& label
   return count > 0 ? sum / count : 0.0;
 }
 
-}  // namespace distill::examples
+} // namespace distill::examples

@@ -80,4 +80,4 @@ Gpt loadGpt(const std::string& path);
 // (training mode is restored after).
 double evaluate(Gpt& model, const torch::Tensor& ids, const torch::Tensor& labels, int64_t rows = 64);
 
-}  // namespace distill::examples
+} // namespace distill::examples

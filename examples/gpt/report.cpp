@@ -19,7 +19,7 @@ namespace {
 
 struct PhaseResult {
   std::string name;
-  std::map<std::string, std::string> done;  // done.json ({} if missing)
+  std::map<std::string, std::string> done; // done.json ({} if missing)
   double valLoss() const { return jsonNumber(done, "val_loss", NAN); }
   double seconds() const { return jsonNumber(done, "seconds", 0); }
 };
@@ -52,7 +52,7 @@ int drawPlot(const std::string& logDir) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-}  // namespace
+} // namespace
 
 int report(const Config& cfg) {
   const std::string& logDir = cfg.run.log_dir;
@@ -91,8 +91,8 @@ int report(const Config& cfg) {
   std::printf("%-22s %11.2fM %12.4f %10.1f\n", "distilled student", params(distilled), distilled.valLoss(),
               distilled.seconds());
   const double gain = labelOnly.valLoss() - distilled.valLoss();
-  std::printf("\nvalidation loss in nats per byte on the held-out %s; %lld student steps.\n",
-              "tail of the data", static_cast<long long>(steps));
+  std::printf("\nvalidation loss in nats per byte on the held-out %s; %lld student steps.\n", "tail of the data",
+              static_cast<long long>(steps));
   if (gain > 0) {
     std::printf("the distilled student beats the label-only one by %.4f nats/byte (%.1f%%).\n", gain,
                 100 * gain / labelOnly.valLoss());
@@ -112,4 +112,4 @@ int report(const Config& cfg) {
   return 0;
 }
 
-}  // namespace distill::examples
+} // namespace distill::examples

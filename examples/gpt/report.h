@@ -15,4 +15,4 @@ namespace distill::examples {
 
 int report(const Config& cfg);
 
-}  // namespace distill::examples
+} // namespace distill::examples

@@ -45,23 +45,24 @@ int trainStudent(distill::Session& s) {
   const int64_t steps = cfg.run.steps;
   DISTILL_CHECK_T(ConfigError, steps > 0, "run.steps must be > 0 for the demo's students");
   const int G = cfg.student.grad_acc_steps;
-  distill::StudentGroup& group = s.student->group();  // distill: the students' own group (no teacher in it)
+  distill::StudentGroup& group = s.student->group(); // distill: the students' own group (no teacher in it)
   const std::string teacherFile = servedTeacher(cfg, set);
   const std::string teacherPrint = distill::fileFingerprint(teacherFile);
   ex::TextData data(set.data, set.valFraction, set.student.context);
-  ex::DemoRun run(cfg, ex::PhaseKind::kDistilled,
-                  ex::phaseKey(ex::PhaseKind::kDistilled, cfg, set, data.path(), data.hash(),
-                               std::string(distill::toString(cfg.teacher.kind)) + ":" + teacherFile + "@" + teacherPrint),
-                  steps, set.logEvery, group.rank() == 0);
+  ex::DemoRun run(
+      cfg, ex::PhaseKind::kDistilled,
+      ex::phaseKey(ex::PhaseKind::kDistilled, cfg, set, data.path(), data.hash(),
+                   std::string(distill::toString(cfg.teacher.kind)) + ":" + teacherFile + "@" + teacherPrint),
+      steps, set.logEvery, group.rank() == 0);
   torch::set_num_threads(std::max(1, set.threads));
   if (run.finished()) {
-    s.client->finish();  // distill: tell the teacher this student is done
+    s.client->finish(); // distill: tell the teacher this student is done
     return 0;
   }
   run.prepare(cfg.checkpoint.dir.empty() ? std::vector<std::string>{} : std::vector<std::string>{cfg.checkpoint.dir});
-  group.barrier("demo: phase folder ready");  // distill: the others wait for rank 0's reset
+  group.barrier("demo: phase folder ready"); // distill: the others wait for rank 0's reset
 
-  torch::manual_seed(cfg.run.seed);  // the same initial weights on every student and in every phase
+  torch::manual_seed(cfg.run.seed); // the same initial weights on every student and in every phase
   ex::Gpt model(set.student);
   model->train();
   torch::optim::AdamW opt(model->parameters(),
@@ -78,8 +79,9 @@ int trainStudent(distill::Session& s) {
   // distill: this student's shard of micro-batch `acc` of step `step`.
   auto shard = [&](int64_t step, int acc) { return data.sample(cfg.run.seed, step, group.rank(), acc, set.batch); };
   const ex::Batch val = data.validation(set.evalTokens);
-  auto validate = [&] {  // distill: evaluated on student rank 0 only, the value broadcast to all
-    return distill::evaluateOnRank0(group, [&] { return std::vector<double>{ex::evaluate(model, val.ids, val.labels)}; }, 1)[0];
+  auto validate = [&] { // distill: evaluated on student rank 0 only, the value broadcast to all
+    return distill::evaluateOnRank0(
+        group, [&] { return std::vector<double>{ex::evaluate(model, val.ids, val.labels)}; }, 1)[0];
   };
   const int students = ex::studentWorld(cfg);
   run.line("[" + run.name() + "] " + set.student.describe() + ", " + std::to_string(steps) + " steps of " +
@@ -104,14 +106,16 @@ int trainStudent(distill::Session& s) {
       labels.push_back(batches.back().labels);
     }
     // The loss is a sum over tokens divided by the step's tokens, over all micro-batches
-    const double tokens = distill::stepTokenCount(group, labels, cfg.loss.ignore_index);  // distill: and students
+    const double tokens = distill::stepTokenCount(group, labels, cfg.loss.ignore_index); // distill: and students
     for (int acc = 0; acc < G; ++acc) {
       const ex::Batch& b = batches[acc];
       at::Tensor logits = model->forward(b.ids);
       // distill: queue the next micro-batch, take the teacher's answer for this one, mix the losses.
       const distill::Handle handle = inFlight;
-      if (acc + 1 < G) inFlight = s.client->submit(shard(step, acc + 1).ids, step, acc + 1);
-      else if (step < steps) inFlight = s.client->submit(shard(step + 1, 0).ids, step + 1, 0);
+      if (acc + 1 < G)
+        inFlight = s.client->submit(shard(step, acc + 1).ids, step, acc + 1);
+      else if (step < steps)
+        inFlight = s.client->submit(shard(step + 1, 0).ids, step + 1, 0);
       // distill: zero copy: the teacher's logits are read in place in the ring slot, freed with `reply`.
       distill::TeacherReply reply = s.client->get(handle, distill::ReplyMode::kView);
       distill::LossResult r = distill::distillLoss(logits, b.labels, reply.output(), cfg.loss, tokens);
@@ -120,7 +124,7 @@ int trainStudent(distill::Session& s) {
       rec.ce += r.ce.item<double>();
       rec.kd += r.kd.item<double>();
     }
-    distill::allReduceGradients(group, params, cfg.student.bucket_mb);  // distill: sum the students' gradients
+    distill::allReduceGradients(group, params, cfg.student.bucket_mb); // distill: sum the students' gradients
     if (set.gradClip > 0) torch::nn::utils::clip_grad_norm_(params, set.gradClip);
     opt.step();
     opt.zero_grad();
@@ -134,31 +138,32 @@ int trainStudent(distill::Session& s) {
     rec.seconds = std::chrono::duration<double>(SteadyClock::now() - stepStart).count();
     const double myTokensPerS = static_cast<double>(G * labels[0].numel()) / rec.seconds;
     rec.tokensPerS = myTokensPerS * students;
-    distill::StudentStatus status;  // distill: distill-run's live line and summary
-    status.step = step, status.loss = rec.loss, status.kd = rec.kd, status.ce = rec.ce, status.tokens_per_s = myTokensPerS;
+    distill::StudentStatus status; // distill: distill-run's live line and summary
+    status.step = step, status.loss = rec.loss, status.kd = rec.kd, status.ce = rec.ce,
+    status.tokens_per_s = myTokensPerS;
     s.client->publishStatus(status);
     run.trained(rec);
     if (step % set.evalEvery == 0 || step == steps) run.validated(step, lastVal = validate());
 
     bool saved = false;
     if (step == steps || stop || ckpt.due(step)) {
-      distill::TrainState state;  // distill: collective; with checkpoint.async it returns at once
+      distill::TrainState state; // distill: collective; with checkpoint.async it returns at once
       state.step = step;
       state.data.index = step;
       state.extra = run.resumeNote();
-      saved = ckpt.save(step, *model, opt, state);  // false: a save failed and checkpoint.on_error=continue
+      saved = ckpt.save(step, *model, opt, state); // false: a save failed and checkpoint.on_error=continue
       run.checkpointed(step, saved);
     }
     if (stop && step < steps) {
       run.stopped(step, saved);
-      s.client->finish();  // distill
+      s.client->finish(); // distill
       return 0;
     }
   }
 
-  if (std::isnan(lastVal)) lastVal = validate();  // resumed from the last step's checkpoint
+  if (std::isnan(lastVal)) lastVal = validate(); // resumed from the last step's checkpoint
   run.finish(lastVal, set.student.parameterCount());
-  s.client->finish();  // distill: this student is done
+  s.client->finish(); // distill: this student is done
   return 0;
 }
 
@@ -167,9 +172,9 @@ int serveSelf(distill::Session& session) {
   const ex::Settings s = ex::Settings::fromConfig(session.config);
   torch::set_num_threads(std::max(1, session.config.teacher.threads > 0 ? session.config.teacher.threads : s.threads));
   ex::Gpt model = ex::loadGpt(s.teacherWeights);
-  distill::serve(*session.teacher, std::make_shared<distill::ModuleTeacher<ex::GptImpl>>(
-                                       model.ptr(), session.config.teacher.output,
-                                       distill::fileFingerprint(s.teacherWeights)));
+  distill::serve(*session.teacher,
+                 std::make_shared<distill::ModuleTeacher<ex::GptImpl>>(model.ptr(), session.config.teacher.output,
+                                                                       distill::fileFingerprint(s.teacherWeights)));
   return 0;
 }
 
@@ -183,10 +188,10 @@ int usage() {
   return 2;
 }
 
-}  // namespace
+} // namespace
 
 int main(int argc, char** argv) {
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // line by line, also into distill-run's pipe
+  std::setvbuf(stdout, nullptr, _IOLBF, 0); // line by line, also into distill-run's pipe
   std::string mode;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];

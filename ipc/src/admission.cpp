@@ -23,7 +23,7 @@ void publishRefusal(SegmentImpl& s, const std::string& refusal) {
   s.notifyAll();
 }
 
-}  // namespace
+} // namespace
 
 void ChannelCore::teacherAdmission(Deadline deadline, const AdmissionCheck& check) {
   guarded([&] {
@@ -32,14 +32,15 @@ void ChannelCore::teacherAdmission(Deadline deadline, const AdmissionCheck& chec
       const auto& e = s.process(i);
       const auto st = wire::ProcState(e.state.load(std::memory_order_acquire));
       return e.pid.load(std::memory_order_acquire) != 0 && st != wire::ProcState::kEmpty &&
-             st != wire::ProcState::kFinished && st != wire::ProcState::kDead;
+          st != wire::ProcState::kFinished && st != wire::ProcState::kDead;
     };
     // A restarted teacher also admits students that finished while no
     // teacher ran (the server then sees them done, studentDone()).
     const bool restarted = s.control().teacherRestarts.load(std::memory_order_acquire) > 0;
     auto present = [&](int i) {
-      return attached(i) || (restarted && wire::ProcState(s.process(i).state.load(std::memory_order_acquire)) ==
-                                              wire::ProcState::kFinished);
+      return attached(i) ||
+          (restarted &&
+           wire::ProcState(s.process(i).state.load(std::memory_order_acquire)) == wire::ProcState::kFinished);
     };
     std::vector<int> peers;
     for (int r = 0; r < numRings(); ++r) peers.push_back(studentOf(r));
@@ -85,7 +86,7 @@ void ChannelCore::teacherAdmission(Deadline deadline, const AdmissionCheck& chec
 void ChannelCore::studentAdmission(Deadline deadline) {
   guarded([&] {
     auto& s = port_.seg();
-    const int t = peerOf(0);  // the teacher that serves this student
+    const int t = peerOf(0); // the teacher that serves this student
     auto refused = [&] { return s.control().refused.load(std::memory_order_acquire) != 0; };
     auto admitted = [&] {
       const uint64_t a = s.control().admitted.load(std::memory_order_acquire);
@@ -105,12 +106,12 @@ void ChannelCore::studentAdmission(Deadline deadline) {
     if (refused()) {
       const auto& c = s.control();
       DISTILL_THROW(ConfigError, awaiting("admission by the teacher"), "admission refused by the teacher (",
-                    port_.describeProcess(t), ") of segment '", s.name, "': ",
-                    std::string(c.refusal, strnlen(c.refusal, sizeof c.refusal)));
+                    port_.describeProcess(t), ") of segment '", s.name,
+                    "': ", std::string(c.refusal, strnlen(c.refusal, sizeof c.refusal)));
     }
     port_.recorder().complete(trace::Op::kAdmission, e.rank.load(std::memory_order_relaxed), -1, -1, 0,
                               monotonicNs() - toNs(Clock::now() - start));
   });
 }
 
-}  // namespace distill::ipc::detail
+} // namespace distill::ipc::detail

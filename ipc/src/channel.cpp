@@ -17,7 +17,7 @@ EndpointOptions EndpointOptions::fromOptions(const TransportOptions& t, int rank
   o.rank = rank;
   o.spinUs = t.spin_us;
   o.cudaIpc = t.cuda_ipc;
-  o.cudaDevice = -1;  // set by the caller from student.device / teacher.device
+  o.cudaDevice = -1; // set by the caller from student.device / teacher.device
   return o;
 }
 
@@ -26,12 +26,13 @@ namespace detail {
 static_assert(kMaxTensors == wire::kMaxTensors, "channel.h's kMaxTensors is the layout's");
 
 Role Role::student() {
-  return {"request", "transport.max_request_bytes", wire::WaitWhat::kRequestSlot, trace::Op::kSend,
-          trace::Op::kReceive, false};
+  return {"request",        "transport.max_request_bytes", wire::WaitWhat::kRequestSlot,
+          trace::Op::kSend, trace::Op::kReceive,           false};
 }
 Role Role::teacher() {
-  return {"response", "transport.max_response_bytes", wire::WaitWhat::kResponseSlot, trace::Op::kReply,
-          trace::Op::kRequest, true};
+  return {
+      "response", "transport.max_response_bytes", wire::WaitWhat::kResponseSlot, trace::Op::kReply, trace::Op::kRequest,
+      true};
 }
 
 // Process `index` of the segment as one end of its rings: a student has the
@@ -51,7 +52,7 @@ ChannelCore::ChannelCore(const Segment& seg, int index, const EndpointOptions& o
     out_.emplace_back(s, student, teacher);
     peers_.push_back(teacher ? student : teacherOf(s, student));
   }
-  for (size_t r = 0; r < in_.size(); ++r) {  // after the rings: they hold pointers into them
+  for (size_t r = 0; r < in_.size(); ++r) { // after the rings: they hold pointers into them
     inHost_.emplace_back(in_[r]);
     outHost_.emplace_back(out_[r]);
   }
@@ -65,7 +66,7 @@ int ChannelCore::ringOf(int student) const {
   return -1;
 }
 
-}  // namespace detail
+} // namespace detail
 
 // ---- ReceivedMessage ------------------------------------------------------------------------------
 
@@ -92,7 +93,7 @@ ReceivedMessage& ReceivedMessage::operator=(ReceivedMessage&& o) noexcept {
 
 void ReceivedMessage::release() {
   if (core_) {
-    bool device = false;  // any tensor in device slot memory
+    bool device = false; // any tensor in device slot memory
     for (int i = 0; i < ntensors_; ++i) device = device || tensors_[size_t(i)].device >= 0;
     core_->releaseSlot(ring_, seq_, device);
     core_.reset();
@@ -173,7 +174,7 @@ int ringOf(detail::ChannelCore& core, const char* call, int student) {
   DISTILL_CHECK_T(IpcError, r >= 0, call, "(", student, "): no such local student");
   return r;
 }
-}  // namespace
+} // namespace
 
 void TeacherEndpoint::waitAdmission(Deadline d, const AdmissionCheck& check) { core_->teacherAdmission(d, check); }
 bool TeacherEndpoint::studentDone(int student) { return core_->studentDone(ringOf(*core_, "studentDone", student)); }
@@ -186,12 +187,12 @@ std::optional<ReceivedMessage> TeacherEndpoint::tryWaitAny(Deadline d) { return 
 void TeacherEndpoint::reply(int student, const OutMessage& msg, Deadline d) {
   core_->send(ringOf(*core_, "reply", student), msg, d);
 }
-std::vector<at::Tensor> TeacherEndpoint::allocateReply(int student, const Tag& tag, const std::vector<TensorSpec>& specs,
-                                                       Deadline d, MsgKind kind) {
+std::vector<at::Tensor> TeacherEndpoint::allocateReply(int student, const Tag& tag,
+                                                       const std::vector<TensorSpec>& specs, Deadline d, MsgKind kind) {
   return core_->allocate(ringOf(*core_, "allocateReply", student), tag, kind, specs, d);
 }
 void TeacherEndpoint::publishReply(int student) { core_->publish(ringOf(*core_, "publishReply", student)); }
 int TeacherEndpoint::rank() const { return core_->port().rank(); }
 Segment TeacherEndpoint::segment() const { return core_->segment(); }
 
-}  // namespace distill::ipc
+} // namespace distill::ipc

@@ -32,12 +32,12 @@ namespace distill::ipc::detail {
 // What differs between a student's end (requests out, responses in) and a
 // teacher's end (the reverse).
 struct Role {
-  const char* outName;      // "request" | "response": what this end produces
-  const char* capacityKey;  // the option that sizes those slots
-  wire::WaitWhat outSlot;   // waiting for a free slot to produce into
-  trace::Op sendOp;         // flight-recorder op of a message sent ...
-  trace::Op takeOp;         // ... and of one taken
-  bool producesResponses;   // the out rings are response rings
+  const char* outName; // "request" | "response": what this end produces
+  const char* capacityKey; // the option that sizes those slots
+  wire::WaitWhat outSlot; // waiting for a free slot to produce into
+  trace::Op sendOp; // flight-recorder op of a message sent ...
+  trace::Op takeOp; // ... and of one taken
+  bool producesResponses; // the out rings are response rings
   static Role student();
   static Role teacher();
 };
@@ -129,16 +129,16 @@ class ChannelCore : public std::enable_shared_from_this<ChannelCore> {
   EndpointOptions opt_;
   Port port_;
   Role role_;
-  std::vector<RingSide> in_, out_;  // ring r of each: the same student
-  std::vector<int> peers_;          // per ring: the process on the other side
+  std::vector<RingSide> in_, out_; // ring r of each: the same student
+  std::vector<int> peers_; // per ring: the process on the other side
   std::vector<HostSlotMemory> inHost_, outHost_;
-  DeviceSlotMemory device_;         // per ring, when CUDA IPC is used
-  Replay replay_;                   // teacher: what an earlier incarnation answered
-  std::mutex inMutex_;              // consumer cursors: messages may be released from other threads
+  DeviceSlotMemory device_; // per ring, when CUDA IPC is used
+  Replay replay_; // teacher: what an earlier incarnation answered
+  std::mutex inMutex_; // consumer cursors: messages may be released from other threads
   std::exception_ptr poison_;
-  int pending_ = -1;                // out ring with an unpublished allocate()
+  int pending_ = -1; // out ring with an unpublished allocate()
   wire::SlotHeader pendingHdr_{};
   int lastAny_ = -1;
 };
 
-}  // namespace distill::ipc::detail
+} // namespace distill::ipc::detail

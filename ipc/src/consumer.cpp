@@ -14,17 +14,23 @@ namespace {
 
 at::ScalarType fromWire(uint32_t d) {
   switch (wire::DType(d)) {
-    case wire::DType::kInt32: return at::kInt;
-    case wire::DType::kInt64: return at::kLong;
-    case wire::DType::kFloat32: return at::kFloat;
-    case wire::DType::kFloat16: return at::kHalf;
-    case wire::DType::kBFloat16: return at::kBFloat16;
-    case wire::DType::kBool: return at::kBool;
+    case wire::DType::kInt32:
+      return at::kInt;
+    case wire::DType::kInt64:
+      return at::kLong;
+    case wire::DType::kFloat32:
+      return at::kFloat;
+    case wire::DType::kFloat16:
+      return at::kHalf;
+    case wire::DType::kBFloat16:
+      return at::kBFloat16;
+    case wire::DType::kBool:
+      return at::kBool;
   }
-  return at::kByte;  // unreachable after validateHeader
+  return at::kByte; // unreachable after validateHeader
 }
 
-}  // namespace
+} // namespace
 
 // A private copy of the header at in ring r's read cursor (its sequence in
 // *seq), and the cursor moved past it. Validating the copy means the producer
@@ -47,7 +53,7 @@ wire::SlotHeader ChannelCore::copyHeader(int r, uint64_t* seq) {
 
 // Fills m's tensor descriptions from validated header h (slot of `seq` of in ring r).
 void ChannelCore::describeTensors(int r, uint64_t seq, const wire::SlotHeader& h, ReceivedMessage& m) {
-  bool deviceReadable = false;  // the device memory's readable() was called for this message
+  bool deviceReadable = false; // the device memory's readable() was called for this message
   for (uint32_t i = 0; i < h.ntensors; ++i) {
     const auto& t = h.tensors[i];
     SlotMemory::Place place{nullptr, -1};
@@ -129,7 +135,7 @@ std::optional<ReceivedMessage> ChannelCore::tryReceive(int r) {
 
 ReceivedMessage ChannelCore::receive(int r, Deadline deadline, const std::optional<Tag>& expect) {
   return guarded([&] {
-    if (canRead(r)) return take(r);  // already there: no clock, no wait bookkeeping
+    if (canRead(r)) return take(r); // already there: no clock, no wait bookkeeping
     const WaitDesc d{wire::WaitWhat::kResponse, peerOf(r), expect};
     const auto start = Clock::now();
     const int64_t startNs = monotonicNs();
@@ -159,7 +165,7 @@ std::optional<ReceivedMessage> ChannelCore::tryWaitAny(Deadline deadline) {
       }
       return false;
     };
-    if (any()) {  // already there: no clock, no wait bookkeeping
+    if (any()) { // already there: no clock, no wait bookkeeping
       lastAny_ = found;
       return take(found);
     }
@@ -179,4 +185,4 @@ ReceivedMessage ChannelCore::waitAny(Deadline deadline) {
                 numRings(), " students after ", toMs(Clock::now() - start), " ms (segment '", port_.seg().name, "')");
 }
 
-}  // namespace distill::ipc::detail
+} // namespace distill::ipc::detail

@@ -50,10 +50,15 @@ std::string eventText(const SegmentImpl& s, const RecordedEvent& e, int64_t now)
   if (!e.label.empty()) os << " '" << e.label << "'";
   switch (e.op) {
     case Op::kSend:
-    case Op::kReply: os << " to " << peerName(s, e.peer); break;
+    case Op::kReply:
+      os << " to " << peerName(s, e.peer);
+      break;
     case Op::kReceive:
-    case Op::kRequest: os << " from " << peerName(s, e.peer); break;
-    default: break;
+    case Op::kRequest:
+      os << " from " << peerName(s, e.peer);
+      break;
+    default:
+      break;
   }
   if (e.op == Op::kCollective) {
     os << " #" << e.seq;
@@ -78,7 +83,7 @@ const RecordedEvent* innermostOpen(const std::vector<RecordedEvent>& events) {
   return nullptr;
 }
 
-}  // namespace
+} // namespace
 
 bool processStopped(int pid) { return sys::pidState(pid) == sys::PidState::kStopped; }
 
@@ -130,8 +135,8 @@ class ActivityScan {
     if (stopped_[size_t(i)]) {
       a.stopped = true;
       a.state = "stopped";
-      doing << "stopped (SIGSTOP): no heartbeat for "
-            << seconds(now_ - e.heartbeatNs.load(std::memory_order_relaxed)) << "; when it stopped it was ";
+      doing << "stopped (SIGSTOP): no heartbeat for " << seconds(now_ - e.heartbeatNs.load(std::memory_order_relaxed))
+            << "; when it stopped it was ";
     }
     if (a.pid == 0) {
       doing << "never attached to the segment";
@@ -194,7 +199,7 @@ class ActivityScan {
     doing << " for " << seconds(now_ - since);
     if (stopped_[size_t(i)]) return;
     if (i == s_.teacherIndex())
-      doing << stoppedAmong(0, s_.teacherIndex(), i);  // any student
+      doing << stoppedAmong(0, s_.teacherIndex(), i); // any student
     else if (peer >= 0 && isStopped(peer))
       doing << "; waits on a stopped peer: " << peerName(s_, peer) << " is stopped (SIGSTOP)";
     else if (what == uint32_t(wire::WaitWhat::kAdmission))
@@ -217,8 +222,8 @@ class ActivityScan {
         const uint64_t theirs = lastCollective(history_[size_t(j)]);
         if (theirs < open.seq)
           behind += (behind.empty() ? "" : ", ") + std::string("student rank ") +
-                    std::to_string(s_.process(j).rank.load(std::memory_order_relaxed)) + " (its last: #" +
-                    std::to_string(theirs) + (stopped_[size_t(j)] ? ", stopped" : "") + ")";
+              std::to_string(s_.process(j).rank.load(std::memory_order_relaxed)) + " (its last: #" +
+              std::to_string(theirs) + (stopped_[size_t(j)] ? ", stopped" : "") + ")";
       }
       if (!behind.empty()) doing << "; not entered by " << behind;
       if (!stopped_[size_t(i)]) doing << stoppedAmong(0, s_.teacherIndex(), i);
@@ -252,7 +257,7 @@ class ActivityScan {
   std::vector<bool> stopped_;
 };
 
-}  // namespace
+} // namespace
 
 std::vector<ProcessActivity> describeActivity(const Segment& seg, int events) {
   const ActivityScan scan(*seg.impl());
@@ -293,4 +298,4 @@ std::string formatHangTable(const Segment& seg, const std::string& title, const 
   return os.str();
 }
 
-}  // namespace distill::ipc
+} // namespace distill::ipc

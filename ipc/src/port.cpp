@@ -28,7 +28,7 @@ wire::RecorderArea* checkedRecorder(const SegmentImpl& seg, int index) {
                   " outside 0..", seg.numProcesses() - 1);
   return &seg.recorder(index);
 }
-}  // namespace
+} // namespace
 
 Port::Port(std::shared_ptr<SegmentImpl> seg, int index, int rank, int spinUs, const std::string& config)
     : seg_(std::move(seg)), index_(index), rank_(rank), recorder_(checkedRecorder(*seg_, index)), spinUs_(spinUs) {
@@ -43,7 +43,7 @@ Port::Port(std::shared_ptr<SegmentImpl> seg, int index, int rank, int spinUs, co
       sys::pidState(old) != sys::PidState::kGone)
     DISTILL_THROW(IpcError, "segment '", seg_->name, "': local ", roleName(), " ", index_,
                   " is already attached by live pid ", old);
-  recorder_.reset();  // before the new pid is published: no reader pairs it with the old history
+  recorder_.reset(); // before the new pid is published: no reader pairs it with the old history
   // The config before the state: the teacher reads it once it sees us attached.
   auto& area = seg_->config(index_);
   std::memcpy(area.text, config.data(), config.size());
@@ -69,10 +69,10 @@ Port::~Port() {
   }
   hbCv_.notify_all();
   if (heartbeat_.joinable()) heartbeat_.join();
-  self().endedNs.store(monotonicNs(), std::memory_order_relaxed);  // published by the state's release store
+  self().endedNs.store(monotonicNs(), std::memory_order_relaxed); // published by the state's release store
   setState(finished_ ? ProcState::kFinished : ProcState::kDead);
   self().waitWhat.store(0, std::memory_order_relaxed);
-  seg_->notifyAll();  // peers waiting on us re-check and see finished/dead
+  seg_->notifyAll(); // peers waiting on us re-check and see finished/dead
 }
 
 std::string Port::publishedConfig(int index) const {
@@ -97,21 +97,19 @@ std::string Port::describeProcess(int index) const {
                      index, ", pid ", e.pid.load(std::memory_order_relaxed), ")");
 }
 
-std::string Port::describeSelf() const {
-  return detail::str(roleName(), " rank ", rank_, " (local ", index_, ")");
-}
+std::string Port::describeSelf() const { return detail::str(roleName(), " rank ", rank_, " (local ", index_, ")"); }
 
 bool Port::teacherMayRestart(int pid) const {
   const auto& c = seg_->control();
   if (c.teacherRestarts.load(std::memory_order_acquire) < c.teacherMaxRestarts.load(std::memory_order_acquire))
     return true;
-  return pid != 0 && c.teacherReplacedPid.load(std::memory_order_relaxed) == pid;  // being replaced right now
+  return pid != 0 && c.teacherReplacedPid.load(std::memory_order_relaxed) == pid; // being replaced right now
 }
 
 void Port::checkPeer(int index, const WaitDesc& desc, bool finishedIsLost) const {
   const auto& e = seg_->process(index);
   const int pid = e.pid.load(std::memory_order_acquire);
-  if (pid == 0) return;  // never attached: only a deadline can end this wait
+  if (pid == 0) return; // never attached: only a deadline can end this wait
   // Elastic teacher: a dead or stalled teacher that the launcher will restart
   // is awaited (the requests stay in their slots; the next incarnation serves
   // them). Only the wait's own deadline or an abort ends this wait then.
@@ -137,7 +135,8 @@ void Port::checkPeer(int index, const WaitDesc& desc, bool finishedIsLost) const
   const int64_t ageNs = monotonicNs() - e.heartbeatNs.load(std::memory_order_relaxed);
   if (ageNs > 2 * int64_t(seg_->layout.heartbeatMs) * 1000000)
     DISTILL_THROW(PeerLostError, where, describeSelf(), ": peer ", describeProcess(index),
-                  " stalled (no heartbeat for ", toMs(std::chrono::nanoseconds(ageNs)), " ms, heartbeat_ms=", seg_->layout.heartbeatMs,
+                  " stalled (no heartbeat for ", toMs(std::chrono::nanoseconds(ageNs)),
+                  " ms, heartbeat_ms=", seg_->layout.heartbeatMs,
                   ps == sys::PidState::kStopped ? "; process is stopped" : "", ") in segment '", seg_->name, "'");
 }
 
@@ -147,8 +146,8 @@ bool Port::waitUntil(const std::function<bool()>& cond, const WaitDesc& desc, co
   auto& ctl = seg_->control();
   auto checkAll = [&] {
     if (ctl.abort.load(std::memory_order_acquire))
-      DISTILL_THROW(IpcError, awaiting(wire::waitName(uint32_t(desc.what))), describeSelf(), ": segment '",
-                    seg_->name, "' was aborted");
+      DISTILL_THROW(IpcError, awaiting(wire::waitName(uint32_t(desc.what))), describeSelf(), ": segment '", seg_->name,
+                    "' was aborted");
     for (int p : peers) checkPeer(p, desc, finishedIsLost);
   };
   // Spin briefly: a ping-pong partner on another core answers in ~1 us, far
@@ -203,4 +202,4 @@ bool Port::waitUntil(const std::function<bool()>& cond, const WaitDesc& desc, co
   }
 }
 
-}  // namespace distill::ipc
+} // namespace distill::ipc

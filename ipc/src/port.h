@@ -46,8 +46,8 @@ namespace distill::ipc {
 // What a wait is for; fills the process table and error messages.
 struct WaitDesc {
   wire::WaitWhat what = wire::WaitWhat::kNone;
-  int peerIndex = -1;      // process index waited on, -1 = any student
-  std::optional<Tag> tag;  // the message waited for or on, when known
+  int peerIndex = -1; // process index waited on, -1 = any student
+  std::optional<Tag> tag; // the message waited for or on, when known
 };
 
 class Port {
@@ -113,4 +113,4 @@ class Port {
   std::thread heartbeat_;
 };
 
-}  // namespace distill::ipc
+} // namespace distill::ipc

@@ -14,19 +14,25 @@ namespace {
 
 wire::DType toWire(at::ScalarType t, const std::string& name) {
   switch (t) {
-    case at::kInt: return wire::DType::kInt32;
-    case at::kLong: return wire::DType::kInt64;
-    case at::kFloat: return wire::DType::kFloat32;
-    case at::kHalf: return wire::DType::kFloat16;
-    case at::kBFloat16: return wire::DType::kBFloat16;
-    case at::kBool: return wire::DType::kBool;
+    case at::kInt:
+      return wire::DType::kInt32;
+    case at::kLong:
+      return wire::DType::kInt64;
+    case at::kFloat:
+      return wire::DType::kFloat32;
+    case at::kHalf:
+      return wire::DType::kFloat16;
+    case at::kBFloat16:
+      return wire::DType::kBFloat16;
+    case at::kBool:
+      return wire::DType::kBool;
     default:
       DISTILL_THROW(IpcError, "tensor '", name, "': dtype ", c10::toString(t),
                     " cannot be sent (int32, int64, float32, float16, bfloat16, bool)");
   }
 }
 
-}  // namespace
+} // namespace
 
 // Tensor i of items into t, at the next 64-byte aligned offset of its location
 // (used[location] bytes taken so far); IpcError if it does not fit.
@@ -75,7 +81,7 @@ wire::SlotHeader ChannelCore::plan(int r, const Tag& tag, MsgKind kind, const Pl
   h.senderRank = port_.rank();
   h.ntensors = uint32_t(count);
   if (!errorText.empty()) std::strncpy(h.errorText, errorText.c_str(), sizeof h.errorText - 1);
-  uint64_t used[2] = {0, 0};  // host payload, device slot memory
+  uint64_t used[2] = {0, 0}; // host payload, device slot memory
   for (size_t i = 0; i < count; ++i) planTensor(r, tag, items, i, h.tensors[i], used);
   return h;
 }
@@ -83,7 +89,7 @@ wire::SlotHeader ChannelCore::plan(int r, const Tag& tag, MsgKind kind, const Pl
 // Waits for a free slot in out ring r; returns its ring sequence.
 uint64_t ChannelCore::acquire(int r, const Tag& tag, Deadline deadline) {
   auto& ring = out_[size_t(r)];
-  if (ring.canWrite()) return ring.writeSeq();  // the common case: no clock, no wait bookkeeping
+  if (ring.canWrite()) return ring.writeSeq(); // the common case: no clock, no wait bookkeeping
   const WaitDesc d{role_.outSlot, peerOf(r), tag};
   const auto start = Clock::now();
   if (!port_.waitUntil([&] { return ring.canWrite(); }, d, {peerOf(r)}, true, deadline))
@@ -100,8 +106,8 @@ void ChannelCore::commit(int r, wire::SlotHeader& hdr) {
   wire::sealHeader(hdr);
   std::memcpy(ring.slot(ring.writeSeq()), &hdr, wire::headerBytes(hdr));
   ring.publish(peerOf(r));
-  port_.recorder().complete(role_.sendOp, port_.seg().process(peerOf(r)).rank.load(std::memory_order_relaxed),
-                            hdr.step, hdr.accStep, hdr.seq, 0, kindLabel(hdr.kind));
+  port_.recorder().complete(role_.sendOp, port_.seg().process(peerOf(r)).rank.load(std::memory_order_relaxed), hdr.step,
+                            hdr.accStep, hdr.seq, 0, kindLabel(hdr.kind));
 }
 
 void ChannelCore::send(int r, const OutMessage& msg, Deadline deadline) {
@@ -163,4 +169,4 @@ void ChannelCore::publish(int r) {
   guarded([&] { commit(r, pendingHdr_); });
 }
 
-}  // namespace distill::ipc::detail
+} // namespace distill::ipc::detail

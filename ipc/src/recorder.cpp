@@ -21,7 +21,7 @@ uint64_t Recorder::start(trace::Op op, int peer, int64_t step, int64_t accStep, 
   const uint64_t n = next_++;
   auto& e = slot(n);
   e.number.store(0, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);  // readers of the old event see the change
+  std::atomic_thread_fence(std::memory_order_release); // readers of the old event see the change
   e.op.store(uint32_t(op), std::memory_order_relaxed);
   e.peer.store(peer, std::memory_order_relaxed);
   e.step.store(step, std::memory_order_relaxed);
@@ -35,7 +35,7 @@ uint64_t Recorder::start(trace::Op op, int peer, int64_t step, int64_t accStep, 
     const size_t from = size_t(w) * sizeof word;
     if (from < len) std::memcpy(&word, label + from, std::min(sizeof word, len - from));
     e.label[w].store(word, std::memory_order_relaxed);
-    if (from + sizeof word > len) break;  // the word holding the NUL is written; readers stop there
+    if (from + sizeof word > len) break; // the word holding the NUL is written; readers stop there
   }
   e.number.store(n, std::memory_order_release);
   area_->begun.store(n, std::memory_order_release);
@@ -46,7 +46,6 @@ uint64_t Recorder::start(trace::Op op, int peer, int64_t step, int64_t accStep, 
 uint64_t Recorder::begin(const trace::Event& e) {
   return start(e.op, e.peer, e.step, e.accStep, e.seq, e.label.data(), e.label.size(), 0);
 }
-
 
 void Recorder::end(uint64_t token) {
   if (token == 0) return;
@@ -85,11 +84,11 @@ std::vector<RecordedEvent> readEvents(const wire::RecorderArea& area, int last) 
       if (std::memchr(&word, 0, sizeof word)) break;
     }
     std::atomic_thread_fence(std::memory_order_acquire);
-    if (e.number.load(std::memory_order_relaxed) != n) continue;  // overwritten while read
+    if (e.number.load(std::memory_order_relaxed) != n) continue; // overwritten while read
     r.label = label;
     out.push_back(std::move(r));
   }
   return out;
 }
 
-}  // namespace distill::ipc
+} // namespace distill::ipc

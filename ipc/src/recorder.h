@@ -45,18 +45,18 @@ class Recorder final : public trace::Sink {
   }
 
   wire::RecorderArea* area_;
-  uint64_t next_ = 1;  // number of the next event (numbers start at 1; 0 marks a slot being written)
+  uint64_t next_ = 1; // number of the next event (numbers start at 1; 0 marks a slot being written)
 };
 
 // One event as read back.
 struct RecordedEvent {
-  uint64_t number = 0;  // 1-based position in the process's history
+  uint64_t number = 0; // 1-based position in the process's history
   trace::Op op = trace::Op::kNone;
   int peer = -1;
   int64_t step = -1, accStep = -1;
   uint64_t seq = 0;
   int64_t startNs = 0;
-  int64_t endNs = 0;  // 0 = still open
+  int64_t endNs = 0; // 0 = still open
   std::string label;
   bool open() const { return endNs == 0; }
 };
@@ -64,4 +64,4 @@ struct RecordedEvent {
 // The newest `last` events of `area` that read consistently, oldest first.
 std::vector<RecordedEvent> readEvents(const wire::RecorderArea& area, int last);
 
-}  // namespace distill::ipc
+} // namespace distill::ipc

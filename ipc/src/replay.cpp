@@ -19,4 +19,4 @@ Replay Replay::plan(const std::vector<RingSide>& in, const std::vector<RingSide>
   return p;
 }
 
-}  // namespace distill::ipc
+} // namespace distill::ipc

@@ -26,7 +26,7 @@ namespace distill::ipc {
 
 class Replay {
  public:
-  Replay() = default;  // nothing to skip (a student's end)
+  Replay() = default; // nothing to skip (a student's end)
   // At a teacher's attach: per ring r (in[r] its request ring, out[r] the
   // response ring of the same student), the requests already answered. Logs
   // a warning naming each student whose ring holds answered requests.
@@ -45,7 +45,7 @@ class Replay {
   }
 
  private:
-  std::vector<uint64_t> answered_;  // per ring: the response ring's head at attach
+  std::vector<uint64_t> answered_; // per ring: the response ring's head at attach
 };
 
-}  // namespace distill::ipc
+} // namespace distill::ipc

@@ -20,7 +20,7 @@ void RingSide::publish(int consumerIndex) const {
 
 void RingSide::release(uint64_t seq, int producerIndex) {
   uint64_t tail = hdr_->tail.load(std::memory_order_relaxed);
-  if (seq < tail || seq >= readNext_) return;  // not held (double release)
+  if (seq < tail || seq >= readNext_) return; // not held (double release)
   released_[seq % uint64_t(slots_)] = 1;
   const uint64_t oldTail = tail;
   while (tail < readNext_ && released_[tail % uint64_t(slots_)]) {
@@ -33,4 +33,4 @@ void RingSide::release(uint64_t seq, int producerIndex) {
   }
 }
 
-}  // namespace distill::ipc
+} // namespace distill::ipc

@@ -74,7 +74,7 @@ class RingSide {
   bool response_;
   int slots_;
   uint64_t readNext_ = 0;
-  std::vector<char> released_;  // consumer: slot released out of order, tail not yet past it
+  std::vector<char> released_; // consumer: slot released out of order, tail not yet past it
 };
 
-}  // namespace distill::ipc
+} // namespace distill::ipc

@@ -37,7 +37,7 @@ SegmentLayout SegmentLayout::fromOptions(const TransportOptions& t, int numStude
 
 bool SegmentLayout::operator==(const SegmentLayout& o) const {
   return numStudents == o.numStudents && slots == o.slots && maxRequestBytes == o.maxRequestBytes &&
-         maxResponseBytes == o.maxResponseBytes && heartbeatMs == o.heartbeatMs;
+      maxResponseBytes == o.maxResponseBytes && heartbeatMs == o.heartbeatMs;
 }
 
 std::string SegmentLayout::describe() const {
@@ -110,15 +110,15 @@ std::string bytesText(uint64_t n) {
 // Which keys set a segment's size, with their values, for the "too big" error.
 std::string sizeKeys(const SegmentLayout& l) {
   return detail::str("lower transport.slots (", l.slots, "), transport.max_request_bytes (", l.maxRequestBytes,
-                     ") or transport.max_response_bytes (", l.maxResponseBytes,
-                     "), or run fewer students per node (", l.numStudents,
+                     ") or transport.max_response_bytes (", l.maxResponseBytes, "), or run fewer students per node (",
+                     l.numStudents,
                      "; each needs transport.slots x (request + response) bytes), or give /dev/shm more room");
 }
 
 // Bytes free for an unprivileged writer in the file system that holds the
 // segments; -1 if it cannot be asked.
 int64_t shmBytesFree() {
-  struct statvfs st{};
+  struct statvfs st {};
   if (sys::retryEintr([&] { return ::statvfs("/dev/shm", &st); }) != 0) return -1;
   return int64_t(st.f_bavail) * int64_t(st.f_frsize);
 }
@@ -143,7 +143,7 @@ std::shared_ptr<Mapping> openExisting(const std::string& name) {
     auto m = std::make_shared<Mapping>();
     m->shm = bip::shared_memory_object(bip::open_only, name.c_str(), bip::read_write);
     bip::offset_t size = 0;
-    if (!m->shm.get_size(size) || size < bip::offset_t(wire::kControlBytes)) return nullptr;  // being created
+    if (!m->shm.get_size(size) || size < bip::offset_t(wire::kControlBytes)) return nullptr; // being created
     m->region = bip::mapped_region(m->shm, bip::read_write);
     return m;
   } catch (const bip::interprocess_exception& e) {
@@ -163,7 +163,7 @@ std::shared_ptr<SegmentImpl> makeImpl(const std::string& name, std::shared_ptr<M
   return impl;
 }
 
-}  // namespace
+} // namespace
 
 std::vector<std::string> Segment::removeStale(const std::string& prefix) {
   std::vector<std::string> names;
@@ -182,13 +182,14 @@ std::vector<std::string> Segment::removeStale(const std::string& prefix) {
       if (!m) continue;
       // creatorPid sits at the same offset in every layout version.
       auto& c = *static_cast<const wire::ControlBlock*>(m->region.get_address());
-      if (c.magic.load(std::memory_order_acquire) != wire::kSegmentMagic) continue;  // not (yet) a segment
+      if (c.magic.load(std::memory_order_acquire) != wire::kSegmentMagic) continue; // not (yet) a segment
       pid = c.creatorPid;
     } catch (const Error&) {
-      continue;  // not ours to open (another user's, mode 0600)
+      continue; // not ours to open (another user's, mode 0600)
     }
     if (pid <= 0 || pid == ::getpid() || sys::pidState(pid) != sys::PidState::kGone) continue;
-    if (bip::shared_memory_object::remove(n.c_str())) removed.push_back(n + " (creator pid " + std::to_string(pid) + ")");
+    if (bip::shared_memory_object::remove(n.c_str()))
+      removed.push_back(n + " (creator pid " + std::to_string(pid) + ")");
   }
   return removed;
 }
@@ -223,7 +224,7 @@ std::shared_ptr<Mapping> createMapping(const std::string& name, const LayoutOffs
   try {
     bip::permissions perm(0600);
     m->shm = bip::shared_memory_object(bip::create_only, name.c_str(), bip::read_write, perm);
-    m->shm.truncate(bip::offset_t(off.total));  // zero-filled
+    m->shm.truncate(bip::offset_t(off.total)); // zero-filled
   } catch (const bip::interprocess_exception& e) {
     bip::shared_memory_object::remove(name.c_str());
     DISTILL_THROW(IpcError, "segment '", name, "': cannot create ", bytesText(off.total), ": ", e.what());
@@ -232,8 +233,8 @@ std::shared_ptr<Mapping> createMapping(const std::string& name, const LayoutOffs
     if (err != EOPNOTSUPP && err != EINVAL) {
       bip::shared_memory_object::remove(name.c_str());
       const int64_t nowFree = shmBytesFree();
-      DISTILL_THROW(IpcError, "segment '", name, "': cannot reserve ", bytesText(off.total),
-                    " of shared memory (", errnoString(err), "); /dev/shm has ",
+      DISTILL_THROW(IpcError, "segment '", name, "': cannot reserve ", bytesText(off.total), " of shared memory (",
+                    errnoString(err), "); /dev/shm has ",
                     nowFree >= 0 ? bytesText(uint64_t(nowFree)) : std::string("an unknown number of bytes"),
                     " free: ", sizeKeys(layout));
     }
@@ -276,7 +277,7 @@ void initControl(wire::ControlBlock* c, const SegmentLayout& layout, const std::
   c->controlChecksum = wire::controlChecksum(*c);
 }
 
-}  // namespace
+} // namespace
 
 Segment Segment::create(const std::string& name, const SegmentLayout& layout, const std::string& jobId) {
   checkLayout(layout, name);
@@ -285,7 +286,7 @@ Segment Segment::create(const std::string& name, const SegmentLayout& layout, co
   clearStaleSegment(name);
   const LayoutOffsets off = computeOffsets(layout);
   auto impl = makeImpl(name, createMapping(name, off, layout), layout);
-  auto* c = new (impl->base) wire::ControlBlock;  // atomics: trivially default-constructed, memory is zero
+  auto* c = new (impl->base) wire::ControlBlock; // atomics: trivially default-constructed, memory is zero
   initControl(c, layout, jobId, off);
   for (int i = 0; i < impl->numProcesses(); ++i) {
     auto& e = impl->process(i);
@@ -315,8 +316,7 @@ Segment Segment::attach(const std::string& name, const std::string& jobId, const
     }
     if (deadline.expired())
       DISTILL_THROW(TimeoutError, awaiting("segment '" + name + "'"), "segment '", name,
-                    m ? "' was not initialised" : "' did not appear", " after ", toMs(Clock::now() - start),
-                    " ms");
+                    m ? "' was not initialised" : "' did not appear", " after ", toMs(Clock::now() - start), " ms");
     std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline.remaining()));
   }
   auto& c = *static_cast<const wire::ControlBlock*>(m->region.get_address());
@@ -337,10 +337,9 @@ Segment Segment::attach(const std::string& name, const std::string& jobId, const
   DISTILL_CHECK_T(IpcError,
                   c.totalBytes == off.total && c.processTableOffset == off.processTable &&
                       c.recorderOffset == off.recorder && c.ringsOffset == off.rings &&
-                      c.requestSlotStride == off.requestSlotStride &&
-                      c.responseSlotStride == off.responseSlotStride && c.ringPairStride == off.ringPairStride &&
-                      c.configOffset == off.config && c.configBytesPerProcess == wire::kConfigBytesPerProcess &&
-                      c.statusOffset == off.status,
+                      c.requestSlotStride == off.requestSlotStride && c.responseSlotStride == off.responseSlotStride &&
+                      c.ringPairStride == off.ringPairStride && c.configOffset == off.config &&
+                      c.configBytesPerProcess == wire::kConfigBytesPerProcess && c.statusOffset == off.status,
                   "segment '", name, "': offsets in the control block do not match its layout {", l.describe(), "}");
   DISTILL_CHECK_T(IpcError, m->region.get_size() >= off.total, "segment '", name, "' is ", m->region.get_size(),
                   " bytes, its layout needs ", off.total);
@@ -375,9 +374,7 @@ void Segment::abort() const {
 }
 bool Segment::aborted() const { return impl_->control().abort.load(std::memory_order_acquire) != 0; }
 void Segment::requestStop() const { impl_->control().stopRequested.store(1, std::memory_order_release); }
-bool Segment::stopRequested() const {
-  return impl_->control().stopRequested.load(std::memory_order_acquire) != 0;
-}
+bool Segment::stopRequested() const { return impl_->control().stopRequested.load(std::memory_order_acquire) != 0; }
 
 void Segment::setTeacherBusy(double share) const {
   share = share < 0 ? 0 : share > 1 ? 1 : share;
@@ -440,11 +437,9 @@ double Segment::teacherCacheHits() const {
 void Segment::setTeacherMaxRestarts(int n) const {
   impl_->control().teacherMaxRestarts.store(n, std::memory_order_release);
 }
-int Segment::teacherMaxRestarts() const {
-  return impl_->control().teacherMaxRestarts.load(std::memory_order_acquire);
-}
+int Segment::teacherMaxRestarts() const { return impl_->control().teacherMaxRestarts.load(std::memory_order_acquire); }
 int Segment::noteTeacherRestart(int deadPid) const {
-  impl_->control().teacherReplacedPid.store(deadPid, std::memory_order_relaxed);  // published by the increment
+  impl_->control().teacherReplacedPid.store(deadPid, std::memory_order_relaxed); // published by the increment
   return impl_->control().teacherRestarts.fetch_add(1, std::memory_order_acq_rel) + 1;
 }
 int Segment::teacherRestarts() const { return impl_->control().teacherRestarts.load(std::memory_order_acquire); }
@@ -479,4 +474,4 @@ std::vector<ProcessSnapshot> Segment::processes() const {
   return out;
 }
 
-}  // namespace distill::ipc
+} // namespace distill::ipc

@@ -22,7 +22,7 @@ LayoutOffsets computeOffsets(const SegmentLayout& l);
 
 struct SegmentImpl {
   std::string name;
-  std::shared_ptr<void> mapping;  // keeps the Boost mapping alive
+  std::shared_ptr<void> mapping; // keeps the Boost mapping alive
   uint8_t* base = nullptr;
   size_t size = 0;
   SegmentLayout layout;
@@ -34,11 +34,10 @@ struct SegmentImpl {
   wire::ProcessEntry& process(int index) const {
     return reinterpret_cast<wire::ProcessEntry*>(base + off.processTable)[index];
   }
-  wire::StatusArea& status(int index) const {
-    return reinterpret_cast<wire::StatusArea*>(base + off.status)[index];
-  }
+  wire::StatusArea& status(int index) const { return reinterpret_cast<wire::StatusArea*>(base + off.status)[index]; }
   wire::RecorderArea& recorder(int index) const {
-    return *reinterpret_cast<wire::RecorderArea*>(base + off.recorder + uint64_t(index) * wire::kRecorderBytesPerProcess);
+    return *reinterpret_cast<wire::RecorderArea*>(base + off.recorder +
+                                                  uint64_t(index) * wire::kRecorderBytesPerProcess);
   }
   wire::ConfigArea& config(int index) const {
     return *reinterpret_cast<wire::ConfigArea*>(base + off.config + uint64_t(index) * wire::kConfigBytesPerProcess);
@@ -68,4 +67,4 @@ struct SegmentImpl {
   void notifyAll() const;
 };
 
-}  // namespace distill::ipc
+} // namespace distill::ipc

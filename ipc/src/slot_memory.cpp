@@ -29,4 +29,4 @@ DeviceSlotMemory makeDeviceSlotMemory(const Port& port, const std::vector<RingSi
 #endif
 }
 
-}  // namespace distill::ipc
+} // namespace distill::ipc

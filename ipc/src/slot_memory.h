@@ -66,7 +66,7 @@ class HostSlotMemory final : public SlotMemory {
   bool accepts(const at::Tensor& t) override { return !t.is_cuda(); }
   void write(uint64_t seq, uint64_t offset, const at::Tensor& t) override;
   void written(uint64_t) override {}
-  bool readable(uint64_t) override { return true; }  // the header's acquire load ordered the reads
+  bool readable(uint64_t) override { return true; } // the header's acquire load ordered the reads
   Place place(uint64_t seq, uint64_t offset) const override { return {ring_->payload(seq) + offset, -1}; }
   void readsDone() override {}
   uint8_t* data(uint64_t seq, uint64_t offset) const { return ring_->payload(seq) + offset; }
@@ -86,4 +86,4 @@ struct DeviceSlotMemory {
 DeviceSlotMemory makeDeviceSlotMemory(const Port& port, const std::vector<RingSide>& in,
                                       const std::vector<RingSide>& out, const EndpointOptions& options);
 
-}  // namespace distill::ipc
+} // namespace distill::ipc

@@ -19,7 +19,9 @@ void futexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nano
 }
 
 void futexWakeAll(std::atomic<uint32_t>* word) {
-  retryEintr([&] { return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0); });
+  retryEintr([&] {
+    return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+  });
 }
 
 std::string readSmallFile(const std::string& path) {
@@ -36,11 +38,11 @@ PidState pidState(int pid) {
   // kill() succeeds on a zombie (dead, not yet reaped by its parent): look at /proc.
   std::string stat = readSmallFile("/proc/" + std::to_string(pid) + "/stat");
   auto close = stat.rfind(')');
-  if (close == std::string::npos || close + 2 >= stat.size()) return PidState::kRunning;  // no procfs: trust kill()
+  if (close == std::string::npos || close + 2 >= stat.size()) return PidState::kRunning; // no procfs: trust kill()
   char s = stat[close + 2];
   if (s == 'Z' || s == 'X') return PidState::kGone;
   if (s == 'T' || s == 't') return PidState::kStopped;
   return PidState::kRunning;
 }
 
-}  // namespace distill::ipc::sys
+} // namespace distill::ipc::sys

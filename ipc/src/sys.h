@@ -22,10 +22,10 @@ void futexWait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nano
 // FUTEX_WAKE every waiter of `word` (shared).
 void futexWakeAll(std::atomic<uint32_t>* word);
 
-enum class PidState { kRunning, kStopped, kGone };  // kGone: no such process, or a zombie
+enum class PidState { kRunning, kStopped, kGone }; // kGone: no such process, or a zombie
 PidState pidState(int pid);
 
 // Reads a small file (e.g. /proc/<pid>/stat); "" on error.
 std::string readSmallFile(const std::string& path);
 
-}  // namespace distill::ipc::sys
+} // namespace distill::ipc::sys

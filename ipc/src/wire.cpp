@@ -11,12 +11,18 @@ namespace distill::ipc::wire {
 
 int64_t itemSize(DType d) {
   switch (d) {
-    case DType::kInt32: return 4;
-    case DType::kInt64: return 8;
-    case DType::kFloat32: return 4;
-    case DType::kFloat16: return 2;
-    case DType::kBFloat16: return 2;
-    case DType::kBool: return 1;
+    case DType::kInt32:
+      return 4;
+    case DType::kInt64:
+      return 8;
+    case DType::kFloat32:
+      return 4;
+    case DType::kFloat16:
+      return 2;
+    case DType::kBFloat16:
+      return 2;
+    case DType::kBool:
+      return 1;
   }
   return 0;
 }
@@ -30,8 +36,8 @@ const char* kindName(uint32_t k) {
   return k < 5 ? names[k] : "?";
 }
 const char* waitName(uint32_t w) {
-  static const char* names[] = {"nothing", "admission", "request", "response", "free request slot",
-                                "free response slot"};
+  static const char* names[] = {"nothing",  "admission",         "request",
+                                "response", "free request slot", "free response slot"};
   return w < 6 ? names[w] : "?";
 }
 const char* stateName(uint32_t s) {
@@ -52,7 +58,7 @@ uint32_t crcSkipping(const unsigned char* p, size_t n, size_t skip) {
   return crc32c(p + skip + 4, n - skip - 4, c);
 }
 
-}  // namespace
+} // namespace
 
 uint32_t headerChecksum(const SlotHeader& h) {
   static_assert(sizeof(SlotHeader) % 8 == 0 && offsetof(SlotHeader, checksum) == 4, "checksum field");
@@ -66,7 +72,7 @@ uint32_t controlChecksum(const ControlBlock& c) {
   constexpr size_t end = offsetof(ControlBlock, reserved) + sizeof(ControlBlock::reserved);
   static_assert((end - begin) % 8 == 0, "immutable part is whole words");
   return crcSkipping(reinterpret_cast<const unsigned char*>(&c) + begin, end - begin,
-                  offsetof(ControlBlock, controlChecksum) - begin);
+                     offsetof(ControlBlock, controlChecksum) - begin);
 }
 
 bool validateHeader(const SlotHeader& h, size_t slotCapacity, std::string* why) {
@@ -96,7 +102,8 @@ bool validateHeader(const SlotHeader& h, size_t slotCapacity, std::string* why) 
     int64_t item = itemSize(static_cast<DType>(t.dtype));
     if (item == 0) return fail("tensor[", i, "] '", name, "': unknown dtype ", t.dtype);
     if (t.ndim > uint32_t(kMaxDims)) return fail("tensor[", i, "] '", name, "': ndim ", t.ndim, " > ", kMaxDims);
-    if (t.location > uint32_t(Location::kCuda)) return fail("tensor[", i, "] '", name, "': unknown location ", t.location);
+    if (t.location > uint32_t(Location::kCuda))
+      return fail("tensor[", i, "] '", name, "': unknown location ", t.location);
     uint64_t numel = 1;
     for (uint32_t d = 0; d < t.ndim; ++d) {
       if (t.shape[d] < 0) return fail("tensor[", i, "] '", name, "': shape[", d, "] = ", t.shape[d], " < 0");
@@ -127,4 +134,4 @@ bool validateHeader(const SlotHeader& h, size_t slotCapacity, std::string* why) 
   return true;
 }
 
-}  // namespace distill::ipc::wire
+} // namespace distill::ipc::wire

@@ -30,27 +30,27 @@
 
 namespace distill::ipc::wire {
 
-constexpr uint64_t kSegmentMagic = 0x314D48534C495444ull;  // "DTILSHM1", little endian
+constexpr uint64_t kSegmentMagic = 0x314D48534C495444ull; // "DTILSHM1", little endian
 // 3: checksum over the used prefix; 4: teacherMaxRestarts; 5: recorder; 6: config areas and
 // the teacher's admission refusal (issue 14 item 13); 7: ProcessEntry::endedNs; 8: status areas;
 // 9: ControlBlock::teacherCacheHitPermille
 constexpr uint32_t kLayoutVersion = 10;
-constexpr uint32_t kSlotMagic = 0x544F4C53u;  // "SLOT"
+constexpr uint32_t kSlotMagic = 0x544F4C53u; // "SLOT"
 
-constexpr int kMaxTensors = 4;        // tensors per message
-constexpr int kMaxDims = 8;           // dimensions per tensor
-constexpr int kNameBytes = 32;        // tensor name incl. NUL
-constexpr int kJobIdBytes = 64;       // job id incl. NUL
-constexpr int kErrorTextBytes = 464;  // error message text incl. NUL
-constexpr int kMaxStudents = 255;     // local students per node
-constexpr int kMaxSlots = 1024;       // slots per ring
+constexpr int kMaxTensors = 4; // tensors per message
+constexpr int kMaxDims = 8; // dimensions per tensor
+constexpr int kNameBytes = 32; // tensor name incl. NUL
+constexpr int kJobIdBytes = 64; // job id incl. NUL
+constexpr int kErrorTextBytes = 464; // error message text incl. NUL
+constexpr int kMaxStudents = 255; // local students per node
+constexpr int kMaxSlots = 1024; // slots per ring
 constexpr int64_t kMaxPayloadBytes = int64_t(1) << 40;
 constexpr size_t kCacheLine = 64;
-constexpr size_t kPayloadAlign = 64;  // every tensor offset in a payload is a multiple of this
+constexpr size_t kPayloadAlign = 64; // every tensor offset in a payload is a multiple of this
 constexpr size_t kControlBytes = 4096;
 constexpr size_t kRecorderBytesPerProcess = 16384;
-constexpr size_t kConfigBytesPerProcess = 32768;  // ConfigArea: a config's description (~3 KiB + the trainer's keys)
-constexpr int kRefusalBytes = 2048;               // ControlBlock::refusal incl. NUL
+constexpr size_t kConfigBytesPerProcess = 32768; // ConfigArea: a config's description (~3 KiB + the trainer's keys)
+constexpr int kRefusalBytes = 2048; // ControlBlock::refusal incl. NUL
 
 constexpr size_t alignUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
@@ -60,25 +60,25 @@ enum class Kind : uint32_t { kRequest = 1, kResponse = 2, kError = 3, kFinish = 
 enum class DType : uint32_t { kInt32 = 1, kInt64 = 2, kFloat32 = 3, kFloat16 = 4, kBFloat16 = 5, kBool = 6 };
 enum class Location : uint32_t { kHost = 0, kCuda = 1 };
 enum class ProcState : uint32_t {
-  kEmpty = 0,     // never attached
-  kAttached = 1,  // attached, not yet admitted / idle
-  kServing = 2,   // teacher: admitted all students and serving
-  kWaiting = 3,   // sleeping in a wait; ProcessEntry::wait* say on what
-  kBusy = 4,      // working (computing a batch / a step)
-  kFinished = 5,  // detached cleanly
-  kDead = 6,      // detached abnormally (exception) or declared dead by the launcher
+  kEmpty = 0, // never attached
+  kAttached = 1, // attached, not yet admitted / idle
+  kServing = 2, // teacher: admitted all students and serving
+  kWaiting = 3, // sleeping in a wait; ProcessEntry::wait* say on what
+  kBusy = 4, // working (computing a batch / a step)
+  kFinished = 5, // detached cleanly
+  kDead = 6, // detached abnormally (exception) or declared dead by the launcher
 };
 // What a process waits on (ProcessEntry::waitWhat).
 enum class WaitWhat : uint32_t {
   kNone = 0,
-  kAdmission = 1,     // student: teacher admission; teacher: all students attached
-  kRequest = 2,       // teacher: a request from any student
-  kResponse = 3,      // student: a response from the teacher
-  kRequestSlot = 4,   // student: a free slot in its request ring
-  kResponseSlot = 5,  // teacher: a free slot in a student's response ring
+  kAdmission = 1, // student: teacher admission; teacher: all students attached
+  kRequest = 2, // teacher: a request from any student
+  kResponse = 3, // student: a response from the teacher
+  kRequestSlot = 4, // student: a free slot in its request ring
+  kResponseSlot = 5, // teacher: a free slot in a student's response ring
 };
 
-int64_t itemSize(DType d);  // bytes per element, 0 if unknown
+int64_t itemSize(DType d); // bytes per element, 0 if unknown
 const char* dtypeName(uint32_t d);
 const char* kindName(uint32_t k);
 const char* waitName(uint32_t w);
@@ -87,30 +87,30 @@ const char* stateName(uint32_t s);
 // ---- Slot header --------------------------------------------------------------------------------
 
 struct TensorDesc {
-  char name[kNameBytes];    // NUL-terminated, non-empty
-  uint32_t dtype;           // DType
-  uint32_t ndim;            // 0 .. kMaxDims
-  int64_t shape[kMaxDims];  // dims >= 0; entries >= ndim are 0
-  uint64_t nbytes;          // product(shape) * itemSize(dtype)
-  uint64_t offset;          // into the slot payload (host) or the slot's CUDA buffer; % kPayloadAlign == 0
-  uint32_t location;        // Location
+  char name[kNameBytes]; // NUL-terminated, non-empty
+  uint32_t dtype; // DType
+  uint32_t ndim; // 0 .. kMaxDims
+  int64_t shape[kMaxDims]; // dims >= 0; entries >= ndim are 0
+  uint64_t nbytes; // product(shape) * itemSize(dtype)
+  uint64_t offset; // into the slot payload (host) or the slot's CUDA buffer; % kPayloadAlign == 0
+  uint32_t location; // Location
   uint32_t reserved;
 };
 static_assert(sizeof(TensorDesc) == 128, "TensorDesc layout");
 static_assert(offsetof(TensorDesc, shape) == 40 && offsetof(TensorDesc, offset) == 112, "TensorDesc layout");
 
 struct SlotHeader {
-  uint32_t magic;      // kSlotMagic
-  uint32_t checksum;   // headerChecksum(): over the first headerBytes() bytes, this field as 0
-  uint64_t seq;        // message sequence number (Tag::seq)
-  int64_t step;        // training step (Tag::step)
-  int64_t accStep;     // gradient-accumulation index (Tag::accStep)
-  uint32_t kind;       // Kind
-  int32_t senderRank;  // global rank of the sender
-  uint32_t ntensors;   // 0 .. kMaxTensors
+  uint32_t magic; // kSlotMagic
+  uint32_t checksum; // headerChecksum(): over the first headerBytes() bytes, this field as 0
+  uint64_t seq; // message sequence number (Tag::seq)
+  int64_t step; // training step (Tag::step)
+  int64_t accStep; // gradient-accumulation index (Tag::accStep)
+  uint32_t kind; // Kind
+  int32_t senderRank; // global rank of the sender
+  uint32_t ntensors; // 0 .. kMaxTensors
   uint32_t reserved;
   TensorDesc tensors[kMaxTensors];
-  char errorText[kErrorTextBytes];  // kind == kError: NUL-terminated message; else zeros
+  char errorText[kErrorTextBytes]; // kind == kError: NUL-terminated message; else zeros
 };
 static_assert(sizeof(SlotHeader) == 1024, "SlotHeader layout");
 static_assert(offsetof(SlotHeader, tensors) == 48, "SlotHeader layout");
@@ -125,8 +125,8 @@ constexpr size_t kSlotHeaderBytes = sizeof(SlotHeader);
 // `ntensors` above kMaxTensors counts as kMaxTensors (validation rejects it).
 inline size_t headerBytes(uint32_t kind, uint32_t ntensors) {
   if (kind == uint32_t(Kind::kError)) return sizeof(SlotHeader);
-  return offsetof(SlotHeader, tensors) + (ntensors < uint32_t(kMaxTensors) ? ntensors : uint32_t(kMaxTensors)) *
-                                             sizeof(TensorDesc);
+  return offsetof(SlotHeader, tensors) +
+      (ntensors < uint32_t(kMaxTensors) ? ntensors : uint32_t(kMaxTensors)) * sizeof(TensorDesc);
 }
 inline size_t headerBytes(const SlotHeader& h) { return headerBytes(h.kind, h.ntensors); }
 
@@ -140,10 +140,10 @@ inline void sealHeader(SlotHeader& h) {
 }
 
 // Validates everything a consumer relies on before building a tensor on the
-// header (its first headerBytes(h) bytes; the error text only for kind kError): magic, checksum, kind, ntensors, names, dtypes, ndim, dims, nbytes ==
-// product(shape) * itemsize (overflow-checked), alignment, bounds against
-// `slotCapacity` (payload bytes), no overlap, error text terminated. On failure
-// returns false and, if `why` is given, names the field and its values.
+// header (its first headerBytes(h) bytes; the error text only for kind kError): magic, checksum, kind, ntensors, names,
+// dtypes, ndim, dims, nbytes == product(shape) * itemsize (overflow-checked), alignment, bounds against `slotCapacity`
+// (payload bytes), no overlap, error text terminated. On failure returns false and, if `why` is given, names the field
+// and its values.
 bool validateHeader(const SlotHeader& h, size_t slotCapacity, std::string* why);
 
 // ---- Control block and process table -------------------------------------------------------------
@@ -157,51 +157,51 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t
 struct ControlBlock {
   // Immutable after creation (covered by controlChecksum). The creator writes
   // everything, then stores `magic` with release; attachers load it with acquire.
-  std::atomic<uint64_t> magic;      // kSegmentMagic once initialised
-  uint32_t layoutVersion;           // kLayoutVersion of the creator
-  uint32_t controlChecksum;         // controlChecksum() of the immutable fields
+  std::atomic<uint64_t> magic; // kSegmentMagic once initialised
+  uint32_t layoutVersion; // kLayoutVersion of the creator
+  uint32_t controlChecksum; // controlChecksum() of the immutable fields
   char jobId[kJobIdBytes];
   int32_t numStudents;
   int32_t slots;
-  int64_t maxRequestBytes;          // payload capacity of a request slot
-  int64_t maxResponseBytes;         // payload capacity of a response slot
+  int64_t maxRequestBytes; // payload capacity of a request slot
+  int64_t maxResponseBytes; // payload capacity of a response slot
   int32_t heartbeatMs;
   int32_t creatorPid;
-  uint64_t incarnation;             // random per creation: a recreated segment differs
+  uint64_t incarnation; // random per creation: a recreated segment differs
   uint64_t totalBytes;
   uint64_t processTableOffset;
   uint64_t recorderOffset;
   uint64_t recorderBytesPerProcess;
   uint64_t ringsOffset;
-  uint64_t requestSlotStride;       // kSlotHeaderBytes + aligned request capacity
+  uint64_t requestSlotStride; // kSlotHeaderBytes + aligned request capacity
   uint64_t responseSlotStride;
-  uint64_t ringPairStride;          // bytes per student (request ring + response ring)
-  uint64_t configOffset;            // ConfigArea of process 0; one per process
-  uint64_t configBytesPerProcess;   // kConfigBytesPerProcess
-  uint64_t statusOffset;            // StatusArea of process 0; one per process
+  uint64_t ringPairStride; // bytes per student (request ring + response ring)
+  uint64_t configOffset; // ConfigArea of process 0; one per process
+  uint64_t configBytesPerProcess; // kConfigBytesPerProcess
+  uint64_t statusOffset; // StatusArea of process 0; one per process
   uint64_t reserved[5];
 
   // Mutable.
-  alignas(kCacheLine) std::atomic<uint64_t> admitted;  // teacher incarnation that admitted all students, 0 = not yet
-  std::atomic<uint32_t> abort;                         // nonzero: everyone stops waiting (launcher)
+  alignas(kCacheLine) std::atomic<uint64_t> admitted; // teacher incarnation that admitted all students, 0 = not yet
+  std::atomic<uint32_t> abort; // nonzero: everyone stops waiting (launcher)
   std::atomic<int32_t> teacherRestarts;
-  std::atomic<uint32_t> stopRequested;                 // nonzero: the launcher got SIGINT/SIGTERM; students
-                                                       // should checkpoint and leave (launcher stores, release)
-  std::atomic<uint32_t> teacherBusyPermille;           // share of the last second the teacher spent in
-                                                       // forward, in 1/1000 (teacher stores, relaxed)
-  std::atomic<uint32_t> teacherCacheHitPermille;       // share of rows the teacher answered from its cache
-                                                       // (teacher.cache) so far, in 1/1000 (teacher stores, relaxed)
-  std::atomic<int32_t> teacherMaxRestarts;             // the launcher restarts a dead teacher this many
-                                                       // times (teacher.max_restarts; launcher stores
-                                                       // before spawning). While teacherRestarts is below
-                                                       // it, a dead teacher is awaited, not an error.
-  std::atomic<int32_t> teacherReplacedPid;             // pid of the dead teacher the launcher is replacing
-                                                       // (stored before teacherRestarts is incremented):
-                                                       // awaited even once the last restart is used up
-  std::atomic<uint32_t> refused;                       // nonzero: the teacher refused admission (a student's
-                                                       // config differs from its own); `refusal` says why.
-                                                       // Teacher writes refusal, then stores 1 (release)
-  char refusal[kRefusalBytes];                         // NUL-terminated; read after an acquire load of refused
+  std::atomic<uint32_t> stopRequested; // nonzero: the launcher got SIGINT/SIGTERM; students
+                                       // should checkpoint and leave (launcher stores, release)
+  std::atomic<uint32_t> teacherBusyPermille; // share of the last second the teacher spent in
+                                             // forward, in 1/1000 (teacher stores, relaxed)
+  std::atomic<uint32_t> teacherCacheHitPermille; // share of rows the teacher answered from its cache
+                                                 // (teacher.cache) so far, in 1/1000 (teacher stores, relaxed)
+  std::atomic<int32_t> teacherMaxRestarts; // the launcher restarts a dead teacher this many
+                                           // times (teacher.max_restarts; launcher stores
+                                           // before spawning). While teacherRestarts is below
+                                           // it, a dead teacher is awaited, not an error.
+  std::atomic<int32_t> teacherReplacedPid; // pid of the dead teacher the launcher is replacing
+                                           // (stored before teacherRestarts is incremented):
+                                           // awaited even once the last restart is used up
+  std::atomic<uint32_t> refused; // nonzero: the teacher refused admission (a student's
+                                 // config differs from its own); `refusal` says why.
+                                 // Teacher writes refusal, then stores 1 (release)
+  char refusal[kRefusalBytes]; // NUL-terminated; read after an acquire load of refused
 };
 static_assert(sizeof(ControlBlock) <= kControlBytes, "ControlBlock too big");
 static_assert(offsetof(ControlBlock, jobId) == 16 && offsetof(ControlBlock, numStudents) == 80, "ControlBlock layout");
@@ -212,24 +212,24 @@ uint32_t controlChecksum(const ControlBlock& c);
 // condition the owner may wait for bumps it (release) and FUTEX_WAKEs when
 // `sleepers` != 0 (see port.h, "Waiting without lost wake-ups", for the ordering argument).
 struct alignas(kCacheLine) ProcessEntry {
-  std::atomic<int32_t> pid;          // 0 = never attached
-  std::atomic<uint32_t> state;       // ProcState
+  std::atomic<int32_t> pid; // 0 = never attached
+  std::atomic<uint32_t> state; // ProcState
   std::atomic<uint64_t> incarnation; // bumped at every attach of this local rank
-  std::atomic<int64_t> heartbeatNs;  // CLOCK_MONOTONIC ns, written every heartbeat_ms by the owner
-  std::atomic<int32_t> rank;         // global rank, for messages
-  std::atomic<uint32_t> role;        // 0 student, 1 teacher
+  std::atomic<int64_t> heartbeatNs; // CLOCK_MONOTONIC ns, written every heartbeat_ms by the owner
+  std::atomic<int32_t> rank; // global rank, for messages
+  std::atomic<uint32_t> role; // 0 student, 1 teacher
   // Current wait, written by the owner (relaxed; diagnostics may see a torn set).
-  std::atomic<uint32_t> waitWhat;    // WaitWhat
-  std::atomic<int32_t> waitPeer;     // global rank waited on, -1 = any
+  std::atomic<uint32_t> waitWhat; // WaitWhat
+  std::atomic<int32_t> waitPeer; // global rank waited on, -1 = any
   std::atomic<int64_t> waitStep;
   std::atomic<int64_t> waitAccStep;
   std::atomic<uint64_t> waitSeq;
   std::atomic<int64_t> waitSinceNs;
-  std::atomic<uint32_t> doorbell;                      // futex word (shared, not PRIVATE)
-  std::atomic<uint32_t> sleepers;                      // owner threads inside FUTEX_WAIT on doorbell
-  std::atomic<int64_t> endedNs;      // CLOCK_MONOTONIC ns when the owner detached (finished or dead), stored
-                                     // before the state (release); 0 while attached. The launcher orders
-                                     // failures by it: who failed first, not who exited first.
+  std::atomic<uint32_t> doorbell; // futex word (shared, not PRIVATE)
+  std::atomic<uint32_t> sleepers; // owner threads inside FUTEX_WAIT on doorbell
+  std::atomic<int64_t> endedNs; // CLOCK_MONOTONIC ns when the owner detached (finished or dead), stored
+                                // before the state (release); 0 while attached. The launcher orders
+                                // failures by it: who failed first, not who exited first.
 };
 static_assert(sizeof(ProcessEntry) == 128, "ProcessEntry layout");
 
@@ -245,7 +245,7 @@ constexpr int kStatusValues = 13;
 struct alignas(kCacheLine) StatusArea {
   std::atomic<uint64_t> seq;
   std::atomic<int64_t> step;
-  std::atomic<uint32_t> count;  // values written (kStatusUsed of the writer)
+  std::atomic<uint32_t> count; // values written (kStatusUsed of the writer)
   uint32_t reserved;
   std::atomic<double> values[kStatusValues];
 };
@@ -257,7 +257,7 @@ static_assert(sizeof(StatusArea) == 128 && kStatusUsed <= kStatusValues, "Status
 // here), written by the owner at attach before it stores state = attached
 // (release), so a reader that saw it attached (acquire) reads it whole.
 struct ConfigArea {
-  std::atomic<uint32_t> bytes;  // length of text; 0 = nothing published
+  std::atomic<uint32_t> bytes; // length of text; 0 = nothing published
   uint32_t reserved;
   char text[kConfigBytesPerProcess - 8];
 };
@@ -270,24 +270,24 @@ constexpr size_t kConfigTextBytes = sizeof(ConfigArea::text);
 // is 0 while the owner rewrites it, then the event's 1-based number (release).
 // Every field is a relaxed atomic so concurrent reads are race-free.
 
-constexpr int kRecorderLabelWords = 7;  // label: 56 bytes incl. NUL
+constexpr int kRecorderLabelWords = 7; // label: 56 bytes incl. NUL
 struct alignas(kCacheLine) RecorderEvent {
-  std::atomic<uint64_t> number;  // 1-based event number; 0 = being written / empty
-  std::atomic<uint32_t> op;      // trace::Op
-  std::atomic<int32_t> peer;     // global rank of the peer, -1 = none / any
-  std::atomic<int64_t> step;     // -1 = unknown
+  std::atomic<uint64_t> number; // 1-based event number; 0 = being written / empty
+  std::atomic<uint32_t> op; // trace::Op
+  std::atomic<int32_t> peer; // global rank of the peer, -1 = none / any
+  std::atomic<int64_t> step; // -1 = unknown
   std::atomic<int64_t> accStep;
-  std::atomic<uint64_t> seq;     // message seq, or collective number
-  std::atomic<int64_t> startNs;  // CLOCK_MONOTONIC
-  std::atomic<int64_t> endNs;    // 0 = still open
-  std::atomic<uint64_t> label[kRecorderLabelWords];  // NUL-terminated bytes
+  std::atomic<uint64_t> seq; // message seq, or collective number
+  std::atomic<int64_t> startNs; // CLOCK_MONOTONIC
+  std::atomic<int64_t> endNs; // 0 = still open
+  std::atomic<uint64_t> label[kRecorderLabelWords]; // NUL-terminated bytes
 };
 static_assert(sizeof(RecorderEvent) == 128, "RecorderEvent layout");
 
 struct alignas(kCacheLine) RecorderHeader {
-  std::atomic<uint64_t> begun;     // events begun so far (release; the newest is number == begun)
-  std::atomic<uint64_t> progress;  // +1 at every begin and end (release): the watchdog's progress
-  std::atomic<int64_t> lastEndNs;  // when the newest event ended (or the recorder started): user code since
+  std::atomic<uint64_t> begun; // events begun so far (release; the newest is number == begun)
+  std::atomic<uint64_t> progress; // +1 at every begin and end (release): the watchdog's progress
+  std::atomic<int64_t> lastEndNs; // when the newest event ended (or the recorder started): user code since
 };
 constexpr int kRecorderEvents = int((kRecorderBytesPerProcess - sizeof(RecorderHeader)) / sizeof(RecorderEvent));
 struct RecorderArea : RecorderHeader {
@@ -306,20 +306,20 @@ static_assert(kRecorderEvents == 127, "RecorderArea layout");
 // cudaMemReady = 1 (release); the producer creates one interprocess event per
 // slot, writes their handles after the header and stores cudaEventsReady = 1
 // (release). Each side opens the other's handles once, after an acquire load.
-constexpr int kCudaIpcHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t) == sizeof(cudaIpcEventHandle_t)
+constexpr int kCudaIpcHandleBytes = 64; // sizeof(cudaIpcMemHandle_t) == sizeof(cudaIpcEventHandle_t)
 struct RingHeader {
   alignas(kCacheLine) std::atomic<uint64_t> head;
   alignas(kCacheLine) std::atomic<uint64_t> tail;
   alignas(kCacheLine) std::atomic<uint32_t> cudaMemReady;
   std::atomic<uint32_t> cudaEventsReady;
-  int32_t cudaDevice;                           // consumer's device ordinal
+  int32_t cudaDevice; // consumer's device ordinal
   uint32_t reserved;
-  uint64_t cudaSlotBytes;                       // per-slot CUDA buffer bytes
-  char cudaMem[kCudaIpcHandleBytes];            // one cudaMalloc; slot i at i * cudaSlotBytes
+  uint64_t cudaSlotBytes; // per-slot CUDA buffer bytes
+  char cudaMem[kCudaIpcHandleBytes]; // one cudaMalloc; slot i at i * cudaSlotBytes
 };
 static_assert(sizeof(RingHeader) == 256, "RingHeader layout");
 static_assert(offsetof(RingHeader, tail) == 64 && offsetof(RingHeader, cudaMem) == 152, "RingHeader layout");
 // After each RingHeader: `slots` event handles (ringEventsBytes), then the slots.
 constexpr size_t ringEventsBytes(int slots) { return alignUp(size_t(slots) * kCudaIpcHandleBytes, kCacheLine); }
 
-}  // namespace distill::ipc::wire
+} // namespace distill::ipc::wire

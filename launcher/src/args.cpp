@@ -34,7 +34,7 @@ them. Example:
 struct KeyOption {
   const char* flag;
   const char* key;
-  bool text;  // a string key: the value is taken verbatim, not parsed as YAML
+  bool text; // a string key: the value is taken verbatim, not parsed as YAML
   const char* name;
   std::string byDefault;
 };
@@ -75,12 +75,12 @@ void checkSetWords(const std::vector<std::string>& words) {
     if (words[i] != "--set" || words[i + 1].find('=') != std::string::npos) continue;
     const std::string& key = words[i + 1];
     const bool next = i + 2 < words.size() && words[i + 2].rfind("--", 0) != 0;
-    usage("--set takes key=value as one word: --set " + key + "=" + (next ? words[i + 2] : "VALUE") +
-          ", not --set " + key + (next ? " " + words[i + 2] : ""));
+    usage("--set takes key=value as one word: --set " + key + "=" + (next ? words[i + 2] : "VALUE") + ", not --set " +
+          key + (next ? " " + words[i + 2] : ""));
   }
 }
 
-}  // namespace
+} // namespace
 
 std::optional<Args> parseArgs(int argc, char** argv) {
   Args a;
@@ -137,4 +137,4 @@ std::optional<Args> parseArgs(int argc, char** argv) {
   return a;
 }
 
-}  // namespace distill::launcher
+} // namespace distill::launcher

@@ -35,4 +35,4 @@ struct Args {
 // is a ConfigError naming the option, with the usage.
 std::optional<Args> parseArgs(int argc, char** argv);
 
-}  // namespace distill::launcher
+} // namespace distill::launcher

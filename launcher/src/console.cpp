@@ -23,7 +23,7 @@ void writeAll(const std::string& text) {
   }
 }
 
-}  // namespace
+} // namespace
 
 Console::Console(bool tty, double statusEveryS)
     : tty_(tty), statusEveryS_(statusEveryS), nextStatus_(Deadline::afterSeconds(statusEveryS)) {}
@@ -46,7 +46,7 @@ void Console::pump(Rank& r, bool flush) {
       r.partial.append(buf, static_cast<size_t>(n));
       continue;
     }
-    if (n == 0 || errno != EAGAIN) {  // EOF or an error: the rank's output ended
+    if (n == 0 || errno != EAGAIN) { // EOF or an error: the rank's output ended
       r.out.reset();
       flush = true;
     }
@@ -111,4 +111,4 @@ std::string statusText(const std::vector<Rank>& ranks, std::optional<double> tea
   return text.empty() ? "no status yet" : text.substr(0, text.size() - 1);
 }
 
-}  // namespace distill::launcher
+} // namespace distill::launcher

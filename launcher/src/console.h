@@ -41,7 +41,7 @@ class Console {
   bool tty_;
   double statusEveryS_;
   bool liveShown_ = false;
-  std::string live_;  // the live line on the terminal
+  std::string live_; // the live line on the terminal
   Deadline nextStatus_;
 };
 
@@ -51,4 +51,4 @@ class Console {
 // students' mean share of a step spent waiting for the teacher. "no status yet".
 std::string statusText(const std::vector<Rank>& ranks, std::optional<double> teacherBusy);
 
-}  // namespace distill::launcher
+} // namespace distill::launcher

@@ -19,7 +19,7 @@ std::string describeStatus(int st) {
   if (WIFSIGNALED(st)) {
     const char* abbrev = sigabbrev_np(WTERMSIG(st));
     return std::string("signal SIG") + (abbrev ? abbrev : std::to_string(WTERMSIG(st)).c_str()) + " (" +
-           strsignal(WTERMSIG(st)) + ")";
+        strsignal(WTERMSIG(st)) + ")";
   }
   return "status " + std::to_string(st);
 }
@@ -54,8 +54,8 @@ std::vector<char*> pointers(std::vector<std::string>& strings) {
 
 // In the child, between fork and exec: async-signal-safe calls only.
 [[noreturn]] void execRank(char** argv, char** env, int outFd, pid_t parent, const sigset_t& mask, int inheritFd) {
-  if (inheritFd >= 0) ::fcntl(inheritFd, F_SETFD, 0);  // survives the exec
-  ::setpgid(0, 0);  // its own group: a Ctrl-C reaches the ranks through us only
+  if (inheritFd >= 0) ::fcntl(inheritFd, F_SETFD, 0); // survives the exec
+  ::setpgid(0, 0); // its own group: a Ctrl-C reaches the ranks through us only
   // If distill-run is SIGKILLed, its ranks get SIGTERM rather than running on as orphans.
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
   if (::getppid() != parent) ::_exit(126);
@@ -67,13 +67,13 @@ std::vector<char*> pointers(std::vector<std::string>& strings) {
   ::_exit(127);
 }
 
-}  // namespace
+} // namespace
 
 void spawn(Rank& r, const std::string& logDir, const sigset_t& childMask, int inheritFd) {
   int fds[2];
   DISTILL_CHECK_T(IpcError, ::pipe2(fds, O_CLOEXEC) == 0, "pipe2: ", errnoString(errno));
   Fd readEnd(fds[0]), writeEnd(fds[1]);
-  if (!r.log.is_open())  // a restarted teacher goes on writing the same log
+  if (!r.log.is_open()) // a restarted teacher goes on writing the same log
     r.log.open(logDir + "/rank_" + std::to_string(r.topo.globalRank) + ".log");
   std::vector<std::string> envs = environmentOf(r);
   std::vector<std::string> args = r.argv;
@@ -82,8 +82,8 @@ void spawn(Rank& r, const std::string& logDir, const sigset_t& childMask, int in
   const pid_t pid = ::fork();
   DISTILL_CHECK_T(IpcError, pid >= 0, "fork: ", errnoString(errno));
   if (pid == 0) execRank(cargv.data(), cenv.data(), writeEnd.get(), parent, childMask, inheritFd);
-  ::setpgid(pid, pid);  // also here, so that kill(-pid) cannot race the child's own call
-  ::fcntl(readEnd.get(), F_SETFL, O_NONBLOCK);  // the console reads until EAGAIN; the rank's end stays blocking
+  ::setpgid(pid, pid); // also here, so that kill(-pid) cannot race the child's own call
+  ::fcntl(readEnd.get(), F_SETFL, O_NONBLOCK); // the console reads until EAGAIN; the rank's end stays blocking
   r.pid = pid;
   r.out = std::move(readEnd);
 }
@@ -99,4 +99,4 @@ Reaped reapOne() {
   return out;
 }
 
-}  // namespace distill::launcher
+} // namespace distill::launcher

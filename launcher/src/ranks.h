@@ -25,23 +25,23 @@ struct Rank {
   std::vector<std::string> argv;
   std::map<std::string, std::string> env;
   pid_t pid = -1;
-  Fd out;  // read end of its stdout+stderr (non-blocking)
+  Fd out; // read end of its stdout+stderr (non-blocking)
   std::string partial;
   std::deque<std::string> tail;
   std::ofstream log;
   bool exited = false;
   int status = 0;
-  std::string prefix;     // "[r3 student] " on the console
-  std::string ownPrefix;  // "[n0 r3 " : lines distill already prefixed get no second prefix
-  std::optional<StudentStatus> published;  // a student's last status read from the segment
-  std::vector<std::string> deaths;  // teacher: how each restarted incarnation ended
+  std::string prefix; // "[r3 student] " on the console
+  std::string ownPrefix; // "[n0 r3 " : lines distill already prefixed get no second prefix
+  std::optional<StudentStatus> published; // a student's last status read from the segment
+  std::vector<std::string> deaths; // teacher: how each restarted incarnation ended
   // When things happened to it (monotonicNs, 0 = never): for the summary's
   // "who failed first", which is not always who exited first.
-  int64_t exitedNs = 0;        // reaped
-  int64_t termSentNs = 0;      // the teardown's SIGTERM
-  int64_t killSentNs = 0;      // the teardown's SIGKILL
-  int64_t stoppedSinceNs = 0;  // stopped (SIGSTOP) when the teardown began: its last heartbeat
-  std::string exitProblem;     // exit code 0 that is still a failure (never attached, left attached)
+  int64_t exitedNs = 0; // reaped
+  int64_t termSentNs = 0; // the teardown's SIGTERM
+  int64_t killSentNs = 0; // the teardown's SIGKILL
+  int64_t stoppedSinceNs = 0; // stopped (SIGSTOP) when the teardown began: its last heartbeat
+  std::string exitProblem; // exit code 0 that is still a failure (never attached, left attached)
 };
 
 // "exit code 3", "signal SIGKILL (Killed)".
@@ -69,4 +69,4 @@ struct Reaped {
 };
 Reaped reapOne();
 
-}  // namespace distill::launcher
+} // namespace distill::launcher

@@ -59,7 +59,7 @@ FirstFailure firstFailure(const std::vector<Rank>& ranks, const ipc::Segment* se
   return best;
 }
 
-}  // namespace
+} // namespace
 
 std::string deathsText(const std::vector<Rank>& ranks) {
   std::string how;
@@ -72,7 +72,7 @@ std::string deathsText(const std::vector<Rank>& ranks) {
 std::string restartsText(const std::vector<Rank>& ranks, int restarts, int maxRestarts) {
   if (restarts == 0) return "";
   return ", teacher restarted " + std::to_string(restarts) + " of " + std::to_string(maxRestarts) + " times (" +
-         deathsText(ranks) + ")";
+      deathsText(ranks) + ")";
 }
 
 std::string summaryText(const std::vector<Rank>& ranks, const ipc::Segment* seg, const Ending& e) {
@@ -105,4 +105,4 @@ std::string summaryText(const std::vector<Rank>& ranks, const ipc::Segment* seg,
   return os.str();
 }
 
-}  // namespace distill::launcher
+} // namespace distill::launcher

@@ -14,12 +14,12 @@
 namespace distill::launcher {
 
 struct Ending {
-  std::string reason;                // why the job did not end normally
-  const Rank* failedRank = nullptr;  // the failed rank distill-run noticed first
-  bool hung = false;                 // torn down for a hang
-  int64_t teardownStartNs = 0;       // monotonicNs() when the teardown began (0: none)
-  int restarts = 0;                  // teacher restarts so far
-  int maxRestarts = 0;               // teacher.max_restarts
+  std::string reason; // why the job did not end normally
+  const Rank* failedRank = nullptr; // the failed rank distill-run noticed first
+  bool hung = false; // torn down for a hang
+  int64_t teardownStartNs = 0; // monotonicNs() when the teardown began (0: none)
+  int restarts = 0; // teacher restarts so far
+  int maxRestarts = 0; // teacher.max_restarts
 };
 
 // "signal SIGKILL (Killed); exit code 3": how each restarted teacher ended.
@@ -29,4 +29,4 @@ std::string restartsText(const std::vector<Rank>& ranks, int restarts, int maxRe
 // The summary, "\n==== distill-run: job failed: ..." and its lines. `seg` may be null.
 std::string summaryText(const std::vector<Rank>& ranks, const ipc::Segment* seg, const Ending& e);
 
-}  // namespace distill::launcher
+} // namespace distill::launcher

@@ -6,9 +6,9 @@
 #include <unistd.h>
 
 #include <climits>
-#include <cstring>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -22,8 +22,8 @@
 namespace distill::launcher {
 namespace {
 
-constexpr auto kGrace = std::chrono::seconds(5);               // SIGTERM -> SIGKILL
-constexpr auto kSampleEvery = std::chrono::milliseconds(100);  // status refresh, watchdog
+constexpr auto kGrace = std::chrono::seconds(5); // SIGTERM -> SIGKILL
+constexpr auto kSampleEvery = std::chrono::milliseconds(100); // status refresh, watchdog
 
 std::string randomId() {
   std::random_device rd;
@@ -46,7 +46,7 @@ std::string exeDir() {
   return s.substr(0, s.rfind('/'));
 }
 
-}  // namespace
+} // namespace
 
 Supervisor::Supervisor(Args args, Config cfg)
     : a_(std::move(args)),
@@ -68,7 +68,7 @@ int Supervisor::run() {
   rendezvousEnv(run.nnodes);
   if (a_.dryRun) return printPlan(segment);
 
-  if (node_ == 0) bindStore();  // before anything starts: a port in use fails here, at once
+  if (node_ == 0) bindStore(); // before anything starts: a port in use fails here, at once
   std::string at;
   if (const int err = makeDirs(run.log_dir, &at))
     DISTILL_THROW(ConfigError, "run.log_dir: cannot create '", at, "': ", errnoString(err));
@@ -134,15 +134,19 @@ void Supervisor::rendezvousEnv(int nnodes) {
   const char* given = std::getenv(kJobSecretEnv);
   std::string secret = given ? given : "";
   if (secret.empty()) {
-    DISTILL_CHECK_T(ConfigError, nnodes == 1, "a job of ", nnodes, " nodes needs one secret on every node for its "
-                    "rendezvous store: set ", kJobSecretEnv, " to the same value in each distill-run's "
+    DISTILL_CHECK_T(ConfigError, nnodes == 1, "a job of ", nnodes,
+                    " nodes needs one secret on every node for its "
+                    "rendezvous store: set ",
+                    kJobSecretEnv,
+                    " to the same value in each distill-run's "
                     "environment (e.g. from `openssl rand -hex 32`)");
     secret = makeJobSecret();
   }
   DISTILL_CHECK_T(ConfigError, secret.size() >= 16, kJobSecretEnv, " has ", secret.size(),
                   " characters; a job secret needs at least 16 (e.g. `openssl rand -hex 32`)");
   for (auto& r : ranks_) {
-    DISTILL_CHECK_T(ConfigError, r.topo.masterPort > 0 || nnodes == 1, "run.master_port 0 (a free port) is for "
+    DISTILL_CHECK_T(ConfigError, r.topo.masterPort > 0 || nnodes == 1,
+                    "run.master_port 0 (a free port) is for "
                     "single-node jobs: the other nodes could not know the port chosen; give --master-port");
     if (r.topo.isStudent()) r.env[kJobSecretEnv] = secret;
   }
@@ -195,7 +199,7 @@ void Supervisor::createSegment(const std::string& segment, const std::string& jo
 }
 
 void Supervisor::start(Rank& r) {
-  const int inherit = &r == storeRank_ ? storeFd_.get() : -1;  // the store's socket, for student rank 0 only
+  const int inherit = &r == storeRank_ ? storeFd_.get() : -1; // the store's socket, for student rank 0 only
   spawn(r, cfg_.run.log_dir, oldMask_, inherit);
   // It is student rank 0's now: the port is free again when that rank ends.
   if (inherit >= 0) storeFd_.reset();
@@ -247,8 +251,8 @@ void Supervisor::readSignals() {
   while (retryEintr([&] { return ::read(sigfd_.get(), &si, sizeof si); }) == sizeof si) {
     if (si.ssi_signo == SIGINT || si.ssi_signo == SIGTERM) onSignal(static_cast<int>(si.ssi_signo));
     if (si.ssi_signo == SIGUSR1 && seg_)
-      reportHang(hangTable(*seg_, ranks_, "hang table (SIGUSR1): node " + std::to_string(node_) +
-                                              ", segment /dev/shm/" + segmentName_));
+      reportHang(hangTable(
+          *seg_, ranks_, "hang table (SIGUSR1): node " + std::to_string(node_) + ", segment /dev/shm/" + segmentName_));
   }
 }
 
@@ -345,7 +349,8 @@ int Supervisor::finish() {
   const int restarts = seg_ ? seg_->teacherRestarts() : 0;
   if (seg_ && readStatuses()) console_.printStatus(status());
   if (reason_.empty()) {
-    DISTILL_LOG(kInfo) << "job finished: every rank exited 0" << restartsText(ranks_, restarts, cfg_.teacher.max_restarts);
+    DISTILL_LOG(kInfo) << "job finished: every rank exited 0"
+                       << restartsText(ranks_, restarts, cfg_.teacher.max_restarts);
     return 0;
   }
   const Ending e{reason_, failedRank_, hung_, teardownStartNs_, restarts, cfg_.teacher.max_restarts};
@@ -398,7 +403,7 @@ bool Supervisor::mayRestartTeacher() const {
 void Supervisor::restartTeacher(Rank& r) {
   const std::string how = describeStatus(r.status);
   r.deaths.push_back(how);
-  const int n = seg_->noteTeacherRestart(r.pid);  // before the spawn: students keep waiting, not failing
+  const int n = seg_->noteTeacherRestart(r.pid); // before the spawn: students keep waiting, not failing
   const std::string of = std::to_string(cfg_.teacher.max_restarts);
   logLine(LogLevel::kWarning,
           r.prefix + "died (" + how + "); restarting it (" + std::to_string(n) + " of " + of + " restarts)");
@@ -427,9 +432,9 @@ void Supervisor::onVerdict(const Verdict& v) {
     if (reason_.empty()) reason_ = v.title;
     teardown(v.title);
   } else {
-    logLine(LogLevel::kWarning, "on_hang=wait: the job keeps running; the next report after another " +
-                                    std::to_string(static_cast<int64_t>(cfg_.run.hang_timeout_s)) +
-                                    " s without progress");
+    logLine(LogLevel::kWarning,
+            "on_hang=wait: the job keeps running; the next report after another " +
+                std::to_string(static_cast<int64_t>(cfg_.run.hang_timeout_s)) + " s without progress");
   }
 }
 
@@ -438,11 +443,11 @@ void Supervisor::teardown(const std::string& why) {
   DISTILL_LOG(kError) << "tearing the job down: " << why;
   teardownStartNs_ = monotonicNs();
   noteStoppedRanks();
-  if (seg_) seg_->abort();  // every wait on the segment fails now
+  if (seg_) seg_->abort(); // every wait on the segment fails now
   for (auto& r : ranks_) {
     if (!r.exited) r.termSentNs = monotonicNs();
     signalRank(r, SIGTERM);
-    signalRank(r, SIGCONT);  // a stopped rank (SIGSTOP) acts on the SIGTERM now, not at the SIGKILL
+    signalRank(r, SIGCONT); // a stopped rank (SIGSTOP) acts on the SIGTERM now, not at the SIGKILL
   }
   teardownDeadline_ = Deadline::after(kGrace);
 }
@@ -456,8 +461,8 @@ void Supervisor::noteStoppedRanks() {
     const size_t local = size_t(r.topo.localRank);
     if (r.exited || r.pid <= 0 || !ipc::processStopped(r.pid)) continue;
     r.stoppedSinceNs = local < procs.size() && procs[local].pid == r.pid && procs[local].heartbeatNs > 0
-                           ? procs[local].heartbeatNs
-                           : teardownStartNs_;
+        ? procs[local].heartbeatNs
+        : teardownStartNs_;
   }
 }
 
@@ -468,4 +473,4 @@ void Supervisor::removeSegment() {
   }
 }
 
-}  // namespace distill::launcher
+} // namespace distill::launcher

@@ -99,23 +99,23 @@ class Supervisor {
   std::optional<ipc::Segment> seg_;
   std::string segmentName_;
   int node_ = 0;
-  Fd storeFd_;                 // node 0: the store's listening socket until student rank 0 has it
-  Rank* storeRank_ = nullptr;  // the rank that serves the store
+  Fd storeFd_; // node 0: the store's listening socket until student rank 0 has it
+  Rank* storeRank_ = nullptr; // the rank that serves the store
   Fd sigfd_;
   sigset_t oldMask_{};
   Console console_;
   Watchdog watchdog_;
-  std::string reason_;  // why the job did not end normally ("" = it did)
-  int stopSignal_ = 0;  // first SIGINT/SIGTERM received
+  std::string reason_; // why the job did not end normally ("" = it did)
+  int stopSignal_ = 0; // first SIGINT/SIGTERM received
   std::optional<Deadline> stopDeadline_;
   std::optional<Deadline> teardownDeadline_;
-  int64_t teardownStartNs_ = 0;  // monotonicNs() when the teardown began
+  int64_t teardownStartNs_ = 0; // monotonicNs() when the teardown began
   bool killed_ = false;
   Rank* failedRank_ = nullptr;
-  bool hung_ = false;  // torn down for a hang
+  bool hung_ = false; // torn down for a hang
   Deadline nextSample_;
-  bool statusSeen_ = false;       // a student published a status (Client::publishStatus)
-  bool teacherAttached_ = false;  // from then on its busy share (published by serve()) is shown
+  bool statusSeen_ = false; // a student published a status (Client::publishStatus)
+  bool teacherAttached_ = false; // from then on its busy share (published by serve()) is shown
 };
 
-}  // namespace distill::launcher
+} // namespace distill::launcher

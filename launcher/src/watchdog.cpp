@@ -21,7 +21,7 @@ Verdict Watchdog::check(const ipc::Segment& seg, const std::vector<Rank>& ranks,
   char title[200];
   std::snprintf(title, sizeof title, "hang: no rank made progress for %.1f s (run.hang_timeout_s=%g, on_hang=%s)",
                 std::chrono::duration<double>(idle).count(), timeoutS_, onHang_.c_str());
-  lastProgressAt_ = now;  // the next verdict after another period without progress
+  lastProgressAt_ = now; // the next verdict after another period without progress
   return {true, title, hangTable(seg, ranks, title)};
 }
 
@@ -34,10 +34,10 @@ std::string hangTable(const ipc::Segment& seg, const std::vector<Rank>& ranks, c
       notes[local] = "exited: " + describeStatus(r.status);
     } else if (local < static_cast<int>(procs.size()) && procs[size_t(local)].pid != r.pid) {
       notes[local] = "pid " + std::to_string(r.pid) + " running, never attached (global rank " +
-                     std::to_string(r.topo.globalRank) + ")";
+          std::to_string(r.topo.globalRank) + ")";
     }
   }
   return ipc::formatHangTable(seg, title, notes);
 }
 
-}  // namespace distill::launcher
+} // namespace distill::launcher

@@ -20,8 +20,8 @@ namespace distill::launcher {
 
 struct Verdict {
   bool hang = false;
-  std::string title;  // "hang: no rank made progress for 5.0 s (...)"
-  std::string table;  // the hang table, title first
+  std::string title; // "hang: no rank made progress for 5.0 s (...)"
+  std::string table; // the hang table, title first
 };
 
 class Watchdog {
@@ -46,4 +46,4 @@ class Watchdog {
 // what distill-run knows of its rank (exited how, running but never attached).
 std::string hangTable(const ipc::Segment& seg, const std::vector<Rank>& ranks, const std::string& title);
 
-}  // namespace distill::launcher
+} // namespace distill::launcher

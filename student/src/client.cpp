@@ -17,7 +17,7 @@ namespace distill {
 namespace {
 
 std::string tagStr(const Tag& t) { return "(" + describe(t) + ")"; }
-}  // namespace
+} // namespace
 
 // ---- TeacherReply ----
 
@@ -67,8 +67,8 @@ struct Client::Impl {
   std::optional<ipc::Segment> segment;
   std::optional<ipc::StudentEndpoint> endpoint;
   uint64_t nextSeq = 1;
-  std::deque<Handle> inFlight;                        // sent, answer not yet received
-  std::map<uint64_t, ipc::ReceivedMessage> received;  // received, not yet taken by get()
+  std::deque<Handle> inFlight; // sent, answer not yet received
+  std::map<uint64_t, ipc::ReceivedMessage> received; // received, not yet taken by get()
   bool finished = false;
 
   Deadline responseDeadline() const { return Deadline::afterSeconds(cfg.run.peerWaitS()); }
@@ -81,16 +81,14 @@ struct Client::Impl {
     inFlight.pop_front();
     const auto& t = m.tag();
     if (m.kind() == ipc::MsgKind::kError) {
-      DISTILL_THROW(ProtocolError, at(want.step, want.accStep, "teacher answer"),
-                    "the teacher refused request ", tagStr(want), ": ",
-                    m.errorText());
+      DISTILL_THROW(ProtocolError, at(want.step, want.accStep, "teacher answer"), "the teacher refused request ",
+                    tagStr(want), ": ", m.errorText());
     }
-    DISTILL_CHECK_T(ProtocolError, m.kind() == ipc::MsgKind::kResponse,
-                    at(want.step, want.accStep, "teacher answer"), "expected a response, got ",
-                    ipc::msgKindName(m.kind()));
+    DISTILL_CHECK_T(ProtocolError, m.kind() == ipc::MsgKind::kResponse, at(want.step, want.accStep, "teacher answer"),
+                    "expected a response, got ", ipc::msgKindName(m.kind()));
     if (t != want) {
-      DISTILL_THROW(ProtocolError, at(want.step, want.accStep, "teacher answer"),
-                    "answer tag ", tagStr(t), " does not match request ", tagStr(want));
+      DISTILL_THROW(ProtocolError, at(want.step, want.accStep, "teacher answer"), "answer tag ", tagStr(t),
+                    " does not match request ", tagStr(want));
     }
     received.emplace(want.seq, std::move(m));
   }
@@ -100,15 +98,14 @@ Client::Client(const Topology& topo, const Config& config) : impl_(std::make_uni
   auto& s = *impl_;
   s.topo = topo;
   s.cfg = config;
-  DISTILL_CHECK_T(ConfigError, topo.isStudent(), "a Client needs a student's topology, got ",
-                  topo.describe());
+  DISTILL_CHECK_T(ConfigError, topo.isStudent(), "a Client needs a student's topology, got ", topo.describe());
   DISTILL_CHECK_T(ConfigError, !topo.segment.empty(),
                   "no segment for this node (DISTILL_SEGMENT is not set): start the job with distill-run");
   auto startup = Deadline::afterSeconds(config.run.startup_timeout_s);
   auto layout = ipc::SegmentLayout::fromOptions(config.transport, topo.studentsPerNode());
   s.segment = ipc::Segment::attach(topo.segment, topo.jobId, layout, startup);
   auto options = ipc::EndpointOptions::fromOptions(config.transport, topo.globalRank);
-  options.config = configDescription(config);  // the teacher compares it with its own before admitting us
+  options.config = configDescription(config); // the teacher compares it with its own before admitting us
   s.endpoint.emplace(*s.segment, topo.studentLocalRank, options);
   s.endpoint->waitAdmission(startup);
 }
@@ -123,8 +120,7 @@ Client::~Client() {
   }
 }
 
-Handle Client::submit(const std::vector<std::pair<std::string, at::Tensor>>& inputs, int64_t step,
-                      int64_t accStep) {
+Handle Client::submit(const std::vector<std::pair<std::string, at::Tensor>>& inputs, int64_t step, int64_t accStep) {
   auto& s = *impl_;
   DISTILL_CHECK_T(ProtocolError, !s.finished, "submit() after finish()");
   setCurrentStep(step, accStep);
@@ -147,9 +143,8 @@ TeacherReply Client::get(const Handle& h, ReplyMode mode) {
   auto& s = *impl_;
   noteAnswered(h.step, h.accStep);
   while (!s.received.count(h.seq)) {
-    DISTILL_CHECK_T(ProtocolError, !s.inFlight.empty() && s.inFlight.front().seq <= h.seq,
-                    at(h.step, h.accStep), "get(): request seq ", h.seq,
-                    " is not in flight (already taken, or never submitted)");
+    DISTILL_CHECK_T(ProtocolError, !s.inFlight.empty() && s.inFlight.front().seq <= h.seq, at(h.step, h.accStep),
+                    "get(): request seq ", h.seq, " is not in flight (already taken, or never submitted)");
     s.receiveOldest();
   }
   auto node = s.received.extract(h.seq);
@@ -186,4 +181,4 @@ bool Client::stopRequested() const { return impl_->segment && impl_->segment->st
 int64_t Client::outstanding() const { return static_cast<int64_t>(impl_->inFlight.size()); }
 const Config& Client::config() const { return impl_->cfg; }
 
-}  // namespace distill
+} // namespace distill

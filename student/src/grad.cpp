@@ -8,9 +8,8 @@
 
 namespace distill {
 
-double stepTokenCount(StudentGroup& group, const std::vector<at::Tensor>& microBatchLabels,
-                      int64_t ignoreIndex) {
-  noteStepOpens(static_cast<int64_t>(microBatchLabels.size()));  // labels this collective with its own step
+double stepTokenCount(StudentGroup& group, const std::vector<at::Tensor>& microBatchLabels, int64_t ignoreIndex) {
+  noteStepOpens(static_cast<int64_t>(microBatchLabels.size())); // labels this collective with its own step
   int64_t local = 0;
   for (auto& l : microBatchLabels) local += countTokens(l, ignoreIndex);
   at::Tensor t = at::full({1}, static_cast<double>(local), at::kDouble);
@@ -18,8 +17,7 @@ double stepTokenCount(StudentGroup& group, const std::vector<at::Tensor>& microB
   return t.item<double>();
 }
 
-void allReduceGradients(StudentGroup& group, const std::vector<at::Tensor>& params, double bucketMb,
-                        ReduceOp op) {
+void allReduceGradients(StudentGroup& group, const std::vector<at::Tensor>& params, double bucketMb, ReduceOp op) {
   const int64_t bucketBytes = std::max<int64_t>(1, static_cast<int64_t>(bucketMb * (1 << 20)));
   std::vector<at::Tensor> bucket;
   int64_t bytes = 0;
@@ -41,8 +39,8 @@ void allReduceGradients(StudentGroup& group, const std::vector<at::Tensor>& para
   for (auto& p : params) {
     at::Tensor g = p.grad();
     if (!g.defined()) continue;
-    if (!bucket.empty() && (g.scalar_type() != bucket[0].scalar_type() ||
-                            g.device() != bucket[0].device() || bytes >= bucketBytes)) {
+    if (!bucket.empty() &&
+        (g.scalar_type() != bucket[0].scalar_type() || g.device() != bucket[0].device() || bytes >= bucketBytes)) {
       flush();
     }
     bucket.push_back(g);
@@ -51,8 +49,7 @@ void allReduceGradients(StudentGroup& group, const std::vector<at::Tensor>& para
   flush();
 }
 
-std::vector<double> evaluateOnRank0(StudentGroup& group, const std::function<std::vector<double>()>& fn,
-                                    size_t count) {
+std::vector<double> evaluateOnRank0(StudentGroup& group, const std::function<std::vector<double>()>& fn, size_t count) {
   at::Tensor t = at::zeros({static_cast<int64_t>(count)}, at::kDouble);
   if (group.rank() == 0) {
     auto v = fn();
@@ -65,4 +62,4 @@ std::vector<double> evaluateOnRank0(StudentGroup& group, const std::function<std
   return out;
 }
 
-}  // namespace distill
+} // namespace distill

@@ -20,9 +20,9 @@ Session init(int& argc, char** argv, const InitOptions& options) {
     s.teacher = std::make_unique<TeacherContext>(s.topology, s.config);
     return s;
   }
-  s.client = std::make_unique<Client>(s.topology, s.config);  // admission first
+  s.client = std::make_unique<Client>(s.topology, s.config); // admission first
   s.student = std::make_unique<StudentContext>(s.topology, s.config);
   return s;
 }
 
-}  // namespace distill
+} // namespace distill

@@ -20,9 +20,12 @@ namespace distill::loss_impl {
 // LossOptions built in code (not parsed) may hold any value: one outside the enum is a ConfigError.
 Kind kindOf(LossKind k) {
   switch (k) {
-    case LossKind::kForwardKl: return Kind::kForward;
-    case LossKind::kReverseKl: return Kind::kReverse;
-    case LossKind::kJsd: return Kind::kJsd;
+    case LossKind::kForwardKl:
+      return Kind::kForward;
+    case LossKind::kReverseKl:
+      return Kind::kReverse;
+    case LossKind::kJsd:
+      return Kind::kJsd;
   }
   DISTILL_THROW(ConfigError, "loss.kind: expected forward_kl | reverse_kl | jsd, found value ", static_cast<int>(k));
 }
@@ -32,24 +35,28 @@ namespace {
 // Machine epsilon of a floating dtype (the teacher data's rounding).
 double epsOf(at::ScalarType t) {
   switch (t) {
-    case at::kDouble: return std::numeric_limits<double>::epsilon();
-    case at::kFloat: return std::numeric_limits<float>::epsilon();
-    case at::kHalf: return 0x1p-10;
-    case at::kBFloat16: return 0x1p-7;
-    default: return std::numeric_limits<float>::epsilon();
+    case at::kDouble:
+      return std::numeric_limits<double>::epsilon();
+    case at::kFloat:
+      return std::numeric_limits<float>::epsilon();
+    case at::kHalf:
+      return 0x1p-10;
+    case at::kBFloat16:
+      return 0x1p-7;
+    default:
+      return std::numeric_limits<float>::epsilon();
   }
 }
 
 void checkDevice(const char* what, const at::Tensor& t, const at::Tensor& z) {
-  DISTILL_CHECK_T(ProtocolError, t.device() == z.device(), "distillLoss: ", what,
-                  " on device ", t.device().str(), ", expected the student logits' device ",
-                  z.device().str());
+  DISTILL_CHECK_T(ProtocolError, t.device() == z.device(), "distillLoss: ", what, " on device ", t.device().str(),
+                  ", expected the student logits' device ", z.device().str());
 }
 
 // A per-row data check, evaluated with all the others in one device sync.
 struct DataCheck {
-  at::Tensor ok;                 // 0-dim bool
-  std::function<void()> fail;    // throws the error (may look at the data again)
+  at::Tensor ok; // 0-dim bool
+  std::function<void()> fail; // throws the error (may look at the data again)
 };
 
 // With the teacher's logsumexp: its own top-k (and log tail) must not say that
@@ -68,12 +75,13 @@ DataCheck logsumexpCheck(const Problem& pb, const at::Tensor& keep) {
     const int64_t row = bad.nonzero().select(1, 0)[0].item<int64_t>();
     const double sv = s[row].item<double>(), lv = lse[row].item<double>(), tv = tol[row].item<double>();
     const bool tail = pb.tLogTail.defined();
-    DISTILL_THROW(ProtocolError, "distillLoss: teacher top-k, token row ", row, " of ", pb.n,
-                  ": the sent logsumexp ", lv, " contradicts the sent top-k",
-                  tail ? " and log tail: logaddexp(logsumexp(values / T), log_tail)" : ": logsumexp(values / T)",
-                  " = ", sv, " at T = loss.temperature = ", pb.temperature, "; they differ by ", sv - lv,
-                  " (the ", tail ? "k+1 buckets'" : "top-k", " probabilities would sum to ", std::exp(sv - lv),
-                  "), beyond the tolerance ", tv, " (kLogsumexpTolerance + 8 eps |logsumexp|, losses.h). "
+    DISTILL_THROW(ProtocolError, "distillLoss: teacher top-k, token row ", row, " of ", pb.n, ": the sent logsumexp ",
+                  lv, " contradicts the sent top-k",
+                  tail ? " and log tail: logaddexp(logsumexp(values / T), log_tail)" : ": logsumexp(values / T)", " = ",
+                  sv, " at T = loss.temperature = ", pb.temperature, "; they differ by ", sv - lv, " (the ",
+                  tail ? "k+1 buckets'" : "top-k", " probabilities would sum to ", std::exp(sv - lv),
+                  "), beyond the tolerance ", tv,
+                  " (kLogsumexpTolerance + 8 eps |logsumexp|, losses.h). "
                   "A logsumexp sent at another temperature?");
   };
   return c;
@@ -91,7 +99,8 @@ Problem fromOptions(const LossOptions& o, double normalizer) {
   validateLossOptions(o);
   DISTILL_CHECK_T(ConfigError, std::isfinite(normalizer) && normalizer >= 0,
                   "distillLoss: normalizer must be a positive token count (0 only for a call without "
-                  "non-ignored tokens), found ", normalizer);
+                  "non-ignored tokens), found ",
+                  normalizer);
   Problem pb;
   pb.kind = kindOf(o.kind);
   pb.temperature = o.temperature;
@@ -106,26 +115,28 @@ Problem fromOptions(const LossOptions& o, double normalizer) {
 
 // The student logits' shape and dtype; true when the fused CPU kernel can take them.
 bool readStudent(Problem& pb, const at::Tensor& z, bool allowFused) {
-  DISTILL_CHECK_T(ProtocolError, z.defined() && z.dim() >= 1 && at::isFloatingType(z.scalar_type()),
-                  "distillLoss: student logits: expected a floating tensor [..., V], found ",
-                  z.defined() ? shapeOf(z) + " " + std::string(c10::toString(z.scalar_type()))
-                              : std::string("undefined"));
+  DISTILL_CHECK_T(
+      ProtocolError, z.defined() && z.dim() >= 1 && at::isFloatingType(z.scalar_type()),
+      "distillLoss: student logits: expected a floating tensor [..., V], found ",
+      z.defined() ? shapeOf(z) + " " + std::string(c10::toString(z.scalar_type())) : std::string("undefined"));
   pb.v = z.size(-1);
-  DISTILL_CHECK_T(ProtocolError, pb.v >= 1, "distillLoss: student logits: vocabulary is empty, "
-                  "shape ", shapeOf(z));
+  DISTILL_CHECK_T(ProtocolError, pb.v >= 1,
+                  "distillLoss: student logits: vocabulary is empty, "
+                  "shape ",
+                  shapeOf(z));
   pb.n = z.numel() / pb.v;
   pb.compute = z.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   // The fused CPU kernel computes the chunks (see Problem::fused).
   return allowFused && z.device().is_cpu() && z.is_contiguous() &&
-         (z.scalar_type() == at::kFloat || z.scalar_type() == at::kDouble);
+      (z.scalar_type() == at::kFloat || z.scalar_type() == at::kDouble);
 }
 
 void readLabels(Problem& pb, const at::Tensor& z, const at::Tensor& labels, bool cpuFused) {
-  DISTILL_CHECK_T(ProtocolError, labels.defined() && labels.scalar_type() == at::kLong &&
-                  labels.numel() == pb.n,
-                  "distillLoss: labels: expected int64 with ", pb.n, " elements (student logits ",
-                  shapeOf(z), "), found ", labels.defined() ? shapeOf(labels) + " " +
-                  std::string(c10::toString(labels.scalar_type())) : std::string("undefined"));
+  DISTILL_CHECK_T(ProtocolError, labels.defined() && labels.scalar_type() == at::kLong && labels.numel() == pb.n,
+                  "distillLoss: labels: expected int64 with ", pb.n, " elements (student logits ", shapeOf(z),
+                  "), found ",
+                  labels.defined() ? shapeOf(labels) + " " + std::string(c10::toString(labels.scalar_type()))
+                                   : std::string("undefined"));
   checkDevice("labels", labels, z);
   pb.labels = labels.reshape({pb.n});
   if (cpuFused) pb.labels = pb.labels.contiguous();
@@ -138,9 +149,8 @@ bool nkShape(const Problem& pb, const at::Tensor& t, int64_t k) {
 void readDenseTeacher(Problem& pb, const TeacherOutput& teacher, const at::Tensor& z) {
   const at::Tensor& tl = teacher.logits;
   DISTILL_CHECK_T(ProtocolError, nkShape(pb, tl, pb.v) && at::isFloatingType(tl.scalar_type()),
-                  "distillLoss: teacher logits: expected floating [", pb.n, ", ", pb.v,
-                  "] (or the student's ", shapeOf(z), "), found ", shapeOf(tl), " ",
-                  c10::toString(tl.scalar_type()));
+                  "distillLoss: teacher logits: expected floating [", pb.n, ", ", pb.v, "] (or the student's ",
+                  shapeOf(z), "), found ", shapeOf(tl), " ", c10::toString(tl.scalar_type()));
   checkDevice("teacher logits", tl, z);
   pb.tLogits = tl.reshape({pb.n, pb.v});
 }
@@ -151,13 +161,10 @@ int64_t readTopkTeacher(Problem& pb, const TeacherOutput& teacher, const at::Ten
   DISTILL_CHECK_T(ProtocolError, tv.defined() && ti.defined(),
                   "distillLoss: teacher output has neither logits nor top-k values and indices");
   const int64_t k = tv.dim() >= 1 ? tv.size(-1) : 0;
-  DISTILL_CHECK_T(ProtocolError, k >= 1 && k <= pb.v && nkShape(pb, tv, k) &&
-                  at::isFloatingType(tv.scalar_type()),
-                  "distillLoss: teacher top-k values: expected floating [", pb.n,
-                  ", k] with 1 <= k <= V = ", pb.v, ", found ", shapeOf(tv), " ",
-                  c10::toString(tv.scalar_type()));
-  DISTILL_CHECK_T(ProtocolError, nkShape(pb, ti, k) && (ti.scalar_type() == at::kInt ||
-                  ti.scalar_type() == at::kLong),
+  DISTILL_CHECK_T(ProtocolError, k >= 1 && k <= pb.v && nkShape(pb, tv, k) && at::isFloatingType(tv.scalar_type()),
+                  "distillLoss: teacher top-k values: expected floating [", pb.n, ", k] with 1 <= k <= V = ", pb.v,
+                  ", found ", shapeOf(tv), " ", c10::toString(tv.scalar_type()));
+  DISTILL_CHECK_T(ProtocolError, nkShape(pb, ti, k) && (ti.scalar_type() == at::kInt || ti.scalar_type() == at::kLong),
                   "distillLoss: teacher top-k indices: expected int32|int64 [", pb.n, ", ", k,
                   "] like the values, found ", shapeOf(ti), " ", c10::toString(ti.scalar_type()));
   checkDevice("teacher top-k values", tv, z);
@@ -166,9 +173,8 @@ int64_t readTopkTeacher(Problem& pb, const TeacherOutput& teacher, const at::Ten
   pb.tIndices = ti.reshape({pb.n, k}).to(at::kLong);
   pb.eps = std::max(epsOf(pb.compute), epsOf(tv.scalar_type()));
   auto perToken = [&](const char* what, const at::Tensor& t) {
-    DISTILL_CHECK_T(ProtocolError, t.numel() == pb.n && at::isFloatingType(t.scalar_type()),
-                    "distillLoss: teacher ", what, ": expected floating [", pb.n, "], found ",
-                    shapeOf(t), " ", c10::toString(t.scalar_type()));
+    DISTILL_CHECK_T(ProtocolError, t.numel() == pb.n && at::isFloatingType(t.scalar_type()), "distillLoss: teacher ",
+                    what, ": expected floating [", pb.n, "], found ", shapeOf(t), " ", c10::toString(t.scalar_type()));
     checkDevice((std::string("teacher ") + what).c_str(), t, z);
     pb.eps = std::max(pb.eps, epsOf(t.scalar_type()));
     return t.reshape({pb.n});
@@ -195,7 +201,7 @@ DataCheck uniqueIndices(Problem& pb, int64_t k) {
     for (int64_t r = 0; r < pb.n && ok; ++r) {
       for (int64_t b = 0; b < k; ++b) {
         const int64_t j = ip[r * k + b];
-        if (j < 0 || j >= pb.v) continue;  // the range check above reports it
+        if (j < 0 || j >= pb.v) continue; // the range check above reports it
         if (stamp[j] == r) {
           ok = false;
           break;
@@ -241,7 +247,7 @@ void topkLogSum(Problem& pb, const at::Tensor& z, const LossOptions& o, bool cpu
       if (pb.kLogTail.defined()) {
         const auto* tail = pb.kLogTail.data_ptr<scalar_t>();
         for (int64_t r = 0; r < pb.n; ++r) {
-          const scalar_t a = out[r], b = tail[r];  // at::logaddexp
+          const scalar_t a = out[r], b = tail[r]; // at::logaddexp
           out[r] = std::isinf(a) && a == b ? a : std::max(a, b) + std::log1p(std::exp(-std::abs(a - b)));
         }
       }
@@ -253,8 +259,8 @@ void topkLogSum(Problem& pb, const at::Tensor& z, const LossOptions& o, bool cpu
         for (int64_t r = 0; r < pb.n && ok; ++r) {
           if (lab[r] == o.ignore_index) continue;
           const scalar_t diff = out[r] - lse[r];
-          const scalar_t tol = std::abs(lse[r]) * static_cast<scalar_t>(8 * pb.eps) +
-                               static_cast<scalar_t>(kLogsumexpTolerance);
+          const scalar_t tol =
+              std::abs(lse[r]) * static_cast<scalar_t>(8 * pb.eps) + static_cast<scalar_t>(kLogsumexpTolerance);
           ok = (tail ? std::abs(diff) : diff) <= tol && std::isfinite(lse[r]);
         }
         // The tensor form names the row and the values.
@@ -282,7 +288,7 @@ void runChecks(const std::vector<DataCheck>& checks) {
   }
 }
 
-}  // namespace
+} // namespace
 
 Problem prepare(const at::Tensor& z, const at::Tensor& labels, const TeacherOutput& teacher, const LossOptions& o,
                 double normalizer, bool allowFused) {
@@ -290,7 +296,7 @@ Problem prepare(const at::Tensor& z, const at::Tensor& labels, const TeacherOutp
   const bool cpuFused = readStudent(pb, z, allowFused);
   readLabels(pb, z, labels, cpuFused);
   at::Tensor keep = pb.labels != o.ignore_index;
-  std::vector<DataCheck> checks;  // all evaluated with one device sync
+  std::vector<DataCheck> checks; // all evaluated with one device sync
   checks.push_back({(~keep | ((pb.labels >= 0) & (pb.labels < pb.v))).all(), [&] {
                       DISTILL_THROW(ProtocolError, "distillLoss: labels: every label must be in [0, ", pb.v,
                                     ") or ignore_index = ", o.ignore_index);
@@ -300,8 +306,10 @@ Problem prepare(const at::Tensor& z, const at::Tensor& labels, const TeacherOutp
   } else {
     const int64_t k = readTopkTeacher(pb, teacher, z);
     checks.push_back({((pb.tIndices >= 0) & (pb.tIndices < pb.v)).all(), [&] {
-                        DISTILL_THROW(ProtocolError, "distillLoss: teacher top-k indices: every index must "
-                                      "be in [0, ", pb.v, ")");
+                        DISTILL_THROW(ProtocolError,
+                                      "distillLoss: teacher top-k indices: every index must "
+                                      "be in [0, ",
+                                      pb.v, ")");
                       }});
     if (k > 1) checks.push_back(uniqueIndices(pb, k));
     topkLogSum(pb, z, o, cpuFused, keep, checks, k);
@@ -321,4 +329,4 @@ Problem prepare(const at::Tensor& z, const at::Tensor& labels, const TeacherOutp
   return pb;
 }
 
-}  // namespace distill::loss_impl
+} // namespace distill::loss_impl

@@ -20,10 +20,10 @@ struct Args {
   double temperature = 1, alpha = 0.5, beta = 0.5, normalizer = 1, eps = 0;
   bool needKd = true, needCe = true;
   int64_t v = 0;
-  const T* z = nullptr;               // student logits [N, V], rows contiguous
-  const int64_t* rows = nullptr;      // [C]: row ids (into z, labels, grad and the top-k data) of this chunk
-  const int64_t* labels = nullptr;    // [N]
-  T* grad = nullptr;                  // [N, V], or null: values only
+  const T* z = nullptr; // student logits [N, V], rows contiguous
+  const int64_t* rows = nullptr; // [C]: row ids (into z, labels, grad and the top-k data) of this chunk
+  const int64_t* labels = nullptr; // [N]
+  T* grad = nullptr; // [N, V], or null: values only
   // Dense teacher: logits of chunk row i at t + (tRows ? tRows[i] : i) * V.
   const T* t = nullptr;
   const int64_t* tRows = nullptr;
@@ -61,13 +61,13 @@ struct Kernels {
 const Kernels& kernels();
 
 namespace avx512 {
-const Kernels* kernels();  // null when not built
+const Kernels* kernels(); // null when not built
 }
 namespace avx2 {
-const Kernels* kernels();  // null when not built
+const Kernels* kernels(); // null when not built
 }
 namespace portable {
 const Kernels* kernels();
 }
 
-}  // namespace distill::lossk
+} // namespace distill::lossk

@@ -29,7 +29,7 @@ struct RowConsts {
   explicit RowConsts(const Args<T>& a)
       : temp(static_cast<T>(a.temperature)),
         t1(a.temperature == 1),
-        ka(static_cast<T>(a.alpha * a.temperature / a.normalizer)),  // d(T^2 kd)/dz = T d kd/ds
+        ka(static_cast<T>(a.alpha * a.temperature / a.normalizer)), // d(T^2 kd)/dz = T d kd/ds
         cce(static_cast<T>((1 - a.alpha) / a.normalizer)),
         vt(temp) {}
   T temp;
@@ -82,8 +82,8 @@ DenseStats<T> denseStats(const Args<T>& a, const RowConsts<T>& k, const T* z, co
 
 // Forward KL of one dense row (pass 3), its gradient into g when g is set.
 template <typename T>
-double denseForward(const Args<T>& a, const RowConsts<T>& k, const DenseStats<T>& st, const T* z, const T* t,
-                    T* g, int64_t n) {
+double denseForward(const Args<T>& a, const RowConsts<T>& k, const DenseStats<T>& st, const T* z, const T* t, T* g,
+                    int64_t n) {
   constexpr int64_t W = Vec<T>::size();
   const T inf = std::numeric_limits<T>::infinity();
   const bool t1 = k.t1;
@@ -111,8 +111,8 @@ double denseForward(const Args<T>& a, const RowConsts<T>& k, const DenseStats<T>
 // their gradient, so pass 3 keeps log p - log q (or log p - log M) in the
 // gradient row and p in scratch, and pass 4 writes the gradient.
 template <typename T>
-double denseReverseOrJsd(const Args<T>& a, const RowConsts<T>& k, const DenseStats<T>& st, const T* z, const T* t,
-                         T* g, T* scratch, int64_t n) {
+double denseReverseOrJsd(const Args<T>& a, const RowConsts<T>& k, const DenseStats<T>& st, const T* z, const T* t, T* g,
+                         T* scratch, int64_t n) {
   constexpr int64_t W = Vec<T>::size();
   const T inf = std::numeric_limits<T>::infinity();
   const bool t1 = k.t1;
@@ -121,7 +121,7 @@ double denseReverseOrJsd(const Args<T>& a, const RowConsts<T>& k, const DenseSta
   const bool jsd = a.kind == Kind::kJsd;
   const Vec<T> logBeta(static_cast<T>(std::log(a.beta))), logBeta1(static_cast<T>(std::log1p(-a.beta)));
   const Vec<T> floor(static_cast<T>(kLogFloor));
-  Acc<T> k1, k2;  // reverse: KL(p || q); jsd: KL(q || M), KL(p || M)
+  Acc<T> k1, k2; // reverse: KL(p || q); jsd: KL(q || M), KL(p || M)
   for (int64_t j = 0; j < n; j += W) {
     const int64_t c = std::min(W, n - j);
     const Vec<T> zv = load(z + j, c, -inf);
@@ -177,7 +177,7 @@ void denseRows(const Args<T>& a, int64_t begin, int64_t end, T* scratch) {
     T* g = a.grad != nullptr ? a.grad + r * n : nullptr;
     const DenseStats<T> st = denseStats(a, k, z, t, n);
     if (a.needCe) a.ceRow[i] = -static_cast<double>((z[a.labels[r]] - st.zmax) - st.ls1);
-    if (!t) {  // CE only: p at temperature 1 (the CE's softmax)
+    if (!t) { // CE only: p at temperature 1 (the CE's softmax)
       if (g) {
         for (int64_t j = 0; j < n; j += W) {
           const int64_t c = std::min(W, n - j);
@@ -353,10 +353,10 @@ void topkRows(const Args<T>& a, int64_t begin, int64_t end, T* scratch) {
   // Scratch: the mask row, then arrays of k+1 (rounded up to whole vectors).
   T* mask = scratch;
   const int64_t ka1 = (k + 1 + W - 1) / W * W;
-  T* zK = mask + n;       // student logits at the top-k
-  T* lp = zK + ka1;       // student bucket log-probabilities
-  T* lq = lp + ka1;       // teacher bucket log-probabilities
-  T* gb = lq + ka1;       // d kd / d s per bucket
+  T* zK = mask + n; // student logits at the top-k
+  T* lp = zK + ka1; // student bucket log-probabilities
+  T* lq = lp + ka1; // teacher bucket log-probabilities
+  T* gb = lq + ka1; // d kd / d s per bucket
   T* tmp = gb + ka1;
   for (int64_t i = begin; i < end; ++i) {
     const int64_t r = a.rows[i];
@@ -367,7 +367,7 @@ void topkRows(const Args<T>& a, int64_t begin, int64_t end, T* scratch) {
     const TopkStudent<T> st = topkStudent(a, kc, z, idx, zK, mask, tmp);
     if (a.needCe) a.ceRow[i] = static_cast<double>(st.lse1 - z[a.labels[r]]);
     if (a.needKd) {
-      for (int64_t b = 0; b < k; ++b) lp[b] = tmp[b] - st.lseS;  // student buckets
+      for (int64_t b = 0; b < k; ++b) lp[b] = tmp[b] - st.lseS; // student buckets
       lp[k] = st.lseTail - st.lseS;
       topkTeacherBuckets(a, r, st.lseTail, kc.temp, lq);
       a.kdRow[i] = divergenceArrays(a.kind, a.beta, lq, lp, k + 1, needGrad ? gb : nullptr);
@@ -397,11 +397,11 @@ void rowLogsumexp(const T* x, int64_t n, int64_t k, double temperature, T* out) 
   }
 }
 
-const Kernels kTable{&denseRows<float>, &denseRows<double>, &topkRows<float>, &topkRows<double>,
-                     &rowLogsumexp<float>, &rowLogsumexp<double>};
+const Kernels kTable{&denseRows<float>, &denseRows<double>,   &topkRows<float>,
+                     &topkRows<double>, &rowLogsumexp<float>, &rowLogsumexp<double>};
 
-}  // namespace
+} // namespace
 
 const Kernels* kernels() { return &kTable; }
 
-}  // namespace distill::lossk::DISTILL_LOSSK_NS
+} // namespace distill::lossk::DISTILL_LOSSK_NS

@@ -72,7 +72,7 @@ struct Acc {
 };
 
 template <typename T>
-inline Vec<T> zeroWhere(const Vec<T>& x, const Vec<T>& w) {  // 0 where w == 0, else x
+inline Vec<T> zeroWhere(const Vec<T>& x, const Vec<T>& w) { // 0 where w == 0, else x
   return Vec<T>::blendv(x, Vec<T>(T(0)), w == Vec<T>(T(0)));
 }
 
@@ -90,7 +90,7 @@ inline Vec<T> logaddexp(const Vec<T>& a, const Vec<T>& b) {
   return at::vec::maximum(a, b) + (Vec<T>(T(0)) - (a - b).abs()).exp().log1p();
 }
 
-constexpr double kLogFloor = -1e4;  // as divergence() in losses.cpp: exp() of it is 0
+constexpr double kLogFloor = -1e4; // as divergence() in losses.cpp: exp() of it is 0
 
 // max and log(sum exp(x - max)) of x[0..m) (an empty or all -inf array: -inf, 0).
 template <typename T>
@@ -133,8 +133,8 @@ double divergenceArrays(Kind kind, double beta, T* lq, T* lp, int64_t m, T* gb) 
       const Vec<T> lpv = load(lp + j, c, -inf), p = lpv.exp();
       const Vec<T> d = lpv - load(lq + j, c, -inf);
       kd.add(zeroWhere(d * p, p));
-      store(d, lp + j, c);  // lp now holds log p - log q
-      store(p, lq + j, c);  // lq now holds p
+      store(d, lp + j, c); // lp now holds log p - log q
+      store(p, lq + j, c); // lq now holds p
     }
     const double kl = kd.get();
     if (gb) {
@@ -172,6 +172,5 @@ double divergenceArrays(Kind kind, double beta, T* lq, T* lp, int64_t m, T* gb) 
   return beta * kq.get() + (1 - beta) * kpv;
 }
 
-
-}  // namespace
-}  // namespace distill::lossk::DISTILL_LOSSK_NS
+} // namespace
+} // namespace distill::lossk::DISTILL_LOSSK_NS

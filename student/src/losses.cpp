@@ -24,9 +24,7 @@ using namespace loss_impl;
 namespace {
 
 // w * d with 0 where w == 0 (the 0 log 0 = 0 convention: d may be +-inf there).
-at::Tensor& weighted(at::Tensor& d, const at::Tensor& w) {
-  return d.mul_(w).masked_fill_(w == 0, 0);
-}
+at::Tensor& weighted(at::Tensor& d, const at::Tensor& w) { return d.mul_(w).masked_fill_(w == 0, 0); }
 
 // log(1 - exp(a)) for a <= 0, accurate at both ends (Maechler's log1mexp).
 at::Tensor log1mexp(const at::Tensor& a) {
@@ -40,8 +38,8 @@ at::Tensor log1mexp(const at::Tensor& a) {
 // it is sum_j d/ds_j, and token j's share is p_j / P_b of it. Consumes logq and
 // logp (they are overwritten).
 struct Divergence {
-  at::Tensor kd;    // [C]
-  at::Tensor grad;  // d kd / d s for every column of logp, or undefined
+  at::Tensor kd; // [C]
+  at::Tensor grad; // d kd / d s for every column of logp, or undefined
 };
 
 Divergence divergence(Kind kind, double beta, at::Tensor& logq, at::Tensor& logp, bool needGrad) {
@@ -51,15 +49,15 @@ Divergence divergence(Kind kind, double beta, at::Tensor& logq, at::Tensor& logp
     at::Tensor d = logq - logp;
     out.kd = weighted(d, q).sum(1);
     d.reset();
-    if (needGrad) out.grad = logp.exp_().sub_(q);  // p - q
+    if (needGrad) out.grad = logp.exp_().sub_(q); // p - q
   } else if (kind == Kind::kReverse) {
     at::Tensor p = logp.exp();
-    at::Tensor d = logp.sub_(logq);  // log p - log q, in place
+    at::Tensor d = logp.sub_(logq); // log p - log q, in place
     {
       at::Tensor e = d * p;
-      out.kd = e.masked_fill_(p == 0, 0).sum(1);  // 0 log 0 = 0 where p == 0
+      out.kd = e.masked_fill_(p == 0, 0).sum(1); // 0 log 0 = 0 where p == 0
     }
-    if (needGrad) out.grad = weighted(d.sub_(out.kd.unsqueeze(1)), p);  // p (log p/q - KL)
+    if (needGrad) out.grad = weighted(d.sub_(out.kd.unsqueeze(1)), p); // p (log p/q - KL)
   } else {
     // log M = logaddexp(log beta + log q, log(1-beta) + log p), from the
     // log-probabilities: log(beta q + (1-beta) p) is -inf where both underflow
@@ -75,10 +73,10 @@ Divergence divergence(Kind kind, double beta, at::Tensor& logq, at::Tensor& logp
     at::Tensor logm = logq + std::log(beta);
     at::logaddexp_out(logm, logm, logp + std::log1p(-beta));
     at::Tensor q = logq.exp(), p = logp.exp();
-    at::Tensor kq = logq.sub_(logm).mul_(q).sum(1);  // KL(q || M)
-    at::Tensor d = logp.sub_(logm);                   // log p - log M
+    at::Tensor kq = logq.sub_(logm).mul_(q).sum(1); // KL(q || M)
+    at::Tensor d = logp.sub_(logm); // log p - log M
     logm.reset();
-    at::Tensor kp = (d * p).sum(1);                   // KL(p || M)
+    at::Tensor kp = (d * p).sum(1); // KL(p || M)
     out.kd = kq.mul_(beta).add_(kp, 1 - beta);
     // d/ds of beta KL(q||M) + (1-beta) KL(p||M) is (1-beta) p (log p/M - KL(p||M)).
     if (needGrad) out.grad = d.sub_(kp.unsqueeze(1)).mul_(p).mul_(1 - beta);
@@ -111,11 +109,11 @@ void denseChunk(const Problem& pb, const at::Tensor& z, const Rows& rows, at::Te
   const bool needGrad = grad.defined();
   const double t = pb.temperature;
   at::Tensor zc = rows.of(z);
-  at::Tensor logp1;  // temperature 1: the hard-label CE, and the KD's log p when T == 1
+  at::Tensor logp1; // temperature 1: the hard-label CE, and the KD's log p when T == 1
   if (pb.needCe || t == 1) logp1 = at::log_softmax(zc, 1, pb.compute);
   at::Tensor gce;
   if (pb.needCe) {
-    at::Tensor lab = rows.of(pb.labels).unsqueeze(1);  // [C, 1]
+    at::Tensor lab = rows.of(pb.labels).unsqueeze(1); // [C, 1]
     ceSum.add_(logp1.gather(1, lab).sum().neg().to(at::kDouble));
     if (needGrad) {
       gce = logp1.exp();
@@ -131,7 +129,7 @@ void denseChunk(const Problem& pb, const at::Tensor& z, const Rows& rows, at::Te
     Divergence dv = divergence(pb.kind, pb.beta, logq, logp, needGrad);
     kdSum.add_(dv.kd.sum().to(at::kDouble));
     if (needGrad) {
-      at::Tensor gkd = dv.grad.mul_(pb.alpha * t / pb.normalizer);  // d(T^2 kd)/dz = T * d kd / ds
+      at::Tensor gkd = dv.grad.mul_(pb.alpha * t / pb.normalizer); // d(T^2 kd)/dz = T * d kd / ds
       if (g.defined()) gkd.add_(g);
       g = std::move(gkd);
     }
@@ -144,8 +142,8 @@ void denseChunk(const Problem& pb, const at::Tensor& z, const Rows& rows, at::Te
 // `studentLogTail` [C]: the student's logsumexp over the non-top-k tokens
 // (-inf: its tail is empty).
 at::Tensor teacherBuckets(const Problem& pb, const at::Tensor& rows, const at::Tensor& studentLogTail) {
-  at::Tensor vals = pb.tValues.index_select(0, rows).to(pb.compute).div_(pb.temperature);  // our own copy
-  if (!pb.tLse.defined() && !pb.tLogTail.defined()) {  // the truncated target: no mass outside the top-k
+  at::Tensor vals = pb.tValues.index_select(0, rows).to(pb.compute).div_(pb.temperature); // our own copy
+  if (!pb.tLse.defined() && !pb.tLogTail.defined()) { // the truncated target: no mass outside the top-k
     return at::cat({at::log_softmax(vals, 1), at::full({vals.size(0), 1}, -kInf, vals.options())}, 1);
   }
   at::Tensor logSum = pb.tLogSum.index_select(0, rows);
@@ -160,7 +158,7 @@ at::Tensor teacherBuckets(const Problem& pb, const at::Tensor& rows, const at::T
   at::Tensor lseK = logSum.sub_(lse);
   at::Tensor logqTail;
   if (vals.size(1) == pb.v) {
-    logqTail = at::full_like(lseK, -kInf);  // k = V: no tail at all, whatever the rounding says
+    logqTail = at::full_like(lseK, -kInf); // k = V: no tail at all, whatever the rounding says
   } else {
     logqTail = log1mexp(lseK.clamp_max(0));
     // Rounding decides 1 - sum q_i only down to r = 4 eps max(1, |lse|): a
@@ -174,7 +172,7 @@ at::Tensor teacherBuckets(const Problem& pb, const at::Tensor& rows, const at::T
   // Renormalised (log of sum q_i + q_tail; 0 up to rounding unless sum q_i > 1,
   // within the tolerance of the logsumexp check, or the tail was raised to r).
   at::Tensor norm = at::logaddexp(lseK, logqTail);
-  vals.sub_((lse + norm).unsqueeze(1));  // log q_i = values / T - lse - norm
+  vals.sub_((lse + norm).unsqueeze(1)); // log q_i = values / T - lse - norm
   return at::cat({vals, logqTail.sub_(norm).unsqueeze(1)}, 1);
 }
 
@@ -197,7 +195,7 @@ void fusedChunk(const Problem& pb, const Rows& chunk, at::Tensor& grad, at::Tens
   a.rows = rows.data_ptr<int64_t>();
   a.labels = pb.labels.data_ptr<int64_t>();
   a.grad = grad.defined() ? grad.data_ptr<T>() : nullptr;
-  at::Tensor tChunk;  // the chunk's teacher rows, only when they must be converted
+  at::Tensor tChunk; // the chunk's teacher rows, only when they must be converted
   if (pb.needKd && pb.tLogits.defined()) {
     if (pb.tLogits.scalar_type() == pb.compute && pb.tLogits.is_contiguous()) {
       a.t = pb.tLogits.data_ptr<T>();
@@ -253,10 +251,10 @@ void lossChunk(const Problem& pb, const at::Tensor& z, const Rows& chunk, at::Te
   const double t = pb.temperature;
 
   // Hard-label CE at temperature 1; its gradient first, while x still holds z.
-  at::Tensor x = z.index_select(0, rows).to(pb.compute);  // our own [C, V] copy
+  at::Tensor x = z.index_select(0, rows).to(pb.compute); // our own [C, V] copy
   at::Tensor lse1, gce;
   if (pb.needCe) {
-    at::Tensor lab = pb.labels.index_select(0, rows).unsqueeze(1);  // [C, 1]
+    at::Tensor lab = pb.labels.index_select(0, rows).unsqueeze(1); // [C, 1]
     lse1 = at::logsumexp(x, 1);
     ceSum.add_((lse1 - x.gather(1, lab).squeeze(1)).sum().to(at::kDouble));
     if (needGrad) {
@@ -270,10 +268,10 @@ void lossChunk(const Problem& pb, const at::Tensor& z, const Rows& chunk, at::Te
     return;
   }
 
-  if (t != 1) x.div_(t);  // x = s = z / T from here on
+  if (t != 1) x.div_(t); // x = s = z / T from here on
   at::Tensor lseS = lse1.defined() && t == 1 ? lse1 : at::logsumexp(x, 1);
   lse1.reset();
-  at::Tensor gs;  // d kd / d s, unscaled
+  at::Tensor gs; // d kd / d s, unscaled
 
   {
     // k + 1 buckets: the teacher's top-k tokens and the tail (see losses.h).
@@ -306,7 +304,7 @@ void lossChunk(const Problem& pb, const at::Tensor& z, const Rows& chunk, at::Te
 }
 
 struct Sums {
-  at::Tensor kd, ce;  // 0-dim double
+  at::Tensor kd, ce; // 0-dim double
 };
 
 Sums runChunks(const Problem& pb, const at::Tensor& z2, at::Tensor grad2) {
@@ -346,8 +344,8 @@ LossResult finish(const Problem& pb, const Sums& s) {
 // only scales it, so no chunk's softmax outlives its chunk.
 class DistillFunction : public torch::autograd::Function<DistillFunction> {
  public:
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
-                                                const at::Tensor& z, const Problem* pb) {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& z,
+                                                const Problem* pb) {
     // Every valid row's gradient is written by its chunk; ignored rows stay 0.
     at::Tensor grad = pb->allValid ? at::empty_like(z, at::MemoryFormat::Contiguous)
                                    : at::zeros_like(z, at::MemoryFormat::Contiguous);
@@ -362,10 +360,10 @@ class DistillFunction : public torch::autograd::Function<DistillFunction> {
                                                  torch::autograd::variable_list gradOut) {
     auto it = ctx->saved_data.find("grad");
     DISTILL_CHECK(it != ctx->saved_data.end(),
-                    "distillLoss: backward ran twice through the same loss; its gradient is "
-                    "handed on by the first backward (retain_graph is not supported)");
+                  "distillLoss: backward ran twice through the same loss; its gradient is "
+                  "handed on by the first backward (retain_graph is not supported)");
     at::Tensor g = it->second.toTensor();
-    ctx->saved_data.erase(it);  // drop our reference so autograd may reuse the buffer
+    ctx->saved_data.erase(it); // drop our reference so autograd may reuse the buffer
     if (!gradOut[0].defined()) return {at::Tensor(), at::Tensor()};
     // loss.backward() passes 1: then the gradient is handed on as it is (one
     // pass over [N, V] less; a CPU scalar costs nothing to look at).
@@ -374,8 +372,7 @@ class DistillFunction : public torch::autograd::Function<DistillFunction> {
   }
 };
 
-
-}  // namespace
+} // namespace
 
 int64_t countTokens(const at::Tensor& labels, int64_t ignoreIndex) {
   DISTILL_CHECK_T(ProtocolError, labels.defined() && !at::isFloatingType(labels.scalar_type()),
@@ -387,12 +384,9 @@ void validateLossOptions(const LossOptions& o) {
   kindOf(o.kind);
   DISTILL_CHECK_T(ConfigError, std::isfinite(o.temperature) && o.temperature > 0,
                   "loss.temperature must be > 0, found ", o.temperature);
-  DISTILL_CHECK_T(ConfigError, o.alpha >= 0 && o.alpha <= 1,
-                  "loss.alpha must be in [0, 1], found ", o.alpha);
-  DISTILL_CHECK_T(ConfigError, o.jsd_beta > 0 && o.jsd_beta < 1,
-                  "loss.jsd_beta must be in (0, 1), found ", o.jsd_beta);
-  DISTILL_CHECK_T(ConfigError, o.chunk_tokens >= 1,
-                  "loss.chunk_tokens must be >= 1, found ", o.chunk_tokens);
+  DISTILL_CHECK_T(ConfigError, o.alpha >= 0 && o.alpha <= 1, "loss.alpha must be in [0, 1], found ", o.alpha);
+  DISTILL_CHECK_T(ConfigError, o.jsd_beta > 0 && o.jsd_beta < 1, "loss.jsd_beta must be in (0, 1), found ", o.jsd_beta);
+  DISTILL_CHECK_T(ConfigError, o.chunk_tokens >= 1, "loss.chunk_tokens must be >= 1, found ", o.chunk_tokens);
 }
 
 namespace {
@@ -409,22 +403,20 @@ LossResult run(const at::Tensor& studentLogits, const at::Tensor& labels, const 
   return LossResult{out[0], out[1], out[2], pb.valid.size(0)};
 }
 
-}  // namespace
+} // namespace
 
-LossResult distillLoss(const at::Tensor& studentLogits, const at::Tensor& labels,
-                       const TeacherOutput& teacher, const LossOptions& options,
-                       double normalizer) {
+LossResult distillLoss(const at::Tensor& studentLogits, const at::Tensor& labels, const TeacherOutput& teacher,
+                       const LossOptions& options, double normalizer) {
   return run(studentLogits, labels, teacher, options, normalizer, /*allowFused=*/true);
 }
 
 namespace detail {
 
-LossResult distillLossAtenOps(const at::Tensor& studentLogits, const at::Tensor& labels,
-                              const TeacherOutput& teacher, const LossOptions& options,
-                              double normalizer) {
+LossResult distillLossAtenOps(const at::Tensor& studentLogits, const at::Tensor& labels, const TeacherOutput& teacher,
+                              const LossOptions& options, double normalizer) {
   return run(studentLogits, labels, teacher, options, normalizer, /*allowFused=*/false);
 }
 
-}  // namespace detail
+} // namespace detail
 
-}  // namespace distill
+} // namespace distill

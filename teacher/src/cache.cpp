@@ -16,7 +16,6 @@
 #include "distill/core/strings.h"
 #include "distill/core/sys.h"
 
-
 namespace distill {
 namespace {
 
@@ -26,7 +25,7 @@ std::string headerValue(uint32_t version) { return "format " + std::to_string(ve
 
 std::string lmdbError(int rc) { return mdb_strerror(rc); }
 
-}  // namespace
+} // namespace
 
 // ---- the LMDB store ----
 
@@ -45,7 +44,7 @@ class Txn {
  public:
   Txn(MDB_env* env, unsigned flags, const std::string& path) {
     int rc = mdb_txn_begin(env, nullptr, flags, &txn_);
-    if (rc == MDB_MAP_RESIZED) {  // another teacher grew the map: adopt its size
+    if (rc == MDB_MAP_RESIZED) { // another teacher grew the map: adopt its size
       mdb_env_set_mapsize(env, 0);
       rc = mdb_txn_begin(env, nullptr, flags, &txn_);
     }
@@ -67,7 +66,7 @@ class Txn {
 
 MDB_val val(const void* p, size_t n) { return MDB_val{n, const_cast<void*>(p)}; }
 
-}  // namespace
+} // namespace
 
 TeacherCache::TeacherCache(const TeacherOptions::CacheOptions& o, std::string context, std::vector<std::string> names,
                            double temperature)
@@ -87,8 +86,8 @@ TeacherCache::TeacherCache(const TeacherOptions::CacheOptions& o, std::string co
                     errnoString(err));
   } else {
     struct stat st {};
-    DISTILL_CHECK_T(ConfigError, ::stat((path_ + "/data.mdb").c_str(), &st) == 0,
-                    "teacher.cache.path: ", path_, " holds no cache (no data.mdb); teacher.cache.mode read needs a "
+    DISTILL_CHECK_T(ConfigError, ::stat((path_ + "/data.mdb").c_str(), &st) == 0, "teacher.cache.path: ", path_,
+                    " holds no cache (no data.mdb); teacher.cache.mode read needs a "
                     "store written by a run with mode write or readwrite");
   }
   int rc = mdb_env_create(&env_->env);
@@ -103,7 +102,7 @@ TeacherCache::TeacherCache(const TeacherOptions::CacheOptions& o, std::string co
   DISTILL_CHECK_T(ConfigError, rc == 0, "teacher.cache.path: cannot open the LMDB store in ", path_, ": ",
                   lmdbError(rc));
   int dead = 0;
-  mdb_reader_check(env_->env, &dead);  // reader slots of dead teachers
+  mdb_reader_check(env_->env, &dead); // reader slots of dead teachers
   if (dead > 0) {
     DISTILL_LOG(kInfo) << "teacher cache " << path_ << ": cleared " << dead << " stale reader slot(s)";
   }
@@ -253,4 +252,4 @@ std::vector<Answer> TeacherCache::answer(const std::vector<std::vector<at::Tenso
   return out;
 }
 
-}  // namespace distill
+} // namespace distill

@@ -56,7 +56,7 @@ namespace distill {
 constexpr uint32_t kCacheFormatVersion = 1;
 
 using CacheKey = std::array<uint8_t, 32>;
-using Answer = std::map<std::string, at::Tensor>;  // by protocol name, dim 0 = rows
+using Answer = std::map<std::string, at::Tensor>; // by protocol name, dim 0 = rows
 
 // The digest of everything about the teacher that shapes an answer besides the
 // row's inputs (see above). ConfigError if the model exposes neither its
@@ -83,10 +83,10 @@ Answer decodeRow(const void* data, size_t size);
 void roundForStorage(Answer& answer, double temperature);
 
 struct CacheStats {
-  int64_t rows = 0, hits = 0;      // rows looked up (or computed, mode write) and found
+  int64_t rows = 0, hits = 0; // rows looked up (or computed, mode write) and found
   int64_t tokens = 0, hitTokens = 0;
-  int64_t inserted = 0;            // rows written
-  int64_t forwards = 0;            // forward calls made through answer()
+  int64_t inserted = 0; // rows written
+  int64_t forwards = 0; // forward calls made through answer()
 };
 
 class TeacherCache {
@@ -139,4 +139,4 @@ class TeacherCache {
   CacheStats stats_;
 };
 
-}  // namespace distill
+} // namespace distill

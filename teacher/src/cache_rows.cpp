@@ -21,8 +21,7 @@ namespace {
 class Sha256 {
  public:
   Sha256() : ctx_(EVP_MD_CTX_new()) {
-    DISTILL_CHECK_T(InternalError, ctx_ && EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr) == 1,
-                    "SHA-256 init failed");
+    DISTILL_CHECK_T(InternalError, ctx_ && EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr) == 1, "SHA-256 init failed");
   }
   ~Sha256() { EVP_MD_CTX_free(ctx_); }
   Sha256(const Sha256&) = delete;
@@ -69,8 +68,7 @@ class Reader {
  public:
   Reader(const void* data, size_t size) : p_(static_cast<const char*>(data)), left_(size) {}
   const char* take(size_t n) {
-    DISTILL_CHECK_T(IpcError, n <= left_, "teacher cache: malformed record (", n, " bytes wanted, ", left_,
-                    " left)");
+    DISTILL_CHECK_T(IpcError, n <= left_, "teacher cache: malformed record (", n, " bytes wanted, ", left_, " left)");
     const char* at = p_;
     p_ += n;
     left_ -= n;
@@ -91,7 +89,7 @@ class Reader {
 
 constexpr char kRecordMagic[4] = {'D', 'T', 'C', char(kCacheFormatVersion)};
 
-}  // namespace
+} // namespace
 
 std::string modelDigest(const TeacherModel& model) {
   const auto state = model.state();
@@ -282,4 +280,4 @@ Answer decodeRow(const void* data, size_t size) {
   return out;
 }
 
-}  // namespace distill
+} // namespace distill

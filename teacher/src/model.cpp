@@ -46,8 +46,8 @@ class ScriptTeacher : public TeacherModel {
                     "': ", std::string(e.what()).substr(0, 400));
     }
     module_.eval();
-    DISTILL_CHECK_T(ConfigError, module_.find_method(o.method).has_value(), "teacher.method: '",
-                    o.method, "' is not a method of the TorchScript module in '", o.path, "'");
+    DISTILL_CHECK_T(ConfigError, module_.find_method(o.method).has_value(), "teacher.method: '", o.method,
+                    "' is not a method of the TorchScript module in '", o.path, "'");
   }
 
   std::map<std::string, at::Tensor> forward(const std::vector<at::Tensor>& inputs) override {
@@ -68,8 +68,8 @@ class ScriptTeacher : public TeacherModel {
         result[name] = dict.at(name).toTensor();
       }
     } else {
-      DISTILL_THROW(ProtocolError, "teacher method '", options_.method,
-                    "' returned ", out.tagKind(), "; expected a tensor, a tuple or a dict");
+      DISTILL_THROW(ProtocolError, "teacher method '", options_.method, "' returned ", out.tagKind(),
+                    "; expected a tensor, a tuple or a dict");
     }
     return result;
   }
@@ -87,10 +87,10 @@ class ScriptTeacher : public TeacherModel {
   torch::jit::Module module_;
 };
 
-}  // namespace
+} // namespace
 
-std::shared_ptr<TeacherModel> teacherFromFunction(
-    std::function<at::Tensor(const std::vector<at::Tensor>&)> fn, std::string outputName) {
+std::shared_ptr<TeacherModel> teacherFromFunction(std::function<at::Tensor(const std::vector<at::Tensor>&)> fn,
+                                                  std::string outputName) {
   return std::make_shared<FunctionTeacher>(std::move(fn), std::move(outputName));
 }
 
@@ -125,25 +125,24 @@ std::shared_ptr<TeacherModel> loadTeacherModel(const TeacherOptions& o) {
   if (o.kind == TeacherKind::kRegistered) {
     // RTLD_GLOBAL: the library's static initialisers register into our registry.
     void* handle = ::dlopen(o.library.c_str(), RTLD_NOW | RTLD_GLOBAL);
-    DISTILL_CHECK_T(ConfigError, handle != nullptr, "teacher.library: cannot load '", o.library,
-                    "': ", ::dlerror());
+    DISTILL_CHECK_T(ConfigError, handle != nullptr, "teacher.library: cannot load '", o.library, "': ", ::dlerror());
     TeacherFactory factory;
     {
       auto& r = registry();
       std::lock_guard<std::mutex> g(r.mu);
       for (auto& d : r.duplicates) {
-        DISTILL_CHECK_T(ConfigError, d != o.module, "teacher.module: '", o.module,
-                        "' is registered more than once");
+        DISTILL_CHECK_T(ConfigError, d != o.module, "teacher.module: '", o.module, "' is registered more than once");
       }
       auto it = r.factories.find(o.module);
       if (it != r.factories.end()) factory = it->second;
     }
-    DISTILL_CHECK_T(ConfigError, factory != nullptr, "teacher.module: no teacher registered as '",
-                    o.module, "' in '", o.library, "'; registered: ", (registeredTeachers().empty() ? std::string("(none)") : join(registeredTeachers())));
+    DISTILL_CHECK_T(
+        ConfigError, factory != nullptr, "teacher.module: no teacher registered as '", o.module, "' in '", o.library,
+        "'; registered: ", (registeredTeachers().empty() ? std::string("(none)") : join(registeredTeachers())));
     if (!o.weights.empty()) {
       struct stat st {};
-      DISTILL_CHECK_T(ConfigError, ::stat(o.weights.c_str(), &st) == 0, "teacher.weights: '",
-                      o.weights, "': ", errnoString(errno));
+      DISTILL_CHECK_T(ConfigError, ::stat(o.weights.c_str(), &st) == 0, "teacher.weights: '", o.weights,
+                      "': ", errnoString(errno));
     }
     return factory(o);
   }
@@ -151,4 +150,4 @@ std::shared_ptr<TeacherModel> loadTeacherModel(const TeacherOptions& o) {
                 "' has no model file to load; with kind self the trainer calls distill::serve()");
 }
 
-}  // namespace distill
+} // namespace distill

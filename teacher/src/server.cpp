@@ -10,6 +10,7 @@
 #include <map>
 #include <sstream>
 
+#include "cache.h"
 #include "distill/core/clock.h"
 #include "distill/core/config.h"
 #include "distill/core/errors.h"
@@ -17,7 +18,6 @@
 #include "distill/core/protocol.h"
 #include "distill/core/trace.h"
 #include "distill/ipc/channel.h"
-#include "cache.h"
 
 namespace distill {
 namespace {
@@ -57,9 +57,12 @@ class AutocastScope {
 void checkResponseFits(const TeacherOptions& t) {
   const size_t output = t.topk > 0 ? 4 : 1;
   DISTILL_CHECK_T(ConfigError, output + t.hidden_states.size() <= size_t(ipc::kMaxTensors),
-                  "teacher.hidden_states: ", t.hidden_states.size(), " hidden state(s) do not fit in a response "
-                  "next to ", t.topk > 0 ? "the top-k output (teacher.topk=" + std::to_string(t.topk) +
-                  ": topk_values, topk_indices, logsumexp, log_tail)" : std::string("the logits"),
+                  "teacher.hidden_states: ", t.hidden_states.size(),
+                  " hidden state(s) do not fit in a response "
+                  "next to ",
+                  t.topk > 0 ? "the top-k output (teacher.topk=" + std::to_string(t.topk) +
+                          ": topk_values, topk_indices, logsumexp, log_tail)"
+                             : std::string("the logits"),
                   ": a message holds at most ", ipc::kMaxTensors, " tensors");
 }
 
@@ -74,7 +77,7 @@ struct Pending {
   ReceivedMessage msg;
   int student = 0;
   int64_t tokens = 0;
-  std::vector<at::Tensor> inputs;  // views into the request slot
+  std::vector<at::Tensor> inputs; // views into the request slot
 };
 
 class Server {
@@ -102,11 +105,10 @@ class Server {
     // key before it is admitted, so that a difference (a --set that reached
     // the students only) is an error naming the keys, not a silently ignored
     // teacher.topk or a tag-order refusal later.
-    endpoint_->waitAdmission(startup, [&](int local, const std::string& theirs) {
-      return admissionProblem(topo, local, theirs);
-    });
-    DISTILL_LOG(kInfo) << "teacher serving " << students << " local student(s) on " << topo.segment
-                       << ", output " << (cfg_.teacher.topk > 0 ? "top-" + std::to_string(cfg_.teacher.topk) : "full logits");
+    endpoint_->waitAdmission(
+        startup, [&](int local, const std::string& theirs) { return admissionProblem(topo, local, theirs); });
+    DISTILL_LOG(kInfo) << "teacher serving " << students << " local student(s) on " << topo.segment << ", output "
+                       << (cfg_.teacher.topk > 0 ? "top-" + std::to_string(cfg_.teacher.topk) : "full logits");
 
     stats_.perStudent.assign(students, 0);
     last_.assign(students, std::nullopt);
@@ -146,10 +148,10 @@ class Server {
     }
     stats_.wallSeconds = std::chrono::duration<double>(Clock::now() - start).count();
     double window = std::chrono::duration<double>(Clock::now() - windowStart_).count();
-    if (window > 0) segment_->setTeacherBusy(windowBusy_ / window);  // the last, partial window
-    DISTILL_LOG(kInfo) << "teacher done: " << stats_.requests << " requests in " << stats_.batches
-                       << " batches, " << stats_.errors << " errors, forward "
-                       << stats_.forwardSeconds << " s of " << stats_.wallSeconds << " s";
+    if (window > 0) segment_->setTeacherBusy(windowBusy_ / window); // the last, partial window
+    DISTILL_LOG(kInfo) << "teacher done: " << stats_.requests << " requests in " << stats_.batches << " batches, "
+                       << stats_.errors << " errors, forward " << stats_.forwardSeconds << " s of "
+                       << stats_.wallSeconds << " s";
     if (cache_) logCacheSummary();
     return stats_;
   }
@@ -158,8 +160,8 @@ class Server {
   // "" if local student `local`, which published `theirs` at attach, runs the
   // config this teacher serves; otherwise the refusal, naming each differing key.
   std::string admissionProblem(const Topology& topo, int local, const std::string& theirs) const {
-    const std::string who = "student rank " + std::to_string(topo.studentRankOf(topo.nodeRank, local)) +
-                            " (local " + std::to_string(local) + ")";
+    const std::string who = "student rank " + std::to_string(topo.studentRankOf(topo.nodeRank, local)) + " (local " +
+        std::to_string(local) + ")";
     if (theirs.empty()) return who + " published no config to compare with the teacher's; it cannot be admitted";
     std::vector<ConfigMismatch> diff;
     try {
@@ -170,13 +172,14 @@ class Server {
     if (diff.empty()) return "";
     // Values shortened: the student reads this from a fixed area of the segment.
     auto shortened = [](const std::string& v) { return v.size() <= 60 ? v : v.substr(0, 57) + "..."; };
-    std::string text = who + " runs a config that differs from its teacher's in " + std::to_string(diff.size()) +
-                       " key(s):";
+    std::string text =
+        who + " runs a config that differs from its teacher's in " + std::to_string(diff.size()) + " key(s):";
     for (const ConfigMismatch& d : diff) {
       text += " " + d.key + " (teacher " + shortened(d.mine) + ", student " + shortened(d.theirs) + ");";
     }
-    return text + " every process of a job must run one config: give overrides to distill-run (--set before"
-                  " `--`), which passes them to every rank; a --set after `--` reaches the trainer's processes only";
+    return text +
+        " every process of a job must run one config: give overrides to distill-run (--set before"
+        " `--`), which passes them to every rank; a --set after `--` reaches the trainer's processes only";
   }
 
   // Accepts one message from a ring: finish, or a request queued for a batch
@@ -201,8 +204,8 @@ class Server {
     Pending p;
     if (why.empty()) why = checkInputs(m, &p);
     if (!why.empty()) {
-      answerError(s, m.tag(), "teacher rejected the request of student rank " +
-                                  std::to_string(m.senderRank()) + ": " + why);
+      answerError(s, m.tag(),
+                  "teacher rejected the request of student rank " + std::to_string(m.senderRank()) + ": " + why);
       return;
     }
     p.student = s;
@@ -224,8 +227,8 @@ class Server {
       if (t.dim() < 1 || t.size(0) < 1) return "input '" + names[i] + "' has no batch dimension: " + describe(t);
       if (batch < 0) batch = t.size(0);
       if (t.size(0) != batch) {
-        return "input '" + names[i] + "' has batch " + std::to_string(t.size(0)) + ", input '" +
-               names[0] + "' has " + std::to_string(batch);
+        return "input '" + names[i] + "' has batch " + std::to_string(t.size(0)) + ", input '" + names[0] + "' has " +
+            std::to_string(batch);
       }
       if (signature_.known && (t.scalar_type() != signature_.dtypes[i] || t.dim() != signature_.dims[i])) {
         why << "input '" << names[i] << "': expected " << c10::toString(signature_.dtypes[i]) << " with "
@@ -244,8 +247,8 @@ class Server {
     at::Tensor first = p->inputs.at(0);
     p->tokens = first.dim() >= 2 ? first.size(0) * first.size(1) : first.size(0);
     if (p->tokens > cfg_.teacher.max_batch_tokens) {
-      return "request of " + std::to_string(p->tokens) + " tokens exceeds teacher.max_batch_tokens=" +
-             std::to_string(cfg_.teacher.max_batch_tokens);
+      return "request of " + std::to_string(p->tokens) +
+          " tokens exceeds teacher.max_batch_tokens=" + std::to_string(cfg_.teacher.max_batch_tokens);
     }
     return "";
   }
@@ -261,7 +264,7 @@ class Server {
     auto trailing = pending_.front().inputs[0].sizes().slice(1).vec();
     for (auto it = pending_.begin(); it != pending_.end();) {
       bool fits = tokens + it->tokens <= cfg_.teacher.max_batch_tokens &&
-                  it->inputs[0].sizes().slice(1).vec() == trailing && !blocked[it->student];
+          it->inputs[0].sizes().slice(1).vec() == trailing && !blocked[it->student];
       if (!fits) {
         blocked[it->student] = true;
         ++it;
@@ -274,7 +277,7 @@ class Server {
 
     auto t0 = Clock::now();
     std::map<std::string, at::Tensor> out;
-    std::vector<Answer> cached;  // with teacher.cache: each request's answer
+    std::vector<Answer> cached; // with teacher.cache: each request's answer
     std::vector<int64_t> sizes;
     try {
       c10::InferenceMode guard;
@@ -282,8 +285,9 @@ class Server {
       if (cache_) {
         std::vector<std::vector<at::Tensor>> requests;
         for (auto& p : batch) requests.push_back(p.inputs);
-        cached = cache_->answer(requests, [&](const std::vector<at::Tensor>& rows) { return compute(rows, label); },
-                                cfg_.transport.cuda_ipc == CudaIpc::kOff ? at::Device(at::kCPU) : at::Device(cfg_.teacher.device));
+        cached = cache_->answer(
+            requests, [&](const std::vector<at::Tensor>& rows) { return compute(rows, label); },
+            cfg_.transport.cuda_ipc == CudaIpc::kOff ? at::Device(at::kCPU) : at::Device(cfg_.teacher.device));
       }
       std::vector<at::Tensor> inputs;
       for (size_t i = 0; !cache_ && i < batch[0].inputs.size(); ++i) {
@@ -303,8 +307,9 @@ class Server {
     } catch (const std::exception& e) {
       std::string what = e.what();
       for (auto& p : batch) {
-        answerError(p.student, p.msg.tag(), "teacher forward failed on a batch of " +
-                    std::to_string(batch.size()) + " request(s): " + what.substr(0, 300));
+        answerError(p.student, p.msg.tag(),
+                    "teacher forward failed on a batch of " + std::to_string(batch.size()) +
+                        " request(s): " + what.substr(0, 300));
       }
       return;
     }
@@ -325,7 +330,7 @@ class Server {
       for (auto& [name, t] : out) reply.tensors.emplace_back(name, t.narrow(0, offset, sizes[b]));
       offset += sizes[b];
       endpoint_->reply(batch[b].student, reply, Deadline::afterSeconds(cfg_.run.peerWaitS()));
-      batch[b].msg.release();  // answered: only now may the slot be reused
+      batch[b].msg.release(); // answered: only now may the slot be reused
       ++stats_.requests;
       ++stats_.perStudent[batch[b].student];
     }
@@ -366,7 +371,7 @@ class Server {
     std::vector<at::Tensor> inputs;
     for (const at::Tensor& t : rows) inputs.push_back(t.to(at::Device(cfg_.teacher.device)));
     AutocastScope autocast(cfg_.teacher);
-    trace::Event ev;  // the model is user code: a stall here shows as "busy in the model's forward"
+    trace::Event ev; // the model is user code: a stall here shows as "busy in the model's forward"
     ev.op = trace::Op::kForward;
     ev.label = label;
     trace::Scope recorded(ev);
@@ -380,12 +385,11 @@ class Server {
   // Full logits, or the top-k (topkOutput), plus hidden states.
   std::map<std::string, at::Tensor> shape(std::map<std::string, at::Tensor> raw, int64_t batch) {
     auto it = raw.find(cfg_.teacher.output);
-    DISTILL_CHECK_T(ProtocolError, it != raw.end(), "teacher model returned no '",
-                    cfg_.teacher.output, "' (teacher.output)");
+    DISTILL_CHECK_T(ProtocolError, it != raw.end(), "teacher model returned no '", cfg_.teacher.output,
+                    "' (teacher.output)");
     at::Tensor logits = it->second;
-    DISTILL_CHECK_T(ProtocolError, logits.dim() >= 1 && logits.size(0) == batch,
-                    "teacher output '", cfg_.teacher.output, "' has shape ", logits.sizes(),
-                    "; expected batch ", batch, " in dim 0");
+    DISTILL_CHECK_T(ProtocolError, logits.dim() >= 1 && logits.size(0) == batch, "teacher output '",
+                    cfg_.teacher.output, "' has shape ", logits.sizes(), "; expected batch ", batch, " in dim 0");
     std::map<std::string, at::Tensor> out;
     if (cfg_.teacher.topk > 0) {
       out = topkOutput(logits, cfg_.teacher.topk, cfg_.loss.temperature);
@@ -394,8 +398,8 @@ class Server {
     }
     for (auto& name : cfg_.teacher.hidden_states) {
       auto h = raw.find(name);
-      DISTILL_CHECK_T(ProtocolError, h != raw.end(), "teacher model returned no hidden state '",
-                      name, "' (teacher.hidden_states)");
+      DISTILL_CHECK_T(ProtocolError, h != raw.end(), "teacher model returned no hidden state '", name,
+                      "' (teacher.hidden_states)");
       out[name] = h->second.contiguous();
     }
     if (cfg_.transport.cuda_ipc == CudaIpc::kOff) {
@@ -439,14 +443,14 @@ class Server {
   std::vector<std::optional<Tag>> last_;
   std::vector<bool> finished_;
   InputSignature signature_;
-  std::unique_ptr<TeacherCache> cache_;  // teacher.cache, mode not off
+  std::unique_ptr<TeacherCache> cache_; // teacher.cache, mode not off
   ServeStats stats_;
   Clock::time_point windowStart_;
   double windowBusy_ = 0;
   double lastBusy_ = 0;
 };
 
-}  // namespace
+} // namespace
 
 ServeStats serve(TeacherContext& ctx, std::shared_ptr<TeacherModel> model) {
   DISTILL_CHECK_T(ConfigError, model != nullptr, "serve(): no teacher model");
@@ -469,4 +473,4 @@ int teacherMain(int argc, char** argv) {
   }
 }
 
-}  // namespace distill
+} // namespace distill

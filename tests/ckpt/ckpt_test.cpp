@@ -6,19 +6,19 @@
 #include <signal.h>
 #include <torch/torch.h>
 
+#include <sys/stat.h>
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <sys/stat.h>
 #include <fstream>
 #include <future>
-#include <numeric>
 #include <mutex>
+#include <numeric>
 #include <random>
 #include <regex>
 
-#include "distill/core/clock.h"
 #include "distill/ckpt/checkpoint.h"
+#include "distill/core/clock.h"
 #include "distill/core/config.h"
 #include "distill/core/context.h"
 #include "distill/core/errors.h"
@@ -98,7 +98,7 @@ struct Trainer {
   distill::RankState rs;
 
   explicit Trainer(distill::StudentContext& c) : ctx(c), mt(99 + c.rank()) {
-    torch::manual_seed(1000 + c.rank());  // dropout stream, per rank
+    torch::manual_seed(1000 + c.rank()); // dropout stream, per rank
   }
 
   // One data-parallel step on a synthetic stream driven by the data position
@@ -271,7 +271,8 @@ class CkptTest : public ::testing::Test {
 
   static void expectExit(const Result& r, int rank, int code) {
     EXPECT_TRUE(r.status[rank].exited && r.status[rank].code == code)
-        << "rank " << rank << ": " << r.status[rank].describe() << "\n" << r.logs[rank];
+        << "rank " << rank << ": " << r.status[rank].describe() << "\n"
+        << r.logs[rank];
   }
   static void expectAllOk(const Result& r) {
     for (size_t i = 0; i < r.status.size(); ++i) expectExit(r, static_cast<int>(i), 0);
@@ -282,7 +283,7 @@ class CkptTest : public ::testing::Test {
   int runs_ = 0;
 };
 
-}  // namespace
+} // namespace
 
 // ---- roles -------------------------------------------------------------------
 
@@ -388,14 +389,14 @@ DISTILL_TEST_ROLE(async) {
     bool early = !fs->passed() && !fileExists(get(a, "dir") + "/step_2");
     report("SAVE 2 " + std::to_string(ok) + " returned_before_write=" + std::to_string(early) +
            " in_us=" + std::to_string(returnedUs));
-    t.step();  // training collectives go on while the writer waits at the gate
+    t.step(); // training collectives go on while the writer waits at the gate
     fs->open();
     bool waited = m.wait();
     report("WAIT 2 " + std::to_string(waited) +
            " published=" + std::to_string(fileExists(get(a, "dir") + "/step_2/manifest.json")));
-    report("SAVE 3 " + std::to_string(t.save(m)));  // rank 1's write fails in the background
+    report("SAVE 3 " + std::to_string(t.save(m))); // rank 1's write fails in the background
     t.step();
-    report("SAVE 4 " + std::to_string(t.save(m)));  // ... and surfaces here
+    report("SAVE 4 " + std::to_string(t.save(m))); // ... and surfaces here
     report("WAIT 4 " + std::to_string(m.wait()));
     return 0;
   });
@@ -449,7 +450,7 @@ TEST_F(CkptTest, ResumeIsExact) {
       }
     }
   }
-  EXPECT_NE(losses(straight.logs[0])[40], losses(straight.logs[1])[40]);  // per-rank data and dropout
+  EXPECT_NE(losses(straight.logs[0])[40], losses(straight.logs[1])[40]); // per-rank data and dropout
 }
 
 // Rank 1 dies in the middle of save 2 (after writing its rank file): the others
@@ -459,7 +460,8 @@ TEST_F(CkptTest, StudentKilledMidSave) {
   EXPECT_TRUE(!r.status[1].exited && r.status[1].signal == SIGKILL) << r.status[1].describe() << r.logs[1];
   for (int i : {0, 2}) {
     EXPECT_TRUE(r.status[i].exited && (r.status[i].code == 3 || r.status[i].code == 4))
-        << r.status[i].describe() << "\n" << r.logs[i];
+        << r.status[i].describe() << "\n"
+        << r.logs[i];
     EXPECT_TRUE(contains(r.logs[i], "student rank(s) 1 never entered it")) << r.logs[i];
     EXPECT_TRUE(contains(r.logs[i], "checkpoint step 2")) << r.logs[i];
     auto after = linesOf(r.logs[i], "ERROR after");
@@ -506,8 +508,9 @@ TEST_F(CkptTest, CorruptCheckpointIsSkippedAndWorldSizeIsChecked) {
 // Disk full on rank 1's rank file, on_error=continue: save 2 fails on every
 // rank (false), training goes on, save 3 works; the error names path and errno.
 TEST_F(CkptTest, DiskFullWithContinue) {
-  auto r = run("faulty", 2, {"steps=3", "on_error=continue", "fault_rank=1", "op=write", "nth=1",
-                             "err=28", "match=step_2.tmp/rank_1.pt"});
+  auto r = run(
+      "faulty", 2,
+      {"steps=3", "on_error=continue", "fault_rank=1", "op=write", "nth=1", "err=28", "match=step_2.tmp/rank_1.pt"});
   expectAllOk(r);
   for (int i = 0; i < 2; ++i) {
     EXPECT_EQ(linesOf(r.logs[i], "SAVE"), (std::vector<std::string>{"1 1", "2 0", "3 1"})) << r.logs[i];
@@ -525,14 +528,16 @@ TEST_F(CkptTest, DiskFullWithContinue) {
 // Disk full on rank 0's model file, on_error=stop: a CheckpointError on every
 // rank; the previous checkpoint loads.
 TEST_F(CkptTest, DiskFullWithStop) {
-  auto r = run("faulty", 2, {"steps=3", "on_error=stop", "fault_rank=0", "op=write", "nth=1", "err=28",
-                             "match=step_2.tmp/model.pt"});
+  auto r =
+      run("faulty", 2,
+          {"steps=3", "on_error=stop", "fault_rank=0", "op=write", "nth=1", "err=28", "match=step_2.tmp/model.pt"});
   for (int i = 0; i < 2; ++i) {
     expectExit(r, i, 2);
     EXPECT_EQ(linesOf(r.logs[i], "SAVE"), std::vector<std::string>{"1 1"}) << r.logs[i];
   }
-  EXPECT_TRUE(contains(r.logs[0], "cannot write " + ckpt("step_2.tmp/model.pt") +
-                                      ": No space left on device (errno 28)")) << r.logs[0];
+  EXPECT_TRUE(
+      contains(r.logs[0], "cannot write " + ckpt("step_2.tmp/model.pt") + ": No space left on device (errno 28)"))
+      << r.logs[0];
   EXPECT_TRUE(contains(r.logs[1], "student rank(s) 0 could not write")) << r.logs[1];
   auto again = run("resume", 2, {});
   expectAllOk(again);
@@ -541,8 +546,8 @@ TEST_F(CkptTest, DiskFullWithStop) {
 
 // Publishing fails on rank 0 (rename EIO), on_error=continue: every rank hears it.
 TEST_F(CkptTest, PublishFailureReachesEveryRank) {
-  auto r = run("faulty", 2, {"steps=3", "on_error=continue", "fault_rank=0", "op=rename", "nth=1",
-                             "err=5", "match=step_2.tmp"});
+  auto r = run("faulty", 2,
+               {"steps=3", "on_error=continue", "fault_rank=0", "op=rename", "nth=1", "err=5", "match=step_2.tmp"});
   expectAllOk(r);
   for (int i = 0; i < 2; ++i) {
     EXPECT_EQ(linesOf(r.logs[i], "SAVE"), (std::vector<std::string>{"1 1", "2 0", "3 1"})) << r.logs[i];
@@ -573,10 +578,13 @@ TEST_F(CkptTest, AsyncSaveAndDeferredError) {
     EXPECT_TRUE(contains(log, "SAVE 4 0\n")) << log;
     EXPECT_TRUE(contains(log, "WAIT 4 1\n")) << log;
     std::smatch m;
-    if (std::regex_search(log, m, std::regex("in_us=(\\d+)"))) std::printf("[ measure ] rank %d async save() returned in %s us\n", i, m[1].str().c_str());
+    if (std::regex_search(log, m, std::regex("in_us=(\\d+)")))
+      std::printf("[ measure ] rank %d async save() returned in %s us\n", i, m[1].str().c_str());
   }
-  EXPECT_TRUE(contains(r.logs[1], "checkpoint step 3 not saved: cannot write " + ckpt("step_3.tmp/rank_1.pt") +
-                                      ": No space left on device")) << r.logs[1];
+  EXPECT_TRUE(contains(
+      r.logs[1],
+      "checkpoint step 3 not saved: cannot write " + ckpt("step_3.tmp/rank_1.pt") + ": No space left on device"))
+      << r.logs[1];
   EXPECT_TRUE(contains(r.logs[0], "checkpoint step 3 not saved: student rank(s) 1")) << r.logs[0];
   EXPECT_FALSE(fileExists(ckpt("step_3")));
   EXPECT_EQ(dt::readFile(ckpt("latest")), "step_4\n");
@@ -620,7 +628,7 @@ TEST(CkptUnit, ManifestRoundTripAndCorruption) {
   ASSERT_EQ(back.files.size(), 2u);
   EXPECT_EQ(back.files[0].crc32c, 0xdeadbeefu);
   std::string bad = text;
-  bad[bad.find("123")] = '9';  // still valid JSON: only the checksum catches it
+  bad[bad.find("123")] = '9'; // still valid JSON: only the checksum catches it
   EXPECT_THROW(distill::parseManifest(bad, "m.json"), distill::CheckpointError);
   EXPECT_THROW(distill::parseManifest(text.substr(0, text.size() / 2), "m.json"), distill::CheckpointError);
 }
@@ -637,7 +645,7 @@ TEST(CkptUnit, FaultSeamFailsTheNthWriteNamingPathAndErrno) {
     EXPECT_EQ(e.message(), "cannot write " + dir + "/a/b/big: No space left on device (errno 28)");
   }
   EXPECT_TRUE(fs.fired());
-  fs.writeFile(dir + "/a/b/big", big);  // the 3rd write and on pass
+  fs.writeFile(dir + "/a/b/big", big); // the 3rd write and on pass
   EXPECT_EQ(fs.readFile(dir + "/a/b/big"), big);
   EXPECT_THROW(fs.readFile(dir + "/missing"), distill::CheckpointError);
   distill::PosixFileSystem().removeAll(dir);
@@ -669,7 +677,7 @@ std::string parseError(const std::string& text) {
   return "";
 }
 
-}  // namespace
+} // namespace
 
 // Every reason names what is wrong: a bad \u escape is not "stoul", 10^6 nested
 // '[' with a correct checksum is "too deeply nested", not a stack overflow, and
@@ -709,8 +717,8 @@ TEST(CkptUnit, ManifestErrorsNameTheProblem) {
 TEST_F(CkptTest, DeeplyNestedManifestFallsBackToTheOlderCheckpoint) {
   auto r = run("faulty", 2, {"steps=2"});
   expectAllOk(r);
-  std::ofstream(ckpt("step_2/manifest.json"), std::ios::trunc)
-      << std::string(1000000, '[') << "\n" << kCrcLine << "00000000\"\n}\n";
+  std::ofstream(ckpt("step_2/manifest.json"), std::ios::trunc) << std::string(1000000, '[') << "\n"
+                                                               << kCrcLine << "00000000\"\n}\n";
   auto again = run("resume", 2, {});
   expectAllOk(again);
   for (int i = 0; i < 2; ++i) EXPECT_TRUE(contains(again.logs[i], "LOADED 1")) << again.logs[i];
@@ -731,7 +739,7 @@ void flipByte(const std::string& path, std::streamoff at) {
   f.write(&c, 1);
 }
 
-}  // namespace
+} // namespace
 
 // No checkpoint at all, or only a partial one, is a clean start. Checkpoints
 // that are all corrupt are an error on every rank naming each and why
@@ -806,7 +814,7 @@ class KillAtFileSystem : public distill::PosixFileSystem {
   std::vector<std::string> calls_;
 };
 
-}  // namespace
+} // namespace
 
 // Saves (and waits for) steps 1..3, keep_last 2; rank `victim` dies at the
 // `kill_at`-th file-system call of save 3. Prints "CALL k op path" for each
@@ -868,19 +876,20 @@ TEST_F(CkptTest, KillDuringSaveTrials) {
     };
     const int64_t manifest = first(" /step_3.tmp/manifest.json"), renameDir = first("rename /step_3.tmp");
     const int64_t renameLatest = first("rename /latest.tmp");
-    int64_t pruneList = renameLatest;  // the listing of the directory that starts pruning
+    int64_t pruneList = renameLatest; // the listing of the directory that starts pruning
     while (pruneList < static_cast<int64_t>(calls.size()) && calls[pruneList - 1] != "list ") ++pruneList;
-    std::printf("[ measure ] async=%s: save 3 makes %zu file-system calls on rank 0 (manifest at %lld, rename "
-                "at %lld, latest at %lld), %lld on rank 1\n",
-                async.c_str(), calls.size(), static_cast<long long>(manifest), static_cast<long long>(renameDir),
-                static_cast<long long>(renameLatest), static_cast<long long>(rank1Calls));
+    std::printf(
+        "[ measure ] async=%s: save 3 makes %zu file-system calls on rank 0 (manifest at %lld, rename "
+        "at %lld, latest at %lld), %lld on rank 1\n",
+        async.c_str(), calls.size(), static_cast<long long>(manifest), static_cast<long long>(renameDir),
+        static_cast<long long>(renameLatest), static_cast<long long>(rank1Calls));
     ASSERT_FALSE(HasFailure());
     std::vector<int64_t> writes, prunes, window, others;
     for (int64_t k = 1; k <= static_cast<int64_t>(calls.size()); ++k) {
       (k < manifest ? writes : k <= pruneList ? window : prunes).push_back(k);
       if (k < renameDir || k > renameLatest) others.push_back(k);
     }
-    std::vector<std::pair<int, int64_t>> points;  // (victim, kill_at)
+    std::vector<std::pair<int, int64_t>> points; // (victim, kill_at)
     if (async == "0") {
       for (int64_t k : window) points.push_back({0, k});
       for (int64_t k : pick(writes, 2)) points.push_back({0, k});
@@ -896,10 +905,11 @@ TEST_F(CkptTest, KillDuringSaveTrials) {
       SCOPED_TRACE("async=" + async + " victim rank " + std::to_string(victim) + " killed at call " +
                    std::to_string(k) + (victim == 0 ? " (" + calls[k - 1] + ")" : ""));
       distill::PosixFileSystem().removeAll(ckpt());
-      auto r = run("killsave", 2, {"victim=" + std::to_string(victim), "kill_at=" + std::to_string(k), "keep=2",
-                                   "async=" + async, "timeout=5"});
-      EXPECT_TRUE(!r.status[victim].exited && r.status[victim].signal == SIGKILL)
-          << r.status[victim].describe() << "\n" << r.logs[victim];
+      auto r = run("killsave", 2,
+                   {"victim=" + std::to_string(victim), "kill_at=" + std::to_string(k), "keep=2", "async=" + async,
+                    "timeout=5"});
+      EXPECT_TRUE(!r.status[victim].exited && r.status[victim].signal == SIGKILL) << r.status[victim].describe() << "\n"
+                                                                                  << r.logs[victim];
       distill::PosixFileSystem fs;
       auto scan = distill::scanCheckpoints(ckpt(), fs);
       ASSERT_TRUE(scan.chosen) << (scan.rejected.empty() ? "" : scan.rejected[0]);
@@ -908,7 +918,7 @@ TEST_F(CkptTest, KillDuringSaveTrials) {
       EXPECT_TRUE(scan.rejected.empty()) << scan.rejected[0];
       EXPECT_EQ(dt::readFile(ckpt("latest")), "step_" + chosen + "\n") << "`latest` lags the loader's choice";
       EXPECT_NO_THROW(distill::verifyCheckpoint(ckpt("step_" + chosen), fs));
-      if (trials % 4 == 0) {  // the real loader agrees
+      if (trials % 4 == 0) { // the real loader agrees
         auto load = run("resume", 2, {});
         expectAllOk(load);
         for (int i = 0; i < 2; ++i) EXPECT_EQ(linesOf(load.logs[i], "LOADED"), std::vector<std::string>{chosen});
@@ -935,7 +945,7 @@ int64_t bytesUnder(const std::string& dir) {
   try {
     names = fs.list(dir);
   } catch (const distill::CheckpointError&) {
-    return 0;  // removed meanwhile
+    return 0; // removed meanwhile
   }
   for (const auto& n : names) {
     struct stat st;
@@ -966,7 +976,7 @@ class QuotaFileSystem : public distill::PosixFileSystem {
   std::atomic<bool> full_{false};
 };
 
-}  // namespace
+} // namespace
 
 // Saves steps 1..steps (every one; a wait() after each when async) with
 // student rank 0's device limited to `quota` bytes (0: no limit). Prints
@@ -983,7 +993,7 @@ DISTILL_TEST_ROLE(quota) {
     for (int s = 1; s <= steps; ++s) {
       t.step();
       bool ok = t.save(m);
-      if (ctx.config().checkpoint.async) ok = m.wait();  // this save's own outcome
+      if (ctx.config().checkpoint.async) ok = m.wait(); // this save's own outcome
       report("SAVE " + std::to_string(s) + " " + std::to_string(ok));
     }
     report("BYTES " + std::to_string(bytesUnder(get(a, "dir"))));
@@ -1000,19 +1010,18 @@ TEST_F(CkptTest, OutOfSpaceRemovesTheOldestAndSavingGoesOn) {
   expectAllOk(dry);
   auto bytes = linesOf(dry.logs[0], "BYTES");
   ASSERT_EQ(bytes.size(), 1u) << dry.logs[0];
-  const int64_t one = std::stoll(bytes[0]);  // one checkpoint (and `latest`)
+  const int64_t one = std::stoll(bytes[0]); // one checkpoint (and `latest`)
   for (const std::string async : {"0", "1"}) {
     SCOPED_TRACE("async=" + async);
     distill::PosixFileSystem().removeAll(ckpt());
-    auto r = run("quota", 2, {"steps=6", "keep=3", "on_error=continue", "async=" + async,
-                              "quota=" + std::to_string(one * 5 / 2)});
+    auto r = run("quota", 2,
+                 {"steps=6", "keep=3", "on_error=continue", "async=" + async, "quota=" + std::to_string(one * 5 / 2)});
     expectAllOk(r);
     for (int i = 0; i < 2; ++i) {
       EXPECT_EQ(linesOf(r.logs[i], "SAVE"), (std::vector<std::string>{"1 1", "2 1", "3 1", "4 1", "5 1", "6 1"}))
           << r.logs[i];
     }
-    EXPECT_TRUE(contains(r.logs[0], "checkpoint step 3: no space left in " + ckpt() + "; removed step_1"))
-        << r.logs[0];
+    EXPECT_TRUE(contains(r.logs[0], "checkpoint step 3: no space left in " + ckpt() + "; removed step_1")) << r.logs[0];
     EXPECT_EQ(dt::readFile(ckpt("latest")), "step_6\n");
     distill::PosixFileSystem fs;
     EXPECT_EQ(distill::verifyCheckpoint(ckpt("step_6"), fs).step, 6);

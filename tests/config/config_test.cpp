@@ -2,9 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
-#include <algorithm>
 #include <functional>
 #include <map>
 #include <set>
@@ -34,8 +34,7 @@ std::vector<std::string> splitLines(const std::string& s) {
 }
 
 // The problem lines of the ConfigError parsing `yaml` throws (the header checked).
-std::vector<std::string> problemsOf(const std::string& yaml,
-                                    const std::vector<std::string>& overrides = {}) {
+std::vector<std::string> problemsOf(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
   try {
     parseConfig(yaml, overrides);
   } catch (const ConfigError& e) {
@@ -82,8 +81,7 @@ const std::vector<BadCase>& badCases() {
       {kSelf + "loss:\n  alpha: \"0.5\"\n", "loss.alpha: expected a number, found string \"0.5\""},
       {kSelf + "loss:\n  alpha: {a: 1}\n", "loss.alpha: expected a number, found a map"},
       {kSelf + "loss:\n  alpha:\n", "loss.alpha: expected a number, found null"},
-      {kSelf + "transport:\n  heartbeat_ms: 2.5\n",
-       "transport.heartbeat_ms: expected an integer, found number 2.5"},
+      {kSelf + "transport:\n  heartbeat_ms: 2.5\n", "transport.heartbeat_ms: expected an integer, found number 2.5"},
       {kSelf + "run:\n  steps: .inf\n", "run.steps: expected an integer, found string \".inf\""},
       {kSelf + "checkpoint:\n  async: yes\n", "checkpoint.async: expected a boolean, found string \"yes\""},
       {kSelf + "checkpoint:\n  resume: 1\n", "checkpoint.resume: expected a boolean, found number 1"},
@@ -113,8 +111,7 @@ const std::vector<BadCase>& badCases() {
       // every duration has a range: none overflows a deadline, none is a denormal
       {kSelf + "run:\n  hang_timeout_s: 1e300\n", "run.hang_timeout_s: must be in [0.001, 2592000], found 1e300"},
       {kSelf + "run:\n  hang_timeout_s: 5e9\n", "run.hang_timeout_s: must be in [0.001, 2592000], found 5e9"},
-      {kSelf + "run:\n  startup_timeout_s: 1e10\n",
-       "run.startup_timeout_s: must be in [0.001, 2592000], found 1e10"},
+      {kSelf + "run:\n  startup_timeout_s: 1e10\n", "run.startup_timeout_s: must be in [0.001, 2592000], found 1e10"},
       {kSelf + "run:\n  collective_timeout_s: 1e10\n",
        "run.collective_timeout_s: must be in [0.001, 2592000], found 1e10"},
       {kSelf + "run:\n  collective_timeout_s: 1e-320\n",
@@ -138,13 +135,10 @@ const std::vector<BadCase>& badCases() {
       {"teacher:\n  kind: onnx\n", "teacher.kind: must be one of torchscript, registered, self; found \"onnx\""},
       {"teacher:\n  kind: self\n  autocast: fp16\n",
        "teacher.autocast: must be one of none, float16, bfloat16; found \"fp16\""},
-      {"teacher:\n  kind: self\n  device: gpu\n",
-       "teacher.device: must be one of cpu, cuda, cuda:N; found \"gpu\""},
-      {kSelf + "student:\n  device: cuda:x\n",
-       "student.device: must be one of cpu, cuda, cuda:N; found \"cuda:x\""},
+      {"teacher:\n  kind: self\n  device: gpu\n", "teacher.device: must be one of cpu, cuda, cuda:N; found \"gpu\""},
+      {kSelf + "student:\n  device: cuda:x\n", "student.device: must be one of cpu, cuda, cuda:N; found \"cuda:x\""},
       {kSelf + "student:\n  backend: mpi\n", "student.backend: must be one of auto, gloo, nccl; found \"mpi\""},
-      {kSelf + "transport:\n  cuda_ipc: maybe\n",
-       "transport.cuda_ipc: must be one of auto, on, off; found \"maybe\""},
+      {kSelf + "transport:\n  cuda_ipc: maybe\n", "transport.cuda_ipc: must be one of auto, on, off; found \"maybe\""},
       {kSelf + "checkpoint:\n  on_error: retry\n",
        "checkpoint.on_error: must be one of stop, continue; found \"retry\""},
       {kSelf + "checkpoint:\n  on_corrupt: skip\n",
@@ -188,12 +182,13 @@ TEST(Config, CollectsEveryProblem) {
   const auto problems = problemsOf(
       "loss:\n  temprature: 2\n  alpha: 1.5\n"
       "transport:\n  slots: 0\n");
-  EXPECT_EQ(problems, (std::vector<std::string>{
-                          "loss.temprature: unknown key; did you mean loss.temperature?",
-                          "teacher.kind: required key is missing",
-                          "transport.slots: must be >= 1, found 0",
-                          "loss.alpha: must be in [0, 1], found 1.5",
-                      }));
+  EXPECT_EQ(problems,
+            (std::vector<std::string>{
+                "loss.temprature: unknown key; did you mean loss.temperature?",
+                "teacher.kind: required key is missing",
+                "transport.slots: must be >= 1, found 0",
+                "loss.alpha: must be in [0, 1], found 1.5",
+            }));
   EXPECT_EQ(problemsOf(kSelf + "run:\n  nnodes: 0\n  name: [x]\nloss:\n  kind: kl\n").size(), 3u);
 }
 
@@ -266,16 +261,16 @@ TEST(Config, EnumOptionsParseIntoEnumsAndDumpTheirSpelling) {
   EXPECT_EQ(c.checkpoint.on_corrupt, distill::OnCorrupt::kRestart);
 
   const std::vector<std::string> lines = splitLines(dumpConfig(c));
-  for (const char* want : {"  on_hang: \"wait\"", "  kind: \"registered\"", "  autocast: \"float16\"",
-                           "  backend: \"gloo\"", "  cuda_ipc: \"on\"", "  kind: \"reverse_kl\"",
-                           "  on_error: \"continue\"", "  on_corrupt: \"restart\""}) {
+  for (const char* want :
+       {"  on_hang: \"wait\"", "  kind: \"registered\"", "  autocast: \"float16\"", "  backend: \"gloo\"",
+        "  cuda_ipc: \"on\"", "  kind: \"reverse_kl\"", "  on_error: \"continue\"", "  on_corrupt: \"restart\""}) {
     EXPECT_NE(std::find(lines.begin(), lines.end(), want), lines.end()) << want;
   }
   // The defaults, as before they were enums.
   const std::vector<std::string> defaults = splitLines(dumpConfig(selfDefaults()));
-  for (const char* want : {"  on_hang: \"teardown\"", "  kind: \"self\"", "  autocast: \"none\"",
-                           "  backend: \"auto\"", "  cuda_ipc: \"auto\"", "  kind: \"forward_kl\"",
-                           "  on_error: \"stop\"", "  on_corrupt: \"error\""}) {
+  for (const char* want :
+       {"  on_hang: \"teardown\"", "  kind: \"self\"", "  autocast: \"none\"", "  backend: \"auto\"",
+        "  cuda_ipc: \"auto\"", "  kind: \"forward_kl\"", "  on_error: \"stop\"", "  on_corrupt: \"error\""}) {
     EXPECT_NE(std::find(defaults.begin(), defaults.end(), want), defaults.end()) << want;
   }
 
@@ -304,44 +299,37 @@ TEST(Config, DeviceOptionsParseIntoTheirParts) {
 
 TEST(Config, OverridesAreValidatedLikeTheFile) {
   const Config c = parseConfig(kSelf + "loss:\n  alpha: 7\n",
-                               {"loss.alpha=0.25", "teacher.inputs=[a, b]", "run.name=a=b",
-                                "transport.slots=1", "student.in_flight=1", "run.seed=1",
-                                "run.seed=2"});
-  EXPECT_EQ(c.loss.alpha, 0.25);  // the override replaces the bad file value
+                               {"loss.alpha=0.25", "teacher.inputs=[a, b]", "run.name=a=b", "transport.slots=1",
+                                "student.in_flight=1", "run.seed=1", "run.seed=2"});
+  EXPECT_EQ(c.loss.alpha, 0.25); // the override replaces the bad file value
   EXPECT_EQ(c.teacher.inputs, (std::vector<std::string>{"a", "b"}));
   EXPECT_EQ(c.run.name, "a=b");
-  EXPECT_EQ(c.run.seed, 2);  // the later one wins
+  EXPECT_EQ(c.run.seed, 2); // the later one wins
   EXPECT_EQ(parseConfig("", {"teacher.kind=self"}).teacher.kind, distill::TeacherKind::kSelf);
 
   EXPECT_EQ(problemsOf(kSelf, {"loss.temprature=2"}),
-            std::vector<std::string>{
-                "loss.temprature: unknown key; did you mean loss.temperature? (from --set)"});
+            std::vector<std::string>{"loss.temprature: unknown key; did you mean loss.temperature? (from --set)"});
   EXPECT_EQ(problemsOf(kSelf, {"loss.alpha=2"}),
             std::vector<std::string>{"loss.alpha: must be in [0, 1], found 2 (from --set)"});
   EXPECT_EQ(problemsOf(kSelf, {"loss.alpha=hot"}),
-            std::vector<std::string>{
-                "loss.alpha: expected a number, found string \"hot\" (from --set)"});
-  EXPECT_EQ(problemsOf(kSelf, {"loss.alpha"}),
-            std::vector<std::string>{"loss.alpha: expected key=value (from --set)"});
-  EXPECT_EQ(problemsOf(kSelf, {"=3"}),
-            std::vector<std::string>{"=3: expected key=value (from --set)"});
+            std::vector<std::string>{"loss.alpha: expected a number, found string \"hot\" (from --set)"});
+  EXPECT_EQ(problemsOf(kSelf, {"loss.alpha"}), std::vector<std::string>{"loss.alpha: expected key=value (from --set)"});
+  EXPECT_EQ(problemsOf(kSelf, {"=3"}), std::vector<std::string>{"=3: expected key=value (from --set)"});
   EXPECT_EQ(problemsOf(kSelf, {"student.in_flight=9"}),
-            std::vector<std::string>{
-                "student.in_flight: must be <= transport.slots (4), found 9 (from --set)"});
+            std::vector<std::string>{"student.in_flight: must be <= transport.slots (4), found 9 (from --set)"});
   EXPECT_EQ(problemsOf(kSelf, {"teacher.inputs=[a"}).size(), 1u);
 }
 
 TEST(Config, ByteSizes) {
   auto bytes = [](const std::string& v) {
-    return parseConfig(kSelf + "transport:\n  max_request_bytes: " + v + "\n")
-        .transport.max_request_bytes;
+    return parseConfig(kSelf + "transport:\n  max_request_bytes: " + v + "\n").transport.max_request_bytes;
   };
   EXPECT_EQ(bytes("4096"), 4096);
   EXPECT_EQ(bytes("2KiB"), 2048);
   EXPECT_EQ(bytes("64MiB"), int64_t{64} << 20);
   EXPECT_EQ(bytes("1 GiB"), int64_t{1} << 30);
   EXPECT_EQ(bytes("\"8MiB\""), int64_t{8} << 20);
-  EXPECT_EQ(bytes("3GiB"), int64_t{3} << 30);  // past int32
+  EXPECT_EQ(bytes("3GiB"), int64_t{3} << 30); // past int32
 
   auto problem = [](const std::string& v) {
     const auto p = problemsOf(kSelf + "transport:\n  max_request_bytes: " + v + "\n");
@@ -359,14 +347,13 @@ TEST(Config, ByteSizes) {
 }
 
 TEST(Config, ExtractSetOverrides) {
-  std::vector<std::string> args = {"prog", "--set",  "a.b=1", "--config", "x.yaml",
-                                   "--set=c.d=2", "--",   "--set",  "e.f=3"};
+  std::vector<std::string> args = {"prog",        "--set", "a.b=1", "--config", "x.yaml",
+                                   "--set=c.d=2", "--",    "--set", "e.f=3"};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   int argc = static_cast<int>(args.size());
-  EXPECT_EQ(distill::extractSetOverrides(argc, argv.data()),
-            (std::vector<std::string>{"a.b=1", "c.d=2"}));
+  EXPECT_EQ(distill::extractSetOverrides(argc, argv.data()), (std::vector<std::string>{"a.b=1", "c.d=2"}));
   ASSERT_EQ(argc, 6);
   EXPECT_EQ(std::vector<std::string>(argv.begin(), argv.begin() + argc),
             (std::vector<std::string>{"prog", "--config", "x.yaml", "--", "--set", "e.f=3"}));
@@ -384,12 +371,12 @@ TEST(Config, DumpAndHashAreStableAndSensitive) {
   EXPECT_EQ(dumpConfig(a).rfind("run:\n  name: \"distill\"\n  nproc_per_node: 3\n", 0), 0u);
   EXPECT_EQ(configHash(a), configHash(selfDefaults()));
   Config b = a;
-  b.source = "elsewhere.yaml";  // not part of the experiment
+  b.source = "elsewhere.yaml"; // not part of the experiment
   EXPECT_EQ(configHash(b), configHash(a));
   b.loss.alpha = 0.5000001;
   EXPECT_NE(configHash(b), configHash(a));
   EXPECT_NE(dumpConfig(b), dumpConfig(a));
-  EXPECT_EQ(parseConfig(dumpConfig(b)).loss.alpha, 0.5000001);  // doubles dump exactly
+  EXPECT_EQ(parseConfig(dumpConfig(b)).loss.alpha, 0.5000001); // doubles dump exactly
 }
 
 TEST(Config, KeysInSchemaOrder) {
@@ -412,7 +399,7 @@ TEST(Config, TrainerSectionPassesScalarsThrough) {
                                {"trainer.steps=700", "trainer.extra=x=y"});
   EXPECT_EQ(c.trainer.values,
             (std::map<std::string, std::string>{{"data", "/usr/share/common-licenses/GPL-3"},
-                                                {"steps", "700"},  // --set wins
+                                                {"steps", "700"}, // --set wins
                                                 {"lr", "3.0e-3"},
                                                 {"fast", "true"},
                                                 {"note", "a: b"},
@@ -424,7 +411,7 @@ TEST(Config, TrainerSectionPassesScalarsThrough) {
   EXPECT_EQ(t.getString("data"), "/usr/share/common-licenses/GPL-3");
   EXPECT_EQ(t.getInt("steps"), 700);
   EXPECT_EQ(t.getDouble("lr"), 3e-3);
-  EXPECT_EQ(t.getDouble("steps"), 700.0);  // an integer is a number too
+  EXPECT_EQ(t.getDouble("steps"), 700.0); // an integer is a number too
   EXPECT_TRUE(t.getBool("fast"));
   EXPECT_EQ(t.getInt("missing", 5), 5);
   EXPECT_EQ(t.getDouble("missing", 0.5), 0.5);
@@ -432,12 +419,12 @@ TEST(Config, TrainerSectionPassesScalarsThrough) {
   EXPECT_FALSE(t.getBool("missing", false));
   // distill's own sections are unaffected
   EXPECT_EQ(dumpConfig(parseConfig(kSelf)), dumpConfig(selfDefaults()));
-  EXPECT_TRUE(parseConfig(kSelf + "trainer:\n").trainer.values.empty());  // every key commented out
+  EXPECT_TRUE(parseConfig(kSelf + "trainer:\n").trainer.values.empty()); // every key commented out
 }
 
 TEST(Config, TrainerGettersNameTheKey) {
-  const Config c = parseConfig(kSelf + "trainer: {lr: fast, steps: 2.5, big: 99999999999999999999, flag: 1}\n",
-                               {}, "exp.yaml");
+  const Config c =
+      parseConfig(kSelf + "trainer: {lr: fast, steps: 2.5, big: 99999999999999999999, flag: 1}\n", {}, "exp.yaml");
   auto message = [](const std::function<void()>& f) {
     try {
       f();
@@ -458,7 +445,9 @@ TEST(Config, TrainerGettersNameTheKey) {
             "config exp.yaml: 1 problem(s):\ntrainer.flag: expected a boolean, found \"1\"");
   EXPECT_EQ(message([&] { t.getString("data"); }),
             "config exp.yaml: 1 problem(s):\ntrainer.data: required by the trainer, missing");
-  EXPECT_EQ(message([&] { t.expectOnly({"lr", "steps", "big", "flags", "data"}); }),
+  EXPECT_EQ(message([&] {
+              t.expectOnly({"lr", "steps", "big", "flags", "data"});
+            }),
             "config exp.yaml: 1 problem(s):\ntrainer.flag: unknown key; did you mean trainer.flags?");
   EXPECT_EQ(message([&] { t.expectOnly({"data"}); }),
             "config exp.yaml: 4 problem(s):\n"
@@ -569,7 +558,7 @@ TEST(Config, ReferenceFileSetsEveryKeyToItsDefault) {
   EXPECT_EQ(dumpConfig(c), dumpConfig(expected));
 }
 
-}  // namespace
+} // namespace
 
 namespace {
 
@@ -580,13 +569,16 @@ TEST(Config, OverridesRefuseControlCharacters) {
   const std::string hint = " (a double-quoted YAML value can carry it escaped) (from --set)";
   EXPECT_EQ(problemsOf(kSelf, {"run.name=a\nrun.seed=5"}),
             std::vector<std::string>{"run.name: an override must be one line of printable text, found the control "
-                                     "character \\n at byte 10" + hint});
+                                     "character \\n at byte 10" +
+                                     hint});
   EXPECT_EQ(problemsOf(kSelf, {"trainer.data=x\ty"}),
             std::vector<std::string>{"trainer.data: an override must be one line of printable text, found the "
-                                     "control character \\t at byte 14" + hint});
+                                     "control character \\t at byte 14" +
+                                     hint});
   EXPECT_EQ(problemsOf(kSelf, {"lo\rss.alpha=1"}),
             std::vector<std::string>{"lo\\x0dss.alpha: an override must be one line of printable text, found the "
-                                     "control character \\x0d at byte 2" + hint});
+                                     "control character \\x0d at byte 2" +
+                                     hint});
   // Escaped in a YAML double-quoted value it is one line, and means the same everywhere.
   EXPECT_EQ(parseConfig(kSelf, {"run.name=\"a\\nb\""}).run.name, "a\nb");
 }
@@ -613,9 +605,10 @@ TEST(Config, SecondYamlDocumentIsAnError) {
     distill::loadConfig(path);
     ADD_FAILURE() << "no ConfigError";
   } catch (const ConfigError& e) {
-    EXPECT_EQ(e.message(), "config " + path +
-                               ": holds 2 YAML documents (the second from line 6); a config is one document: "
-                               "remove the '---' line(s) or split the file");
+    EXPECT_EQ(e.message(),
+              "config " + path +
+                  ": holds 2 YAML documents (the second from line 6); a config is one document: "
+                  "remove the '---' line(s) or split the file");
   }
   ::unlink(path.c_str());
   EXPECT_THROW(parseConfig(kSelf + "---\n"), ConfigError);
@@ -630,23 +623,27 @@ TEST(Config, OptionOverridesNameTheirOption) {
   const std::string path = "/tmp/" + distill::testing::uniqueName() + ".yaml";
   std::ofstream(path) << kSelf;
   try {
-    distill::loadConfig(path, std::vector<distill::ConfigOverride>{{"run.master_port=70000", "--master-port"},
-                                                                   {"run.nproc_per_node=2000000000", "--nproc-per-node"},
-                                                                   {"run.nnodes=x", "--nnodes"},
-                                                                   {"loss.alpha=2", "--set"}});
+    distill::loadConfig(path,
+                        std::vector<distill::ConfigOverride>{{"run.master_port=70000", "--master-port"},
+                                                             {"run.nproc_per_node=2000000000", "--nproc-per-node"},
+                                                             {"run.nnodes=x", "--nnodes"},
+                                                             {"loss.alpha=2", "--set"}});
     ADD_FAILURE() << "no ConfigError";
   } catch (const ConfigError& e) {
-    EXPECT_EQ(e.message(), "config " + path + ": 4 problem(s):\n"
-                           "run.nproc_per_node: must be in [2, 256], found 2000000000 (from --nproc-per-node)\n"
-                           "run.nnodes: expected an integer, found string \"x\" (from --nnodes)\n"
-                           "run.master_port: must be in [0, 65535], found 70000 (from --master-port)\n"
-                           "loss.alpha: must be in [0, 1], found 2 (from --set)");
+    EXPECT_EQ(e.message(),
+              "config " + path +
+                  ": 4 problem(s):\n"
+                  "run.nproc_per_node: must be in [2, 256], found 2000000000 (from --nproc-per-node)\n"
+                  "run.nnodes: expected an integer, found string \"x\" (from --nnodes)\n"
+                  "run.master_port: must be in [0, 65535], found 70000 (from --master-port)\n"
+                  "loss.alpha: must be in [0, 1], found 2 (from --set)");
   }
   const Config c = distill::loadConfig(
-      path, std::vector<distill::ConfigOverride>{{"run.nproc_per_node=4", "--nproc-per-node"},
-                                                 {"run.nproc_per_node=5", "--set"},
-                                                 {distill::stringOverride("run.log_dir", "/tmp/x y"), "--log-dir"}});
-  EXPECT_EQ(c.run.nproc_per_node, 5);  // the later one wins
+      path,
+      std::vector<distill::ConfigOverride>{{"run.nproc_per_node=4", "--nproc-per-node"},
+                                           {"run.nproc_per_node=5", "--set"},
+                                           {distill::stringOverride("run.log_dir", "/tmp/x y"), "--log-dir"}});
+  EXPECT_EQ(c.run.nproc_per_node, 5); // the later one wins
   EXPECT_EQ(c.run.log_dir, "/tmp/x y");
   ::unlink(path.c_str());
 }
@@ -675,7 +672,7 @@ TEST(Config, SuggestionsPreferPrefixesAndSubsequences) {
             std::vector<std::string>{"run.timeout_s: unknown key; did you mean run.hang_timeout_s?"});
 }
 
-}  // namespace
+} // namespace
 
 // What a checkpoint's "saved under another config" warning rests on: keys that
 // cannot change the training (log_dir, ports, timeouts, checkpoint schedule)
@@ -700,8 +697,7 @@ TEST(Config, HashAndDiffCoverTrainingKeysOnly) {
   training.run.seed = a.run.seed + 1;
   training.trainer.values["lr"] = "1e-3";
   EXPECT_NE(configHash(training), configHash(a));
-  EXPECT_EQ(distill::configDiff(a, training, true),
-            (std::vector<std::string>{"run.seed", "loss.alpha", "trainer.lr"}));
+  EXPECT_EQ(distill::configDiff(a, training, true), (std::vector<std::string>{"run.seed", "loss.alpha", "trainer.lr"}));
   // configEntries says which keys are which.
   for (const auto& e : distill::configEntries(a)) {
     if (e.key == "run.log_dir" || e.key == "checkpoint.on_corrupt") EXPECT_FALSE(e.training) << e.key;
@@ -731,16 +727,18 @@ TEST(Config, NestedCacheKeys) {
 
   EXPECT_EQ(problemsOf(teacher + "  cache:\n    pth: /x\n"),
             (std::vector<std::string>{"teacher.cache.pth: unknown key; did you mean teacher.cache.path?"}));
-  EXPECT_EQ(problemsOf(teacher, {"teacher.cache.mod=read"}),
-            (std::vector<std::string>{"teacher.cache.mod: unknown key; did you mean teacher.cache.mode? (from --set)"}));
+  EXPECT_EQ(
+      problemsOf(teacher, {"teacher.cache.mod=read"}),
+      (std::vector<std::string>{"teacher.cache.mod: unknown key; did you mean teacher.cache.mode? (from --set)"}));
   EXPECT_EQ(problemsOf(teacher + "  cache: on\n"),
             (std::vector<std::string>{"teacher.cache: expected a map of path, mode, max_bytes, found string \"on\""}));
-  EXPECT_EQ(problemsOf(teacher + "  cache:\n    mode: always\n"),
-            (std::vector<std::string>{"teacher.cache.mode: must be one of off, read, write, readwrite; found \"always\""}));
+  EXPECT_EQ(
+      problemsOf(teacher + "  cache:\n    mode: always\n"),
+      (std::vector<std::string>{"teacher.cache.mode: must be one of off, read, write, readwrite; found \"always\""}));
   EXPECT_EQ(problemsOf(teacher + "  cache:\n    mode: read\n"),
             (std::vector<std::string>{"teacher.cache.path: required when teacher.cache.mode is read"}));
   EXPECT_EQ(problemsOf(teacher + "  cache:\n    path: /x\n    max_bytes: 1KiB\n"),
             (std::vector<std::string>{"teacher.cache.max_bytes: must be >= 1048576, found 1KiB"}));
 }
 
-}  // namespace
+} // namespace

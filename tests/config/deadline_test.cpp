@@ -28,7 +28,7 @@ TEST(Deadline, DurationsSaturateInsteadOfWrapping) {
   EXPECT_EQ(saturatingDuration(Millis::max()), Clock::duration::max());
   EXPECT_EQ(saturatingDuration(std::chrono::hours::max()), Clock::duration::max());
   EXPECT_EQ(saturatingDuration(std::chrono::hours::min()), Clock::duration::min());
-  EXPECT_EQ(saturatingDuration(std::chrono::seconds(10'000'000'000)), Clock::duration::max());  // 1e10 s
+  EXPECT_EQ(saturatingDuration(std::chrono::seconds(10'000'000'000)), Clock::duration::max()); // 1e10 s
   EXPECT_EQ(saturatingDuration(std::chrono::seconds(5'000'000'000)), std::chrono::seconds(5'000'000'000));
   EXPECT_EQ(saturatingDuration(Millis(1500)), std::chrono::nanoseconds(1'500'000'000));
   EXPECT_EQ(saturatingDuration(std::chrono::nanoseconds(7)), std::chrono::nanoseconds(7));
@@ -39,7 +39,7 @@ TEST(Deadline, DurationsSaturateInsteadOfWrapping) {
   EXPECT_EQ(secondsToDuration(-1e300), Clock::duration::min());
   EXPECT_EQ(secondsToDuration(std::nan("")), Clock::duration::zero());
   EXPECT_EQ(secondsToDuration(2.5), std::chrono::nanoseconds(2'500'000'000));
-  EXPECT_EQ(secondsToDuration(2592000), std::chrono::hours(720));  // 30 days, the longest config timeout
+  EXPECT_EQ(secondsToDuration(2592000), std::chrono::hours(720)); // 30 days, the longest config timeout
 
   EXPECT_EQ(secondsToMillis(1e300), Millis::max());
   EXPECT_EQ(secondsToMillis(5e9), Millis(5'000'000'000'000));
@@ -103,7 +103,7 @@ TEST(Deadline, WaitsOnHugeDeadlinesWaitUntilTheMechanismEndsThem) {
     auto s = ipc::Segment::attach(sn.name, job, std::nullopt, Deadline::after(10s));
     ipc::StudentEndpoint st(s, 0, distill::ipc::test::opts(0));
     st.waitAdmission(Deadline::after(10s));
-    return ended([&] { st.receive(Deadline::after(std::chrono::seconds(10'000'000'000))); });  // 1e10 s
+    return ended([&] { st.receive(Deadline::after(std::chrono::seconds(10'000'000'000))); }); // 1e10 s
   });
   auto waitingFor = [](const char* what) {
     return [what](const ipc::ProcessSnapshot& p) { return p.state == "waiting" && p.waitWhat == what; };
@@ -119,4 +119,4 @@ TEST(Deadline, WaitsOnHugeDeadlinesWaitUntilTheMechanismEndsThem) {
   EXPECT_TRUE(t.exited && t.code == 0) << t.describe();
 }
 
-}  // namespace
+} // namespace

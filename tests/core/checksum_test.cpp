@@ -12,10 +12,10 @@ namespace distill {
 namespace {
 
 TEST(Checksum, Crc32cKnownValues) {
-  EXPECT_EQ(crc32c("123456789", 9), 0xE3069283u);  // the CRC-32C check value
+  EXPECT_EQ(crc32c("123456789", 9), 0xE3069283u); // the CRC-32C check value
   EXPECT_EQ(crc32c("", 0), 0u);
   const std::vector<unsigned char> zeros(32, 0);
-  EXPECT_EQ(crc32c(zeros.data(), zeros.size()), 0x8A9136AAu);  // RFC 3720 B.4
+  EXPECT_EQ(crc32c(zeros.data(), zeros.size()), 0x8A9136AAu); // RFC 3720 B.4
   EXPECT_EQ(crc32cPortable("123456789", 9), 0xE3069283u);
 }
 
@@ -46,5 +46,5 @@ TEST(Checksum, ConfigHashIsCrc32cOfTheTrainingKeys) {
   EXPECT_EQ(configHash(a), configHash(c));
 }
 
-}  // namespace
-}  // namespace distill
+} // namespace
+} // namespace distill

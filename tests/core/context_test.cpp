@@ -15,15 +15,15 @@ template <typename T>
 struct HasGroup<T, std::void_t<decltype(std::declval<T&>().group())>> : std::true_type {};
 
 // Nothing but a StudentContext may construct a StudentGroup.
-static_assert(!std::is_constructible_v<distill::StudentGroup, const distill::Topology&,
-                                       const distill::RunOptions&, const distill::StudentOptions&>,
+static_assert(!std::is_constructible_v<distill::StudentGroup, const distill::Topology&, const distill::RunOptions&,
+                                       const distill::StudentOptions&>,
               "StudentGroup must not be constructible outside StudentContext");
 static_assert(!std::is_copy_constructible_v<distill::StudentGroup>);
 static_assert(HasGroup<distill::StudentContext>::value, "a student reaches its group");
 static_assert(!HasGroup<distill::TeacherContext>::value, "the teacher must not reach a group");
 static_assert(!std::is_convertible_v<distill::TeacherContext&, distill::StudentContext&>);
 
-}  // namespace
+} // namespace
 
 TEST(Context, TeacherContextRefusesAStudentTopology) {
   distill::Topology t;

@@ -21,11 +21,11 @@ TEST(Strings, JoinSeparatesItemsAndNothingElse) {
 TEST(Clock, MsSinceCountsWholeMilliseconds) {
   const Clock::time_point start = Clock::now();
   EXPECT_GE(msSince(start), 0);
-  const int64_t ms = msSince(start - std::chrono::milliseconds(1500));  // 1500 ms ago, plus the time since
+  const int64_t ms = msSince(start - std::chrono::milliseconds(1500)); // 1500 ms ago, plus the time since
   EXPECT_GE(ms, 1500);
   EXPECT_LT(ms, 1500 + 60'000);
-  EXPECT_EQ(toMs(std::chrono::nanoseconds(2'999'999)), 2);                  // rounded down
+  EXPECT_EQ(toMs(std::chrono::nanoseconds(2'999'999)), 2); // rounded down
 }
 
-}  // namespace
-}  // namespace distill
+} // namespace
+} // namespace distill

@@ -6,8 +6,8 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <unistd.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <optional>
@@ -36,7 +36,7 @@ std::map<std::string, std::string> envFor(int local, int perNode, int port) {
   distill::Topology t = distill::Topology::forLocalRank(0, 1, local, perNode);
   t.masterPort = port;
   auto env = distill::topologyEnv(t);
-  env["DISTILL_JOB_SECRET"] = "student-group-test-secret-0123456789";  // as distill-run hands it out
+  env["DISTILL_JOB_SECRET"] = "student-group-test-secret-0123456789"; // as distill-run hands it out
   return env;
 }
 
@@ -46,7 +46,7 @@ int exitCodeFor(const std::exception& e) {
   return 5;
 }
 
-}  // namespace
+} // namespace
 
 // args: iterations collective_timeout_s startup_timeout_s mode(run|stall)
 DISTILL_TEST_ROLE(student) {
@@ -64,7 +64,7 @@ DISTILL_TEST_ROLE(student) {
     const int64_t n = g.size();
     for (int i = 1; i <= iterations; ++i) {
       start = steady_clock::now();
-      distill::setCurrentStep(i, 0);  // as the student client does per request
+      distill::setCurrentStep(i, 0); // as the student client does per request
       g.barrier("checkpoint barrier");
       auto t = torch::full({4}, static_cast<double>((g.rank() + 1) * i), torch::kFloat64);
       g.allReduce(t, distill::ReduceOp::kSum, "loss all_reduce");
@@ -96,20 +96,18 @@ class StudentGroupTest : public ::testing::Test {
 
 TEST_F(StudentGroupTest, StudentsCollectWhileTeacherNeverJoins) {
   const int port = dt::freePort();
-  const int perNode = 4;  // 3 students + 1 teacher
+  const int perNode = 4; // 3 students + 1 teacher
   std::vector<std::string> logs;
   std::vector<dt::Child> students;
   for (int r = 0; r < perNode; ++r) logs.push_back(log(r));
   dt::Child teacher = dt::spawnRole("teacher", {}, envFor(3, perNode, port), logs[3]);
   auto start = steady_clock::now();
   for (int r = 0; r < 3; ++r) {
-    students.push_back(
-        dt::spawnRole("student", {"100", "30", "30", "run"}, envFor(r, perNode, port), logs[r]));
+    students.push_back(dt::spawnRole("student", {"100", "30", "30", "run"}, envFor(r, perNode, port), logs[r]));
   }
   for (int r = 0; r < 3; ++r) {
     auto st = students[r].join(seconds(90));
-    EXPECT_TRUE(st.exited && st.code == 0) << "student " << r << ": " << st.describe() << "\n"
-                                            << dt::readFile(logs[r]);
+    EXPECT_TRUE(st.exited && st.code == 0) << "student " << r << ": " << st.describe() << "\n" << dt::readFile(logs[r]);
     EXPECT_NE(dt::readFile(logs[r]).find("RESULT ok 200 collectives"), std::string::npos);
   }
   auto took = duration_cast<milliseconds>(steady_clock::now() - start).count();
@@ -128,8 +126,7 @@ TEST_F(StudentGroupTest, StudentThatNeverEntersTheBarrierIsNamed) {
   std::vector<std::string> logs{log(0), log(1), log(2)};
   std::vector<dt::Child> kids;
   for (int r = 0; r < 3; ++r) {
-    kids.push_back(dt::spawnRole("student", {"5", "2", "30", r == 2 ? "stall" : "run"},
-                                 envFor(r, 4, port), logs[r]));
+    kids.push_back(dt::spawnRole("student", {"5", "2", "30", r == 2 ? "stall" : "run"}, envFor(r, 4, port), logs[r]));
   }
   for (int r = 0; r < 2; ++r) {
     auto st = kids[r].join(seconds(30));
@@ -138,8 +135,7 @@ TEST_F(StudentGroupTest, StudentThatNeverEntersTheBarrierIsNamed) {
     EXPECT_NE(out.find("student rank(s) 2 never entered it"), std::string::npos) << out;
     // The collective, its number, the step it was entered at.
     EXPECT_NE(out.find("student group checkpoint barrier #1 timed out"), std::string::npos) << out;
-    EXPECT_NE(out.find("[step=1 acc_step=0 awaiting: student group checkpoint barrier #1]"), std::string::npos)
-        << out;
+    EXPECT_NE(out.find("[step=1 acc_step=0 awaiting: student group checkpoint barrier #1]"), std::string::npos) << out;
     EXPECT_NE(out.find(" r" + std::to_string(r) + " student]"), std::string::npos) << out;
     // Detected within the deadline (plus slack), measured by the waiter itself.
     auto pos = out.find("ERROR after ");
@@ -205,7 +201,7 @@ DISTILL_TEST_ROLE(notes) {
       auto start = steady_clock::now();
       auto none = notes->await({"hello/r0", "never"}, milliseconds(500));
       late = std::string(none[0] ? "r0" : "-") + "," + (none[1] ? *none[1] : "-") + " after " +
-             std::to_string(duration_cast<milliseconds>(steady_clock::now() - start).count());
+          std::to_string(duration_cast<milliseconds>(steady_clock::now() - start).count());
     });
     for (int i = 0; i < 20; ++i) {
       auto t = torch::ones({4});
@@ -221,8 +217,7 @@ DISTILL_TEST_ROLE(notes) {
       std::fprintf(stderr, "NOTES no error\n");
     } catch (const distill::PeerLostError& e) {
       std::fprintf(stderr, "NOTES lost after %lld ms: %s\n",
-                   static_cast<long long>(duration_cast<milliseconds>(steady_clock::now() - start).count()),
-                   e.what());
+                   static_cast<long long>(duration_cast<milliseconds>(steady_clock::now() - start).count()), e.what());
     }
     return 0;
   } catch (const std::exception& e) {

@@ -37,7 +37,7 @@ void onUsr2(int) { gHandled.fetch_add(1); }
 // returns EINTR) is retried and still gets the bytes written after it.
 TEST(Sys, RetryEintrRetriesAnInterruptedRead) {
   struct sigaction sa {};
-  sa.sa_handler = onUsr2;  // no SA_RESTART
+  sa.sa_handler = onUsr2; // no SA_RESTART
   struct sigaction old {};
   ASSERT_EQ(::sigaction(SIGUSR2, &sa, &old), 0);
   int p[2];
@@ -91,18 +91,18 @@ TEST(Sys, FdClosesOnDestructionAndMoves) {
   EXPECT_FALSE(isOpen(p[0]));
   Fd w(p[1]);
   EXPECT_EQ(w.release(), p[1]);
-  EXPECT_TRUE(isOpen(p[1]));  // released: not closed
+  EXPECT_TRUE(isOpen(p[1])); // released: not closed
   w.reset(p[1]);
   EXPECT_EQ(w.close(), 0);
   EXPECT_FALSE(isOpen(p[1]));
-  EXPECT_EQ(w.close(), 0);  // nothing owned: nothing to close
+  EXPECT_EQ(w.close(), 0); // nothing owned: nothing to close
 }
 
 TEST(Sys, MakeDirsCreatesEveryLevel) {
   const std::string root = tempDir();
   EXPECT_EQ(makeDirs(root + "/a/b//c/"), 0);
   EXPECT_TRUE(isDir(root + "/a/b/c"));
-  EXPECT_EQ(makeDirs(root + "/a/b/c"), 0);  // existing: fine
+  EXPECT_EQ(makeDirs(root + "/a/b/c"), 0); // existing: fine
   ::system(("rm -rf " + root).c_str());
 }
 
@@ -115,10 +115,11 @@ TEST(Sys, MakeDirsNamesTheDirectoryItCouldNotMake) {
   EXPECT_EQ(at, file);
   // The hook sees each directory and can fail one (checkpoint fault injection).
   std::vector<std::string> seen;
-  EXPECT_EQ(makeDirs(root + "/x/y", &at, [&](const std::string& d) {
-              seen.push_back(d);
-              return d == root + "/x/y" ? EACCES : 0;
-            }),
+  EXPECT_EQ(makeDirs(root + "/x/y", &at,
+                     [&](const std::string& d) {
+                       seen.push_back(d);
+                       return d == root + "/x/y" ? EACCES : 0;
+                     }),
             EACCES);
   EXPECT_EQ(at, root + "/x/y");
   EXPECT_TRUE(isDir(root + "/x"));
@@ -128,5 +129,5 @@ TEST(Sys, MakeDirsNamesTheDirectoryItCouldNotMake) {
   ::system(("rm -rf " + root).c_str());
 }
 
-}  // namespace
-}  // namespace distill
+} // namespace
+} // namespace distill

@@ -25,4 +25,4 @@ TEST(Tag, EqualityComparesAllThreeFields) {
   EXPECT_NE(t, (distill::Tag{7, 3, 2}));
 }
 
-}  // namespace
+} // namespace

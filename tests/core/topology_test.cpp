@@ -27,7 +27,7 @@ std::string errorOf(const Env& env) {
   return "";
 }
 
-}  // namespace
+} // namespace
 
 TEST(Topology, ForLocalRankMatchesWhatTheEnvironmentGives) {
   // 2 nodes x 4: node 1, local 1 is global 5 and student 4 of 6.
@@ -82,7 +82,7 @@ TEST(Topology, MultiNodeFromLauncher) {
 
 TEST(Topology, FromTorchrun) {
   // torchrun: every process in RANK/WORLD_SIZE; the last local rank is the teacher.
-  Env e{{"RANK", "6"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "4"},
+  Env e{{"RANK", "6"},       {"WORLD_SIZE", "8"},         {"LOCAL_RANK", "2"},     {"LOCAL_WORLD_SIZE", "4"},
         {"GROUP_RANK", "1"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}};
   Topology t = Topology::fromEnv(e);
   EXPECT_TRUE(t.isStudent());
@@ -121,8 +121,7 @@ TEST(Topology, BadEnvironments) {
     return e;
   };
   std::vector<Case> cases = {
-      {"bad role", with(good, "DISTILL_ROLE", "teach"),
-       "DISTILL_ROLE=\"teach\" is neither student nor teacher"},
+      {"bad role", with(good, "DISTILL_ROLE", "teach"), "DISTILL_ROLE=\"teach\" is neither student nor teacher"},
       {"teacher not last", with(good, "DISTILL_ROLE", "teacher"),
        "the teacher must be the last local rank (2), found local rank 1"},
       {"student on teacher slot", with(with(good, "DISTILL_LOCAL_RANK", "2"), "LOCAL_RANK", "2"),
@@ -131,25 +130,25 @@ TEST(Topology, BadEnvironments) {
        "DISTILL_LOCAL_WORLD_SIZE=\"three\" is not an integer >= 2"},
       {"one process per node", with(good, "DISTILL_LOCAL_WORLD_SIZE", "1"),
        "DISTILL_LOCAL_WORLD_SIZE=\"1\" is not an integer >= 2"},
-      {"node beyond nnodes", with(good, "DISTILL_NODE_RANK", "1"),
-       "node rank 1 is not below the node count 1"},
-      {"student RANK disagrees", with(good, "RANK", "0"),
-       "RANK=0 but the student world of DISTILL_* gives 1"},
+      {"node beyond nnodes", with(good, "DISTILL_NODE_RANK", "1"), "node rank 1 is not below the node count 1"},
+      {"student RANK disagrees", with(good, "RANK", "0"), "RANK=0 but the student world of DISTILL_* gives 1"},
       {"student WORLD_SIZE disagrees", with(good, "WORLD_SIZE", "3"),
        "WORLD_SIZE=3 but the student world of DISTILL_* gives 2"},
       {"missing port", without(good, "MASTER_PORT"), "MASTER_PORT is not set"},
       {"torchrun world not multiple",
-       {{"RANK", "0"}, {"WORLD_SIZE", "7"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "4"},
-        {"MASTER_PORT", "1"}},
+       {{"RANK", "0"}, {"WORLD_SIZE", "7"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "4"}, {"MASTER_PORT", "1"}},
        "WORLD_SIZE=7 is not a multiple of LOCAL_WORLD_SIZE=4"},
       {"torchrun rank mismatch",
-       {{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "4"},
-        {"NODE_RANK", "0"}, {"MASTER_PORT", "1"}},
+       {{"RANK", "5"},
+        {"WORLD_SIZE", "8"},
+        {"LOCAL_RANK", "0"},
+        {"LOCAL_WORLD_SIZE", "4"},
+        {"NODE_RANK", "0"},
+        {"MASTER_PORT", "1"}},
        "RANK=5 does not match NODE_RANK*LOCAL_WORLD_SIZE+LOCAL_RANK=0"},
   };
   for (auto& c : cases) {
     std::string msg = errorOf(c.env);
-    EXPECT_NE(msg.find(c.expected), std::string::npos)
-        << c.what << ": expected \"" << c.expected << "\" in:\n" << msg;
+    EXPECT_NE(msg.find(c.expected), std::string::npos) << c.what << ": expected \"" << c.expected << "\" in:\n" << msg;
   }
 }

@@ -39,11 +39,10 @@ struct TinyDemo {
     std::ostringstream y;
     y << "run: {name: demo-test, nproc_per_node: 3, steps: 20, seed: 3, log_dir: " << logDir
       << ", master_port: " << freePort() << ", startup_timeout_s: 30, collective_timeout_s: 30, hang_timeout_s: 30}\n"
-      << (teacherSection.empty()
-              ? "teacher: {kind: registered, module: gpt, weights: " + weights + ", threads: 1, library: " +
-                    binPath("../lib/libdistill_gpt_teacher.so") + "}\n"
-              : teacherSection)
-      << "transport: {heartbeat_ms: 500}\n"  // no false "stalled" on a loaded 2-core machine
+      << (teacherSection.empty() ? "teacher: {kind: registered, module: gpt, weights: " + weights +
+                  ", threads: 1, library: " + binPath("../lib/libdistill_gpt_teacher.so") + "}\n"
+                                 : teacherSection)
+      << "transport: {heartbeat_ms: 500}\n" // no false "stalled" on a loaded 2-core machine
       << "loss: {kind: forward_kl, temperature: 2.0, alpha: 0.5}\n"
       << "checkpoint: {dir: " << logDir << "/distilled/checkpoints, every_steps: 5, keep_last: 2}\n"
       << "trainer:\n"
@@ -149,4 +148,4 @@ inline std::vector<std::map<std::string, std::string>> readMetrics(const std::st
   return out;
 }
 
-}  // namespace distill::testing::demo
+} // namespace distill::testing::demo

@@ -28,8 +28,8 @@ namespace {
 
 uint32_t be32(const std::string& s, size_t at) {
   return (static_cast<uint32_t>(static_cast<uint8_t>(s[at])) << 24) |
-         (static_cast<uint32_t>(static_cast<uint8_t>(s[at + 1])) << 16) |
-         (static_cast<uint32_t>(static_cast<uint8_t>(s[at + 2])) << 8) | static_cast<uint8_t>(s[at + 3]);
+      (static_cast<uint32_t>(static_cast<uint8_t>(s[at + 1])) << 16) |
+      (static_cast<uint32_t>(static_cast<uint8_t>(s[at + 2])) << 8) | static_cast<uint8_t>(s[at + 3]);
 }
 
 // Checks a PNG's signature and every chunk's CRC; returns "WxH" from IHDR.
@@ -55,7 +55,7 @@ std::string checkPng(const std::string& png) {
   return std::to_string(be32(png, 16)) + "x" + std::to_string(be32(png, 20));
 }
 
-}  // namespace
+} // namespace
 
 // The plot (examples/gpt/plot.py, matplotlib) from a phase folder's files: a
 // whole PNG of 900 x 560; a missing file is an error naming it.
@@ -85,8 +85,7 @@ TEST(DemoPieces, PlotScriptDrawsThePhases) {
 }
 
 TEST(DemoPieces, JsonRoundTrip) {
-  const std::string line =
-      ex::JsonLine().add("phase", "a \"b\"\n").add("step", int64_t{12}).add("loss", 1.5).str();
+  const std::string line = ex::JsonLine().add("phase", "a \"b\"\n").add("step", int64_t{12}).add("loss", 1.5).str();
   auto obj = ex::parseJson(line);
   EXPECT_EQ(obj["phase"], "a \"b\"\n");
   EXPECT_EQ(ex::jsonNumber(obj, "step", -1), 12);
@@ -133,8 +132,8 @@ TEST(Demo, InterruptedDistilledRunResumesAndTheDemoFinishes) {
   //    distill-run once a checkpoint exists.
   int64_t stoppedAt = -1;
   {
-    Console run({binPath("distill-run"), "--config", demo.config, "--set", "run.steps=100000", "--", binPath("distill-gpt"),
-                 "distill"},
+    Console run({binPath("distill-run"), "--config", demo.config, "--set", "run.steps=100000", "--",
+                 binPath("distill-gpt"), "distill"},
                 {{"OMP_NUM_THREADS", "1"}});
     ASSERT_TRUE(run.waitFor("checkpoint saved at step 5", Ms(40000))) << run.text();
     ::kill(run.pid(), SIGINT);
@@ -193,19 +192,20 @@ TEST(Demo, InterruptedDistilledRunResumesAndTheDemoFinishes) {
   auto summary = ex::parseJson(readFile(demo.logDir + "/summary.json"));
   std::set<std::string> keys;
   for (auto& kv : summary) keys.insert(kv.first);
-  EXPECT_EQ(keys, (std::set<std::string>{"teacher_val_loss", "label_only_val_loss", "distilled_val_loss", "steps",
-                                         "seconds"}));
+  EXPECT_EQ(
+      keys,
+      (std::set<std::string>{"teacher_val_loss", "label_only_val_loss", "distilled_val_loss", "steps", "seconds"}));
   EXPECT_EQ(ex::jsonNumber(summary, "steps", -1), steps);
   for (const char* k : {"teacher_val_loss", "label_only_val_loss", "distilled_val_loss", "seconds"}) {
     const double v = ex::jsonNumber(summary, k, NAN);
     EXPECT_TRUE(std::isfinite(v) && v > 0) << k << " = " << v;
   }
-  EXPECT_NE(text.find("distilled student"), std::string::npos) << text;  // the closing table
+  EXPECT_NE(text.find("distilled student"), std::string::npos) << text; // the closing table
   EXPECT_EQ(checkPng(readFile(demo.logDir + "/val_loss.png")), "900x560");
 
   // Running it again is quick: every phase is finished.
-  Console again({"bash", sourcePath("examples/gpt/demo.sh"), "--build", binPath(".."), "--config", demo.config,
-                 "--set", "run.steps=" + std::to_string(steps)});
+  Console again({"bash", sourcePath("examples/gpt/demo.sh"), "--build", binPath(".."), "--config", demo.config, "--set",
+                 "run.steps=" + std::to_string(steps)});
   const ExitStatus st2 = again.finish(Ms(30000));
   EXPECT_TRUE(st2.exited && st2.code == 0) << again.text();
   for (const char* phase : {"teacher", "label_only", "distilled"}) {
@@ -229,9 +229,16 @@ TEST(Demo, AsyncStopCheckpointIsPublishedAndCorruptCheckpointsStopTheRun) {
     ASSERT_TRUE(st.exited && st.code == 0) << st.describe() << "\n" << teacher.text();
   }
   auto distilled = [&](int64_t steps) {
-    return std::vector<std::string>{binPath("distill-run"), "--config", demo.config, "--set",
-                                    "run.steps=" + std::to_string(steps), "--set", "checkpoint.async=true", "--",
-                                    binPath("distill-gpt"), "distill"};
+    return std::vector<std::string>{binPath("distill-run"),
+                                    "--config",
+                                    demo.config,
+                                    "--set",
+                                    "run.steps=" + std::to_string(steps),
+                                    "--set",
+                                    "checkpoint.async=true",
+                                    "--",
+                                    binPath("distill-gpt"),
+                                    "distill"};
   };
   int64_t stoppedAt = -1;
   {

@@ -16,7 +16,7 @@ using namespace distill::testing::demo;
 namespace ex = distill::examples;
 
 TEST(DemoTorchScript, ExportedTeacherMatchesAndServesAFewSteps) {
-  TinyDemo base;  // trains the C++ teacher the export starts from
+  TinyDemo base; // trains the C++ teacher the export starts from
   {
     Console teacher({binPath("distill-gpt"), "train-teacher", "--config", base.config});
     const ExitStatus st = teacher.finish(Ms(60000));
@@ -24,8 +24,8 @@ TEST(DemoTorchScript, ExportedTeacherMatchesAndServesAFewSteps) {
   }
   const std::string script = base.dir + "/teacher.ts.pt";
   {
-    Console exp({DISTILL_PYTHON_EXE, sourcePath("examples/gpt/export_teacher.py"), "--weights", base.weights, "--out",
-                 script});
+    Console exp(
+        {DISTILL_PYTHON_EXE, sourcePath("examples/gpt/export_teacher.py"), "--weights", base.weights, "--out", script});
     const ExitStatus st = exp.finish(Ms(60000));
     ASSERT_TRUE(st.exited && st.code == 0) << st.describe() << "\n" << exp.text();
   }
@@ -44,9 +44,9 @@ TEST(DemoTorchScript, ExportedTeacherMatchesAndServesAFewSteps) {
 
   // A few distilled steps with distill-teacher serving the TorchScript file.
   TinyDemo job("teacher: {kind: torchscript, path: " + script + ", threads: 1}\n");
-  Console run({binPath("distill-run"), "--config", job.config, "--set", "run.steps=8", "--", binPath("distill-gpt"),
-               "distill"},
-              {{"OMP_NUM_THREADS", "1"}});
+  Console run(
+      {binPath("distill-run"), "--config", job.config, "--set", "run.steps=8", "--", binPath("distill-gpt"), "distill"},
+      {{"OMP_NUM_THREADS", "1"}});
   const ExitStatus st = run.finish(Ms(60000));
   ASSERT_TRUE(st.exited && st.code == 0) << st.describe() << "\n" << run.text();
   int trained = 0;
@@ -62,9 +62,26 @@ TEST(DemoTorchScript, ExportedTeacherMatchesAndServesAFewSteps) {
 
 TEST(DemoTorchScript, TeacherMadeInPythonAlone) {
   const std::string out = "/tmp/" + uniqueName("distill-demo-test") + ".ts.pt";
-  Console exp({DISTILL_PYTHON_EXE, sourcePath("examples/gpt/export_teacher.py"), "--train-steps", "5", "--data",
-               sourcePath("README.md"), "--context", "16", "--layers", "1", "--heads", "2", "--dim", "16", "--batch",
-               "4", "--threads", "1", "--out", out});
+  Console exp({DISTILL_PYTHON_EXE,
+               sourcePath("examples/gpt/export_teacher.py"),
+               "--train-steps",
+               "5",
+               "--data",
+               sourcePath("README.md"),
+               "--context",
+               "16",
+               "--layers",
+               "1",
+               "--heads",
+               "2",
+               "--dim",
+               "16",
+               "--batch",
+               "4",
+               "--threads",
+               "1",
+               "--out",
+               out});
   const ExitStatus st = exp.finish(Ms(60000));
   ASSERT_TRUE(st.exited && st.code == 0) << st.describe() << "\n" << exp.text();
   torch::jit::Module ts = torch::jit::load(out);

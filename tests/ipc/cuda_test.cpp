@@ -43,7 +43,7 @@ std::string selfExe() {
   return n > 0 ? std::string(buf, size_t(n)) : std::string();
 }
 
-}  // namespace
+} // namespace
 
 TEST(IpcCudaRole, Teacher) {
   if (!roleSegment()) GTEST_SKIP() << "role process only";

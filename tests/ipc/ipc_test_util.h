@@ -46,8 +46,7 @@ inline SegmentLayout smallLayout(int students = 1, int slots = 4, int heartbeatM
 }
 
 // Polls the process table (cheap reads of shared memory) until pred holds.
-inline bool waitForProcess(const Segment& seg, int localIndex,
-                           const std::function<bool(const ProcessSnapshot&)>& pred,
+inline bool waitForProcess(const Segment& seg, int localIndex, const std::function<bool(const ProcessSnapshot&)>& pred,
                            std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
   const auto deadline = Deadline::after(timeout);
   while (!deadline.expired()) {
@@ -92,4 +91,4 @@ inline int echoTeacher(const std::string& name, const std::string& job, int rank
   }
 }
 
-}  // namespace distill::ipc::test
+} // namespace distill::ipc::test

@@ -11,8 +11,8 @@
 
 #include "distill/core/errors.h"
 #include "distill/ipc/channel.h"
-#include "wire.h"
 #include "ipc_test_util.h"
+#include "wire.h"
 
 using namespace distill;
 using namespace distill::ipc;
@@ -23,7 +23,6 @@ using namespace std::chrono_literals;
 namespace {
 
 const std::string kJob = "job-msg-test";
-
 
 bool sameBytes(const at::Tensor& a, const at::Tensor& b) {
   if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
@@ -37,7 +36,7 @@ std::vector<std::pair<std::string, at::Tensor>> everyDtype(int64_t seed) {
   return {
       {"i32", at::randint(-1000000, 1000000, {3, 5}, at::kInt)},
       {"i64", at::randint(-(int64_t(1) << 40), int64_t(1) << 40, {7}, at::kLong)},
-      {"f32", at::randn({4, 3, 2}).transpose(0, 2)},  // non-contiguous
+      {"f32", at::randn({4, 3, 2}).transpose(0, 2)}, // non-contiguous
       {"f16", at::randn({1, 9}).to(at::kHalf)},
       {"bf16", at::randn({2, 2, 2, 2}).to(at::kBFloat16)},
       {"bool", at::rand({11}) > 0.5},
@@ -55,7 +54,7 @@ int echoTeacher(const std::string& name) {
   for (;;) {
     auto m = t.waitAny(Deadline::after(30s));
     if (m.kind() == MsgKind::kFinish) return 0;
-    if (m.tag().seq % 2 == 1) {  // in-slot reply
+    if (m.tag().seq % 2 == 1) { // in-slot reply
       std::vector<TensorSpec> specs;
       for (const auto& n : m.names()) {
         auto v = m.view(n);
@@ -80,7 +79,7 @@ void finish(StudentEndpoint& s) {
   s.send(fin, Deadline::after(5s));
 }
 
-}  // namespace
+} // namespace
 
 TEST(IpcMessage, EveryDtypeRoundTripsBitExact) {
   ScopedName sn;
@@ -137,7 +136,7 @@ TEST(IpcMessage, OversizeTensorNamesBothSizesAndKey) {
   StudentEndpoint s(seg, 0, opts(0));
   TeacherEndpoint t(seg, opts(1));
   OutMessage m;
-  m.tensors.push_back({"input_ids", at::zeros({2048}, at::kInt)});  // 8192 bytes
+  m.tensors.push_back({"input_ids", at::zeros({2048}, at::kInt)}); // 8192 bytes
   try {
     s.send(m, Deadline::after(1s));
     FAIL() << "no IpcError";
@@ -148,7 +147,7 @@ TEST(IpcMessage, OversizeTensorNamesBothSizesAndKey) {
     EXPECT_TRUE(contains(w, "transport.max_request_bytes")) << w;
   }
   try {
-    t.allocateReply(0, Tag{}, {{"logits", at::kFloat, {1 << 19}}}, Deadline::after(1s));  // 2 MiB > 1 MiB
+    t.allocateReply(0, Tag{}, {{"logits", at::kFloat, {1 << 19}}}, Deadline::after(1s)); // 2 MiB > 1 MiB
     FAIL() << "no IpcError";
   } catch (const IpcError& e) {
     EXPECT_TRUE(contains(e.what(), "transport.max_response_bytes")) << e.what();
@@ -206,9 +205,9 @@ TEST(IpcMessage, CorruptedHeaderInRingIsAProtocolError) {
     ASSERT_NE(base, MAP_FAILED);
     const auto* c = reinterpret_cast<const wire::ControlBlock*>(base);
     auto* h = reinterpret_cast<wire::SlotHeader*>(base + c->ringsOffset + sizeof(wire::RingHeader) +
-                                                   wire::ringEventsBytes(c->slots));
+                                                  wire::ringEventsBytes(c->slots));
     ASSERT_EQ(h->magic, wire::kSlotMagic);
-    h->tensors[0].shape[0] = 5;  // nbytes no longer matches
+    h->tensors[0].shape[0] = 5; // nbytes no longer matches
     wire::sealHeader(*h);
     ::munmap(base, size);
   }
@@ -219,5 +218,5 @@ TEST(IpcMessage, CorruptedHeaderInRingIsAProtocolError) {
     EXPECT_TRUE(contains(e.what(), "nbytes 16 != 5 elements")) << e.what();
     EXPECT_TRUE(contains(e.what(), "student rank 0")) << e.what();
   }
-  EXPECT_THROW(t.poll(0), ProtocolError);  // poisoned
+  EXPECT_THROW(t.poll(0), ProtocolError); // poisoned
 }

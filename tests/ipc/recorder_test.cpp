@@ -41,7 +41,7 @@ bool anyContains(const std::vector<std::string>& lines, const std::string& part)
   return false;
 }
 
-}  // namespace
+} // namespace
 
 TEST(IpcRecorder, RingTrafficCollectivesAndUserCodeAsSeenByAnotherProcess) {
   ScopedName sn;
@@ -143,8 +143,9 @@ TEST(IpcRecorder, ConcurrentReadsSeeWholeEventsOnly) {
       ASSERT_EQ(e.step, int64_t(e.number * 3));
       ASSERT_EQ(e.accStep, int64_t(e.number % 5));
       ASSERT_EQ(e.peer, int(e.number % 7));
-      ASSERT_EQ(e.label, "event number " + std::to_string(e.number) +
-                             (e.number % 2 ? " with a longer label past two words" : ""));
+      ASSERT_EQ(
+          e.label,
+          "event number " + std::to_string(e.number) + (e.number % 2 ? " with a longer label past two words" : ""));
       if (k > 0) {
         ASSERT_GT(e.number, evs[k - 1].number);
       }

@@ -17,8 +17,8 @@
 
 #include "distill/core/errors.h"
 #include "distill/ipc/channel.h"
-#include "wire.h"
 #include "ipc_test_util.h"
+#include "wire.h"
 
 using namespace distill;
 using namespace distill::ipc;
@@ -30,7 +30,7 @@ namespace {
 
 const std::string kJob = "job-ring-test";
 
-}  // namespace
+} // namespace
 
 TEST(IpcRing, OrderAndWrapAround100kMessages) {
   ScopedName sn;
@@ -70,7 +70,7 @@ TEST(IpcRing, BackpressureBlocksProducerUntilASlotIsFreed) {
     auto s2 = Segment::attach(sn.name, kJob, std::nullopt, Deadline::after(10s));
     StudentEndpoint s(s2, 0, opts(0));
     s.waitAdmission(Deadline::after(10s));
-    for (int i = 0; i <= K; ++i) s.send(msgWith(uint64_t(i)), Deadline::after(20s));  // the last one blocks
+    for (int i = 0; i <= K; ++i) s.send(msgWith(uint64_t(i)), Deadline::after(20s)); // the last one blocks
     return 0;
   });
   TeacherEndpoint t(seg, opts(1));
@@ -78,9 +78,8 @@ TEST(IpcRing, BackpressureBlocksProducerUntilASlotIsFreed) {
   std::vector<ReceivedMessage> held;
   for (int i = 0; i < K; ++i) held.push_back(t.waitAny(Deadline::after(10s)));
   // The student now waits for a free request slot: observe it in the process table.
-  ASSERT_TRUE(waitForProcess(seg, 0, [](const ProcessSnapshot& p) {
-    return p.state == "waiting" && p.waitWhat == "free request slot";
-  }));
+  ASSERT_TRUE(waitForProcess(
+      seg, 0, [](const ProcessSnapshot& p) { return p.state == "waiting" && p.waitWhat == "free request slot"; }));
   EXPECT_FALSE(t.poll(0).has_value());
   EXPECT_FALSE(student.waitFor(50ms).has_value()) << "producer did not block";
   held[0].release();
@@ -109,7 +108,7 @@ TEST(IpcRing, DeadlineExpiryNamesWhatWasAwaited) {
     auto s2 = Segment::attach(sn.name, kJob, std::nullopt, Deadline::after(10s));
     TeacherEndpoint t(s2, opts(7));
     t.waitAdmission(Deadline::after(10s));
-    auto m = t.waitAny(Deadline::after(20s));  // the finish below
+    auto m = t.waitAny(Deadline::after(20s)); // the finish below
     return m.kind() == MsgKind::kFinish ? 0 : 1;
   });
   s.waitAdmission(Deadline::after(10s));
@@ -167,7 +166,7 @@ std::pair<std::string, Clock::duration> lossDetected(const Segment& seg, int sel
   return {what, std::chrono::nanoseconds(now - sentNs.load())};
 }
 
-}  // namespace
+} // namespace
 
 TEST(IpcRing, TeacherKilledWhileStudentWaits) {
   ScopedName sn;
@@ -194,7 +193,7 @@ TEST(IpcRing, StudentKilledWhileTeacherWaits) {
     auto s2 = Segment::attach(sn.name, kJob, std::nullopt, Deadline::after(10s));
     StudentEndpoint s(s2, 0, opts(0));
     s.waitAdmission(Deadline::after(10s));
-    s.receive(Deadline::after(30s));  // never answered
+    s.receive(Deadline::after(30s)); // never answered
     return 0;
   });
   auto student1 = forkChild([&] {
@@ -224,9 +223,9 @@ TEST(IpcRing, TryWaitAnyEndsEmptyAtTheDeadlineAndThrowsOnlyForFailures) {
     auto s2 = Segment::attach(sn.name, kJob, std::nullopt, Deadline::after(10s));
     StudentEndpoint s(s2, 0, opts(3));
     s.waitAdmission(Deadline::after(10s));
-    s.receive(Deadline::after(30s));  // the teacher's go
+    s.receive(Deadline::after(30s)); // the teacher's go
     s.send(msgWith(7), Deadline::after(10s));
-    s.receive(Deadline::after(30s));  // never answered
+    s.receive(Deadline::after(30s)); // never answered
     return 0;
   });
   TeacherEndpoint t(seg, opts(1));
@@ -270,7 +269,7 @@ TEST(IpcSegment, StaleSegmentIsRecreatedLiveOwnerRefused) {
   ASSERT_EQ(dead.join(10s).code, 0);
   ASSERT_TRUE(shmExists(sn.name));
   const int deadPid = dead.pid();
-  auto seg = Segment::create(sn.name, smallLayout(), kJob);  // stale: recreated
+  auto seg = Segment::create(sn.name, smallLayout(), kJob); // stale: recreated
   EXPECT_EQ(seg.creatorPid(), ::getpid());
   EXPECT_NE(seg.creatorPid(), deadPid);
   // Now a live owner (this process): another creator is refused, naming the pid.
@@ -358,13 +357,13 @@ TEST(IpcSegment, SegmentLargerThanDevShmIsRefusedNamingBytesAndKeys) {
     } catch (const IpcError& e) {
       const std::string w = e.what();
       std::fprintf(stderr, "%s\n", w.c_str());
-      for (const char* part : {"needs 2199", "bytes (2097", "of shared memory but /dev/shm has only", "free",
-                               "transport.slots (64)", "transport.max_response_bytes (17179869184)",
-                               "transport.max_request_bytes", "students per node (2"})
+      for (const char* part :
+           {"needs 2199", "bytes (2097", "of shared memory but /dev/shm has only", "free", "transport.slots (64)",
+            "transport.max_response_bytes (17179869184)", "transport.max_request_bytes", "students per node (2"})
         if (!contains(w, part)) return 3;
       return shmExists(sn.name) ? 4 : 0;
     }
-    return 2;  // accepted
+    return 2; // accepted
   });
   auto st = creator.join(30s);
   EXPECT_TRUE(st.exited && st.code == 0) << st.describe() << " (2: a 2 TiB segment was accepted)";
@@ -381,7 +380,7 @@ TEST(IpcSegment, PagesAreReservedSoAFullDevShmCannotSigbus) {
     if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return 78;
     if (::mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=8m,mode=1777") != 0) return 79;
     SegmentLayout l = smallLayout(1, 2);
-    l.maxResponseBytes = 2 << 20;  // 2 x (1 MiB + 2 MiB) + control: about 6 MiB of 8
+    l.maxResponseBytes = 2 << 20; // 2 x (1 MiB + 2 MiB) + control: about 6 MiB of 8
     const std::string name = "distill-ipc-small-shm";
     auto seg = Segment::create(name, l, kJob);
     // Another writer takes 4 MiB of what looks free: with the pages reserved
@@ -426,7 +425,7 @@ TEST(IpcSegment, PagesAreReservedSoAFullDevShmCannotSigbus) {
 TEST(IpcSegment, StatusIsReadWholeWhileAnotherProcessRewritesIt) {
   ScopedName sn;
   auto seg = Segment::create(sn.name, smallLayout(2), kJob);
-  EXPECT_FALSE(seg.status(0).has_value());  // never published
+  EXPECT_FALSE(seg.status(0).has_value()); // never published
   auto record = [](int64_t i) {
     StudentStatus st;
     st.step = i, st.loss = double(i), st.kd = 2.0 * i, st.ce = 3.0 * i, st.tokens_per_s = 4.0 * i;
@@ -456,13 +455,15 @@ TEST(IpcSegment, StatusIsReadWholeWhileAnotherProcessRewritesIt) {
     ASSERT_EQ(st->kd, 2.0 * st->step);
     ASSERT_EQ(st->ce, 3.0 * st->step);
     ASSERT_EQ(st->tokens_per_s, 4.0 * st->step);
-    if (st->step % 2) ASSERT_EQ(st->teacher_wait_share, 0.5);
-    else ASSERT_TRUE(std::isnan(st->teacher_wait_share));
+    if (st->step % 2)
+      ASSERT_EQ(st->teacher_wait_share, 0.5);
+    else
+      ASSERT_TRUE(std::isnan(st->teacher_wait_share));
     changes += st->step != last;
     last = st->step;
   }
   EXPECT_EQ(changes, kChanges) << "in " << reads << " reads: the reader did not overlap the writer";
-  seg.publishStatus(0, StudentStatus{});  // enough
+  seg.publishStatus(0, StudentStatus{}); // enough
   EXPECT_TRUE(writer.join().exited);
   const int64_t final = seg.status(1)->step;
   EXPECT_GE(final, last);

@@ -45,7 +45,7 @@ bool rejected(const w::SlotHeader& h, std::string* why = nullptr) {
   return !w::validateHeader(h, kCap, why ? why : &tmp);
 }
 
-}  // namespace
+} // namespace
 
 TEST(IpcWire, ValidHeaderPasses) {
   std::string why;
@@ -96,7 +96,7 @@ TEST(IpcWire, MessagesNameFieldAndValues) {
   EXPECT_NE(why.find("overflows"), std::string::npos) << why;
 
   h = validHeader();
-  h.step = 8;  // not resealed
+  h.step = 8; // not resealed
   ASSERT_TRUE(rejected(h, &why));
   EXPECT_NE(why.find("checksum"), std::string::npos) << why;
 }
@@ -110,9 +110,9 @@ TEST(IpcWire, ChecksumCoversTheUsedPrefixOnly) {
   w::sealHeader(h);
   EXPECT_EQ(w::headerBytes(h), 48u + 128u);
   std::string why;
-  std::memset(&h.tensors[2], 0xAB, sizeof h.tensors[2]);  // beyond the prefix
+  std::memset(&h.tensors[2], 0xAB, sizeof h.tensors[2]); // beyond the prefix
   EXPECT_TRUE(w::validateHeader(h, kCap, &why)) << why;
-  h.tensors[0].shape[1] ^= 1;  // inside it
+  h.tensors[0].shape[1] ^= 1; // inside it
   ASSERT_TRUE(rejected(h, &why));
   EXPECT_NE(why.find("checksum"), std::string::npos) << why;
   // An error message: the whole header, error text included.
@@ -157,17 +157,39 @@ TEST(IpcWire, RandomCorruptionsAreRejected) {
       // A semantically invalid field, resealed so only the field checks can catch it.
       auto& t = h.tensors[rng() % 4];
       switch (rng() % 12) {
-        case 0: h.kind = uint32_t(5 + rng() % 1000); break;
-        case 1: h.ntensors = uint32_t(5 + rng() % 1000000); break;
-        case 2: std::memset(t.name, 'x', sizeof t.name); break;
-        case 3: t.dtype = uint32_t(7 + rng() % 1000); break;
-        case 4: t.ndim = uint32_t(9 + rng() % 1000); break;
-        case 5: t.shape[rng() % 2] = -int64_t(1 + rng() % 1000); break;
-        case 6: t.nbytes += 1 + rng() % 4096; break;
-        case 7: t.offset += 1 + rng() % 63; break;
-        case 8: t.offset = kCap + 64 * (rng() % 4); break;
-        case 9: t.offset = ~uint64_t(0) - 63; break;
-        case 10: h.tensors[1].offset = h.tensors[2].offset; break;
+        case 0:
+          h.kind = uint32_t(5 + rng() % 1000);
+          break;
+        case 1:
+          h.ntensors = uint32_t(5 + rng() % 1000000);
+          break;
+        case 2:
+          std::memset(t.name, 'x', sizeof t.name);
+          break;
+        case 3:
+          t.dtype = uint32_t(7 + rng() % 1000);
+          break;
+        case 4:
+          t.ndim = uint32_t(9 + rng() % 1000);
+          break;
+        case 5:
+          t.shape[rng() % 2] = -int64_t(1 + rng() % 1000);
+          break;
+        case 6:
+          t.nbytes += 1 + rng() % 4096;
+          break;
+        case 7:
+          t.offset += 1 + rng() % 63;
+          break;
+        case 8:
+          t.offset = kCap + 64 * (rng() % 4);
+          break;
+        case 9:
+          t.offset = ~uint64_t(0) - 63;
+          break;
+        case 10:
+          h.tensors[1].offset = h.tensors[2].offset;
+          break;
         case 11:
           h.kind = uint32_t(w::Kind::kError);
           std::memset(h.errorText, 'e', sizeof h.errorText);

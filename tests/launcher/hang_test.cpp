@@ -23,7 +23,7 @@ using namespace distill::testing;
 
 namespace {
 
-constexpr int kHangS = 3;  // run.hang_timeout_s in these tests
+constexpr int kHangS = 3; // run.hang_timeout_s in these tests
 
 // Blocks in "user code" (a frozen data loader, a stuck forward) until `fifo`
 // is written or 30 s pass; never forever.
@@ -45,7 +45,7 @@ at::Tensor ask(distill::Session& s, int64_t step) {
   return y;
 }
 
-}  // namespace
+} // namespace
 
 // args[0] = scenario, args[1] = a FIFO that releases a blocked rank (optional).
 //   frozen-loader    student 1 blocks before the barrier of step 2
@@ -95,7 +95,9 @@ DISTILL_TEST_ROLE(hang) {
     // step 2's last); stepTokenCount opens a step, a "grads" all-reduce closes it.
     // Student 1 blocks in user code before step 3 opens.
     constexpr int kAcc = 2, kSteps = 4;
-    auto submit = [&](int64_t step, int acc) { return s.client->submit(torch::arange(4, torch::kLong) + step, step, acc); };
+    auto submit = [&](int64_t step, int acc) {
+      return s.client->submit(torch::arange(4, torch::kLong) + step, step, acc);
+    };
     distill::Handle h = submit(1, 0);
     for (int64_t step = 1; step <= kSteps; ++step) {
       if (rank == 1 && step == 3) blockInUserCode(fifo);
@@ -103,8 +105,10 @@ DISTILL_TEST_ROLE(hang) {
       distill::stepTokenCount(group, labels, -100);
       for (int acc = 0; acc < kAcc; ++acc) {
         std::optional<distill::Handle> next;
-        if (acc + 1 < kAcc) next = submit(step, acc + 1);
-        else if (step < kSteps) next = submit(step + 1, 0);
+        if (acc + 1 < kAcc)
+          next = submit(step, acc + 1);
+        else if (step < kSteps)
+          next = submit(step + 1, 0);
         s.client->get(h);
         if (next) h = *next;
       }
@@ -125,7 +129,7 @@ DISTILL_TEST_ROLE(hang) {
       ask(s, step);
       if (scenario == "frozen-loader" && rank == 1 && step == 2) blockInUserCode(fifo);
       if (scenario == "skip-collective" && rank == 1 && step == 3) {
-        ask(s, step + 1);  // it moved on; the others wait in the collective it skipped
+        ask(s, step + 1); // it moved on; the others wait in the collective it skipped
         blockInUserCode(fifo);
       } else if (scenario == "skip-collective") {
         auto t = torch::ones({3});
@@ -148,9 +152,10 @@ class HangTest : public LauncherFixture {
                                 const std::string& fifo = "", const std::vector<std::string>& more = {}) {
     std::vector<std::string> roleArgs{scenario};
     if (!fifo.empty()) roleArgs.push_back(fifo);
-    std::vector<std::string> options{"--set", "run.hang_timeout_s=" + std::to_string(kHangS), "--set",
-                                     "run.on_hang=" + onHang, "--set", "run.collective_timeout_s=60", "--set",
-                                     "run.startup_timeout_s=60"};
+    std::vector<std::string> options{"--set", "run.hang_timeout_s=" + std::to_string(kHangS),
+                                     "--set", "run.on_hang=" + onHang,
+                                     "--set", "run.collective_timeout_s=60",
+                                     "--set", "run.startup_timeout_s=60"};
     options.insert(options.end(), more.begin(), more.end());
     return std::make_unique<Launch>(jobArgs(options, roleArgs, "hang"));
   }
@@ -189,10 +194,10 @@ class HangTest : public LauncherFixture {
   // A `busy` job (students ask and all-reduce) whose peers cannot call a
   // stopped process lost for 40 s (heartbeat 20 s), so the watchdog (3 s) reports first.
   std::unique_ptr<Launch> startBusy() {
-    return std::make_unique<Launch>(jobArgs({"--set", "run.hang_timeout_s=" + std::to_string(kHangS), "--set",
-                                             "transport.heartbeat_ms=20000", "--set", "run.collective_timeout_s=60",
-                                             "--set", "run.startup_timeout_s=60"},
-                                            {"busy"}, "hang"));
+    return std::make_unique<Launch>(
+        jobArgs({"--set", "run.hang_timeout_s=" + std::to_string(kHangS), "--set", "transport.heartbeat_ms=20000",
+                 "--set", "run.collective_timeout_s=60", "--set", "run.startup_timeout_s=60"},
+                {"busy"}, "hang"));
   }
 
   // Waits until a rank says it is blocked; notes when (ms since the launch).
@@ -209,12 +214,15 @@ TEST_F(HangTest, FrozenDataLoaderBeforeABarrier) {
   waitBlocked(*l);
   expectHangTeardown(*l);
   const std::string t = l->text();
-  EXPECT_TRUE(std::regex_search(row(t, "r1"), std::regex("busy in user code for [0-9.]+ s \\(since its last distill call "
-                                                         "ended: receive at step 2")))
-      << row(t, "r1") << "\n" << t;
+  EXPECT_TRUE(std::regex_search(row(t, "r1"),
+                                std::regex("busy in user code for [0-9.]+ s \\(since its last distill call "
+                                           "ended: receive at step 2")))
+      << row(t, "r1") << "\n"
+      << t;
   EXPECT_TRUE(has(row(t, "r0"), "in student group step barrier #3 at step 2") &&
               has(row(t, "r0"), "not entered by student rank 1 (its last: #2)"))
-      << row(t, "r0") << "\n" << t;
+      << row(t, "r0") << "\n"
+      << t;
   EXPECT_TRUE(has(row(t, "r2"), "waiting for request from any student")) << row(t, "r2") << "\n" << t;
 }
 
@@ -225,8 +233,8 @@ TEST_F(HangTest, StudentStopsSendingWhileTheTeacherWaits) {
   const std::string t = l->text();
   const auto table = t.find("hang: no rank made progress");
   if (table != std::string::npos) std::printf("%s\n", t.substr(table, t.find("[launcher]", table) - table).c_str());
-  EXPECT_TRUE(has(row(t, "r1"), "busy in user code") && has(row(t, "r1"), "receive at step 3"))
-      << row(t, "r1") << "\n" << t;
+  EXPECT_TRUE(has(row(t, "r1"), "busy in user code") && has(row(t, "r1"), "receive at step 3")) << row(t, "r1") << "\n"
+                                                                                                << t;
   EXPECT_TRUE(has(row(t, "r0"), "finished")) << row(t, "r0") << "\n" << t;
   EXPECT_TRUE(has(row(t, "r2"), "waiting for request from any student")) << row(t, "r2") << "\n" << t;
   // Its last events show the teacher answered it up to step 3.
@@ -240,9 +248,9 @@ TEST_F(HangTest, StudentThatNeverStarts) {
   const std::string t = l->text();
   EXPECT_TRUE(has(row(t, "local1"), "never attached to the segment") &&
               has(row(t, "local1"), "running, never attached"))
-      << row(t, "local1") << "\n" << t;
-  EXPECT_TRUE(has(row(t, "r2"), "waiting for admission (not attached: student local 1)")) << row(t, "r2") << "\n"
-                                                                                          << t;
+      << row(t, "local1") << "\n"
+      << t;
+  EXPECT_TRUE(has(row(t, "r2"), "waiting for admission (not attached: student local 1)")) << row(t, "r2") << "\n" << t;
   EXPECT_TRUE(has(row(t, "r0"), "waiting for admission by the teacher")) << row(t, "r0") << "\n" << t;
 }
 
@@ -254,8 +262,9 @@ TEST_F(HangTest, TeacherStalledInsideForward) {
   EXPECT_TRUE(has(row(t, "r2"), "busy in user code: the model's forward")) << row(t, "r2") << "\n" << t;
   // The stalled forward holds the request of at least one student (the other
   // may have been answered in an earlier batch and wait in the barrier).
-  const std::regex waiting("waiting for response from teacher rank 2 \\(step [0-9]+, acc_step 0, seq [0-9]+\\) for "
-                           "[0-9.]+ s");
+  const std::regex waiting(
+      "waiting for response from teacher rank 2 \\(step [0-9]+, acc_step 0, seq [0-9]+\\) for "
+      "[0-9.]+ s");
   EXPECT_TRUE(std::regex_search(row(t, "r0"), waiting) || std::regex_search(row(t, "r1"), waiting)) << t;
 }
 
@@ -266,9 +275,10 @@ TEST_F(HangTest, StudentSkippingACollectiveTheOthersEntered) {
   const std::string t = l->text();
   EXPECT_TRUE(has(row(t, "r0"), "in student group grads #4 at step 3") &&
               has(row(t, "r0"), "not entered by student rank 1 (its last: #3)"))
-      << row(t, "r0") << "\n" << t;
-  EXPECT_TRUE(has(row(t, "r1"), "busy in user code") && has(row(t, "r1"), "receive at step 4"))
-      << row(t, "r1") << "\n" << t;
+      << row(t, "r0") << "\n"
+      << t;
+  EXPECT_TRUE(has(row(t, "r1"), "busy in user code") && has(row(t, "r1"), "receive at step 4")) << row(t, "r1") << "\n"
+                                                                                                << t;
 }
 
 // on_hang: wait — the table is printed, nothing is torn down, and the job
@@ -280,7 +290,7 @@ TEST_F(HangTest, OnHangWaitReportsAndKeepsTheJob) {
   ASSERT_TRUE(l->waitFor("BLOCKED in user code")) << l->text();
   ASSERT_TRUE(l->waitFor("on_hang=wait: the job keeps running", Ms((kHangS + 10) * 1000))) << l->text();
   EXPECT_TRUE(has(row(l->text(), "r2"), "busy in user code: the model's forward")) << l->text();
-  int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);  // the teacher holds the read end open
+  int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK); // the teacher holds the read end open
   ASSERT_GE(fd, 0) << "the stalled teacher is not reading " << fifo;
   ASSERT_EQ(::write(fd, "x", 1), 1);
   ::close(fd);
@@ -299,7 +309,7 @@ TEST_F(HangTest, Sigusr1PrintsTheTableWithoutDisturbingTheRun) {
   ASSERT_TRUE(l->waitFor("last 5 events of r2 teacher")) << l->text();
   const std::string t = l->text();
   for (const char* r : {"r0", "r1", "r2"}) EXPECT_FALSE(has(row(t, r), "(no row")) << t;
-  l->kill(SIGTERM);  // the students agree to stop and leave cleanly
+  l->kill(SIGTERM); // the students agree to stop and leave cleanly
   auto st = l->finish();
   EXPECT_TRUE(st.exited && st.code == 128 + SIGTERM) << st.describe() << "\n" << l->text();
   for (const char* r : {"[r0 student] exit code 0", "[r1 student] exit code 0", "[r2 teacher] exit code 0"})
@@ -319,14 +329,17 @@ TEST_F(HangTest, StoppedStudentIsNamedAndItsPeersWaitOnAStoppedPeer) {
   blockedAtMs_ = l->sinceStartMs();
   expectHangTeardown(*l);
   const std::string t = l->text();
-  EXPECT_TRUE(std::regex_search(row(t, "r1"), std::regex("student +" + std::to_string(pid) +
-                                                         " +stopped +stopped \\(SIGSTOP\\): no heartbeat for")))
-      << row(t, "r1") << "\n" << t;
+  EXPECT_TRUE(std::regex_search(
+      row(t, "r1"),
+      std::regex("student +" + std::to_string(pid) + " +stopped +stopped \\(SIGSTOP\\): no heartbeat for")))
+      << row(t, "r1") << "\n"
+      << t;
   EXPECT_TRUE(has(t, "stopped: r1 student (pid " + std::to_string(pid) + ") is stopped (SIGSTOP)")) << t;
   EXPECT_TRUE(has(row(t, "r0"), "student rank 1") && has(row(t, "r0"), "stopped")) << row(t, "r0") << "\n" << t;
   EXPECT_TRUE(has(row(t, "r2"), "waiting for request from any student") &&
               has(row(t, "r2"), "waits on a stopped peer: student rank 1 is stopped (SIGSTOP)"))
-      << row(t, "r2") << "\n" << t;
+      << row(t, "r2") << "\n"
+      << t;
 }
 
 // Issue 14 item 20: a stopped teacher showed as "busy in user code"; now it
@@ -360,11 +373,12 @@ TEST_F(HangTest, CollectiveThatOpensAStepIsLabelledWithThatStep) {
   const std::string t = l->text();
   EXPECT_TRUE(has(row(t, "r0"), "in student group step token count #5 at step 3 acc_step 0") &&
               has(row(t, "r0"), "not entered by student rank 1 (its last: #4)"))
-      << row(t, "r0") << "\n" << t;
+      << row(t, "r0") << "\n"
+      << t;
   EXPECT_TRUE(has(t, "collective 'step token count' #5 (step 3, acc_step 0), still open")) << t;
   // The step's other collectives keep their step: step 2's gradients after its last answer.
   EXPECT_TRUE(has(t, "collective 'grads' #4 (step 2, acc_step 1)")) << t;
   EXPECT_TRUE(has(row(t, "r1"), "busy in user code")) << row(t, "r1") << "\n" << t;
 }
 
-}  // namespace
+} // namespace

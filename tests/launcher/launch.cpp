@@ -34,7 +34,7 @@ Launch::Launch(const std::vector<std::string>& args, bool tty, const std::vector
   std::vector<char*> cargv;
   for (auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
   cargv.push_back(nullptr);
-  std::vector<std::string> envs;  // built before the fork: the child only execs
+  std::vector<std::string> envs; // built before the fork: the child only execs
   for (char** e = environ; *e; ++e) {
     const std::string kv(*e);
     if (!env.count(kv.substr(0, kv.find('=')))) envs.push_back(kv);
@@ -95,7 +95,7 @@ bool Launch::readSome(SteadyClock::time_point deadline) {
   if (::poll(&p, 1, static_cast<int>(left)) <= 0) return false;
   char buf[65536];
   ssize_t n = ::read(out_, buf, sizeof buf);
-  if (n <= 0) {  // EOF (pipe) or EIO (terminal whose last writer left)
+  if (n <= 0) { // EOF (pipe) or EIO (terminal whose last writer left)
     ::close(out_);
     out_ = -1;
     return false;
@@ -123,8 +123,9 @@ std::string LauncherFixture::config(int nproc) {
 std::vector<std::string> LauncherFixture::jobArgs(const std::vector<std::string>& options,
                                                   const std::vector<std::string>& roleArgs, const std::string& role) {
   std::vector<std::string> a = options;
-  a.insert(a.end(), {"--config", config(), "--master-port", std::to_string(freePort()), "--", selfExe(),
-                     "--distill-role=" + role});
+  a.insert(
+      a.end(),
+      {"--config", config(), "--master-port", std::to_string(freePort()), "--", selfExe(), "--distill-role=" + role});
   a.insert(a.end(), roleArgs.begin(), roleArgs.end());
   return a;
 }
@@ -139,4 +140,4 @@ std::string LauncherFixture::log(int rank) const {
   return readFile(dir_ + "/logs/rank_" + std::to_string(rank) + ".log");
 }
 
-}  // namespace distill::testing
+} // namespace distill::testing

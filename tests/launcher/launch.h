@@ -20,7 +20,7 @@ namespace distill::testing {
 using Ms = std::chrono::milliseconds;
 using SteadyClock = std::chrono::steady_clock;
 
-using distill::msSince;  // core/clock.h
+using distill::msSince; // core/clock.h
 bool has(const std::string& text, const std::string& needle);
 
 class Launch {
@@ -28,8 +28,7 @@ class Launch {
   // distill-run `args`. `wrapper`: a command that runs distill-run, given
   // distill-run's path and `args` after its own (e.g. this binary in a role
   // that sets up a mount namespace first). `env`: added to the environment.
-  explicit Launch(const std::vector<std::string>& args, bool tty = false,
-                  const std::vector<std::string>& wrapper = {},
+  explicit Launch(const std::vector<std::string>& args, bool tty = false, const std::vector<std::string>& wrapper = {},
                   const std::map<std::string, std::string>& env = {});
   ~Launch();
   Launch(const Launch&) = delete;
@@ -42,7 +41,7 @@ class Launch {
 
   void kill(int sig) { child_.kill(sig); }
   const std::string& text() const { return text_; }
-  int64_t elapsedMs() const { return elapsed_; }          // start to exit, after finish()
+  int64_t elapsedMs() const { return elapsed_; } // start to exit, after finish()
   int64_t sinceStartMs() const { return msSince(started_); }
   // The node's segment, from distill-run's log line.
   std::string segment() const;
@@ -73,4 +72,4 @@ class LauncherFixture : public ::testing::Test {
   std::string dir_;
 };
 
-}  // namespace distill::testing
+} // namespace distill::testing

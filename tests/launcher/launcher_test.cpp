@@ -2,15 +2,15 @@
 // binary in the `job` role (teacher.kind self, so the teacher is this binary
 // too) or distill-hello. The test reads distill-run's console through a pipe,
 // so every wait is on output or on the process, with a deadline.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <grp.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <pty.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
-#include <grp.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -19,14 +19,14 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/torch.h>
 
-#include <chrono>
+#include <sys/stat.h>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <regex>
 #include <sstream>
-#include <sys/stat.h>
 
 #include "distill/distill.h"
 #include "distill/ipc/segment.h"
@@ -60,8 +60,8 @@ int blockUntilKilled() {
 
 // A teacher that doubles its input, served until every student finished.
 int serveDoubler(distill::Session& s) {
-  auto doubler = distill::teacherFromFunction(
-      [](const std::vector<at::Tensor>& in) { return in.at(0).to(torch::kFloat) * 2; });
+  auto doubler =
+      distill::teacherFromFunction([](const std::vector<at::Tensor>& in) { return in.at(0).to(torch::kFloat) * 2; });
   auto stats = distill::serve(*s.teacher, doubler);
   std::printf("teacher served %lld requests\n", static_cast<long long>(stats.requests));
   return 0;
@@ -87,7 +87,7 @@ int serveDoublerThatDies(distill::Session& s, int killAt, bool always) {
   return 0;
 }
 
-}  // namespace
+} // namespace
 
 // The trainer under distill-run. args[0] = mode:
 //   ok     3 steps through the teacher, raw lines and a published status each, finish
@@ -152,7 +152,7 @@ DISTILL_TEST_ROLE(job) {
     s.client->finish();
     return 0;
   }
-  if (mode == "exit0-early") return blockUntilKilled();  // student 0: never admitted without student 1
+  if (mode == "exit0-early") return blockUntilKilled(); // student 0: never admitted without student 1
   if (mode == "hold") {
     // Joined and admitted; waits (30 s at most) until args[1] (a FIFO) is written, then one more round.
     group.barrier("before hold");
@@ -205,7 +205,8 @@ DISTILL_TEST_ROLE(job) {
   }
   if (mode == "ignore") {
     distill::StudentStatus st;
-    st.step = 7, st.loss = 0.25, st.tokens_per_s = 50, st.teacher_wait_share = args.size() > 1 && args[1] == "wait-share" ? 0.2 : st.kUnset;
+    st.step = 7, st.loss = 0.25, st.tokens_per_s = 50,
+    st.teacher_wait_share = args.size() > 1 && args[1] == "wait-share" ? 0.2 : st.kUnset;
     s.client->publishStatus(st);
     std::printf("READY student %d\n", rank);
     return blockUntilKilled();
@@ -238,11 +239,11 @@ DISTILL_TEST_ROLE(job) {
   }
   if (mode == "grad") {
     torch::manual_seed(0);
-    torch::nn::Linear model(4, 3);  // the same initial weights on every student
+    torch::nn::Linear model(4, 3); // the same initial weights on every student
     torch::manual_seed(100 + rank);
-    auto x = torch::randn({8, 4});  // different data per student
-    auto target = s.client->get(s.client->submit(torch::arange(3, torch::kLong), 0, 0))
-                      .tensor(distill::protocol::kLogits);
+    auto x = torch::randn({8, 4}); // different data per student
+    auto target =
+        s.client->get(s.client->submit(torch::arange(3, torch::kLong), 0, 0)).tensor(distill::protocol::kLogits);
     auto loss = (model->forward(x) - target).pow(2).mean();
     loss.backward();
     std::vector<at::Tensor> params = model->parameters();
@@ -297,8 +298,8 @@ TEST_F(LauncherTest, PrefixesRawLinesAndShowsStatus) {
   ASSERT_TRUE(st.exited && st.code == 0) << st.describe() << "\n" << l.text();
   for (int r = 0; r < 2; ++r) {
     // The console prefixes a rank's raw lines; its log keeps them as written.
-    EXPECT_TRUE(has(l.text(), "[r" + std::to_string(r) + " student] plain line from student " +
-                                  std::to_string(r) + " step 2"))
+    EXPECT_TRUE(
+        has(l.text(), "[r" + std::to_string(r) + " student] plain line from student " + std::to_string(r) + " step 2"))
         << l.text();
     EXPECT_TRUE(has(log(r), "\nplain line from student " + std::to_string(r) + " step 1\n")) << log(r);
   }
@@ -343,8 +344,8 @@ TEST_F(LauncherTest, HelpListsTheOptionsAndSetInTwoWordsNamesTheRightForm) {
       << two.text();
   EXPECT_FALSE(has(two.text(), "distill-run plan")) << two.text();
 
-  Launch extra({"--config", config(), "--set", "run.steps=3", "run.seed=4", "--dry-run", "--",
-                binPath("distill-test-trainer")});
+  Launch extra(
+      {"--config", config(), "--set", "run.steps=3", "run.seed=4", "--dry-run", "--", binPath("distill-test-trainer")});
   st = extra.finish(Ms(10000));
   EXPECT_TRUE(st.exited && st.code == 2) << st.describe() << "\n" << extra.text();
   EXPECT_TRUE(has(extra.text(), "run.seed=4")) << extra.text();
@@ -357,14 +358,13 @@ TEST_F(LauncherTest, FailingStudentTearsDownWithSummary) {
   const auto t0 = SteadyClock::now();
   auto st = l.finish();
   const int64_t ms = msSince(t0);
-  std::printf("failing student -> distill-run exit: %lld ms (student 1 ignores SIGTERM)\n",
-              static_cast<long long>(ms));
+  std::printf("failing student -> distill-run exit: %lld ms (student 1 ignores SIGTERM)\n", static_cast<long long>(ms));
   EXPECT_TRUE(st.exited && st.code == 1) << st.describe() << "\n" << l.text();
   EXPECT_LT(ms, 10000) << l.text();
   EXPECT_GE(ms, 4500) << "SIGKILL came before the grace period\n" << l.text();
   const std::string& t = l.text();
   EXPECT_TRUE(has(t, "job failed: [r0 student] exit code 3")) << t;
-  EXPECT_TRUE(has(t, "[r1 student] signal SIGKILL")) << t;  // ignored SIGTERM, killed after the grace
+  EXPECT_TRUE(has(t, "[r1 student] signal SIGKILL")) << t; // ignored SIGTERM, killed after the grace
   EXPECT_TRUE(has(t, "    | fail-line 29") && has(t, "    | fail-line 10") && !has(t, "    | fail-line 9\n")) << t;
   expectSegmentGone(l);
 }
@@ -388,7 +388,8 @@ TEST_F(LauncherTest, KilledStudentTearsDownNamingTheSignal) {
 // every request of every step is answered exactly once (each answer is
 // checked against its request by the students and by the Client's tag check).
 TEST_F(LauncherTest, KilledTeacherIsRestartedAndEveryRequestAnsweredOnce) {
-  Launch l(jobArgs({"--set", "teacher.max_restarts=1", "--set", "student.grad_acc_steps=2", "--status-every-s", "3600"}, {"elastic"}));
+  Launch l(jobArgs({"--set", "teacher.max_restarts=1", "--set", "student.grad_acc_steps=2", "--status-every-s", "3600"},
+                   {"elastic"}));
   auto st = l.finish(Ms(90000));
   ASSERT_TRUE(st.exited && st.code == 0) << st.describe() << "\n" << l.text();
   EXPECT_TRUE(has(l.text(), "teacher: SIGKILL inside forward 5")) << l.text();
@@ -435,10 +436,9 @@ TEST_F(LauncherTest, StopRequestLetsStudentsLeaveCleanly) {
   l.kill(SIGTERM);
   auto st = l.finish();
   const int64_t ms = msSince(t0);
-  std::printf("SIGTERM -> students checkpointed and left, distill-run exit: %lld ms\n",
-              static_cast<long long>(ms));
+  std::printf("SIGTERM -> students checkpointed and left, distill-run exit: %lld ms\n", static_cast<long long>(ms));
   EXPECT_TRUE(st.exited && st.code == 128 + SIGTERM) << st.describe() << "\n" << l.text();
-  EXPECT_LT(ms, 10000);  // before the launcher would forward SIGTERM
+  EXPECT_LT(ms, 10000); // before the launcher would forward SIGTERM
   EXPECT_TRUE(has(l.text(), "[r0 student] checkpoint at step") && has(l.text(), "[r1 student] checkpoint at step"))
       << l.text();
   for (const char* r : {"[r0 student] exit code 0", "[r1 student] exit code 0", "[r2 teacher] exit code 0"})
@@ -459,8 +459,7 @@ TEST_F(LauncherTest, SigtermIsForwardedAfterTheStopGrace) {
   EXPECT_GE(ms, 1000);
   EXPECT_LT(ms, 10000);
   EXPECT_TRUE(has(l.text(), "job stopped: received Terminated")) << l.text();
-  EXPECT_TRUE(has(l.text(), "[r0 student] signal SIGTERM") && has(l.text(), "[r1 student] signal SIGTERM"))
-      << l.text();
+  EXPECT_TRUE(has(l.text(), "[r0 student] signal SIGTERM") && has(l.text(), "[r1 student] signal SIGTERM")) << l.text();
   expectSegmentGone(l);
 }
 
@@ -484,16 +483,19 @@ TEST_F(LauncherTest, PublishedStatusReachesThePeriodicLineAndTheSummary) {
   Launch l(jobArgs({"--stop-grace-s", "0", "--status-every-s", "1"}, {"ignore", "wait-share"}));
   // Once both students published and the teacher attached (one write per line).
   ASSERT_TRUE(l.waitFor("status: step=7 loss=0.25 tokens/s=100 teacher busy=")) << l.text();
-  EXPECT_TRUE(std::regex_search(
-      l.text(), std::regex("\\[distill-run\\] status: step=7 loss=0\\.25 tokens/s=100 teacher busy=[0-9]+% "
-                           "teacher wait=20%\n")))
+  EXPECT_TRUE(
+      std::regex_search(l.text(),
+                        std::regex("\\[distill-run\\] status: step=7 loss=0\\.25 tokens/s=100 teacher busy=[0-9]+% "
+                                   "teacher wait=20%\n")))
       << l.text();
   l.kill(SIGTERM);
   auto st = l.finish();
   EXPECT_TRUE(st.exited && st.code == 128 + SIGTERM) << st.describe() << "\n" << l.text();
   for (const char* r : {"r0", "r1"})
-    EXPECT_TRUE(std::regex_search(l.text(), std::regex(std::string("\\n  \\[") + r + " student\\] [^\n]*, last step 7\n")))
-        << r << "\n" << l.text();
+    EXPECT_TRUE(
+        std::regex_search(l.text(), std::regex(std::string("\\n  \\[") + r + " student\\] [^\n]*, last step 7\n")))
+        << r << "\n"
+        << l.text();
   EXPECT_FALSE(has(l.text(), "DISTILL_STATUS")) << l.text();
   expectSegmentGone(l);
 }
@@ -502,10 +504,24 @@ TEST_F(LauncherTest, TwoNodesFormOneJobWithAgreeingGradients) {
   const std::string port = std::to_string(freePort());
   const std::string cfg = config(2);
   auto node = [&](int k) {
-    return std::vector<std::string>{"--nproc-per-node", "2", "--nnodes", "2", "--node-rank", std::to_string(k),
-                                    "--master-addr", "127.0.0.1", "--master-port", port, "--config", cfg,
-                                    "--log-dir", dir_ + "/logs" + std::to_string(k), "--", selfExe(),
-                                    "--distill-role=job", "grad"};
+    return std::vector<std::string>{"--nproc-per-node",
+                                    "2",
+                                    "--nnodes",
+                                    "2",
+                                    "--node-rank",
+                                    std::to_string(k),
+                                    "--master-addr",
+                                    "127.0.0.1",
+                                    "--master-port",
+                                    port,
+                                    "--config",
+                                    cfg,
+                                    "--log-dir",
+                                    dir_ + "/logs" + std::to_string(k),
+                                    "--",
+                                    selfExe(),
+                                    "--distill-role=job",
+                                    "grad"};
   };
   const std::map<std::string, std::string> secret{{"DISTILL_JOB_SECRET", "two-nodes-of-one-job-0123456789abcdef"}};
   Launch n0(node(0), false, {}, secret), n1(node(1), false, {}, secret);
@@ -517,7 +533,7 @@ TEST_F(LauncherTest, TwoNodesFormOneJobWithAgreeingGradients) {
   ASSERT_TRUE(std::regex_search(n0.text(), m0, re)) << n0.text();
   ASSERT_TRUE(std::regex_search(n1.text(), m1, re)) << n1.text();
   EXPECT_EQ(m0[1].str(), "0");
-  EXPECT_EQ(m1[1].str(), "1");  // node 1's student is student rank 1
+  EXPECT_EQ(m1[1].str(), "1"); // node 1's student is student rank 1
   EXPECT_EQ(m0[2].str(), "2");
   EXPECT_NE(m0[3].str(), m1[3].str()) << "the students' data should differ";
   EXPECT_EQ(m0[4].str(), m1[4].str()) << "averaged gradients differ across nodes";
@@ -575,7 +591,8 @@ TEST_F(LauncherTest, OptionsAreValidatedAsTheirConfigKeys) {
       {{"--master-port", "70000"}, "run.master_port: must be in [0, 65535], found 70000 (from --master-port)"},
       {{"--node-rank", "2", "--nnodes", "2"}, "run.node_rank: must be < run.nnodes (2), found 2 (from --node-rank)"},
       {{"--stop-grace-s", "1e300"}, "run.stop_grace_s: must be in [0, 2592000], found 1e300 (from --stop-grace-s)"},
-      {{"--status-every-s", "soon"}, "run.status_every_s: expected a number, found string \"soon\" (from --status-every-s)"},
+      {{"--status-every-s", "soon"},
+       "run.status_every_s: expected a number, found string \"soon\" (from --status-every-s)"},
       {{"--set", "run.hang_timeout_s=5e9"}, "run.hang_timeout_s: must be in [0.001, 2592000], found 5e9 (from --set)"},
       {{"--set", "run.name=a\nrun.seed=3"},
        "run.name: an override must be one line of printable text, found the control character \\n at byte 10 "
@@ -607,8 +624,8 @@ TEST_F(LauncherTest, OptionsAreValidatedAsTheirConfigKeys) {
 // --log-dir once wrote one metrics.jsonl: the ranks kept the file's log_dir).
 TEST_F(LauncherTest, LogDirReachesEveryRank) {
   const std::string other = dir_ + "/elsewhere";
-  Launch l({"--config", trainerConfig(dir_, ""), "--master-port", std::to_string(freePort()), "--log-dir", other,
-            "--", binPath("distill-test-trainer"), "logdir"});
+  Launch l({"--config", trainerConfig(dir_, ""), "--master-port", std::to_string(freePort()), "--log-dir", other, "--",
+            binPath("distill-test-trainer"), "logdir"});
   auto st = l.finish();
   ASSERT_TRUE(st.exited && st.code == 0) << st.describe() << "\n" << l.text();
   for (int r = 0; r < 3; ++r) {
@@ -677,14 +694,16 @@ TEST_F(LauncherTest, TrainerKeyTypoEndsEveryRankBeforeAdmission) {
 // admission) ends the rank with exit code 2 and its message in the summary's
 // last lines; before, std::terminate made it SIGABRT.
 TEST_F(LauncherTest, UncaughtErrorEndsTheRankWithExitCode2AndItsMessage) {
-  Launch l({"--config", trainerConfig(dir_, "trainer:\n  steps: many\n"), "--master-port",
-            std::to_string(freePort()), "--", binPath("distill-test-trainer"), "value"});
+  Launch l({"--config", trainerConfig(dir_, "trainer:\n  steps: many\n"), "--master-port", std::to_string(freePort()),
+            "--", binPath("distill-test-trainer"), "value"});
   auto st = l.finish();
   EXPECT_TRUE(st.exited && st.code == 1) << st.describe() << "\n" << l.text();
   const std::string& t = l.text();
   EXPECT_TRUE(has(t, "\n  [r0 student] exit code 2\n")) << t;
-  EXPECT_TRUE(has(log(0), "uncaught ConfigError (exit code 2): config " + dir_ + "/trainer.yaml: 1 problem(s):\n"
-                          "trainer.steps: expected an integer, found \"many\""))
+  EXPECT_TRUE(has(log(0),
+                  "uncaught ConfigError (exit code 2): config " + dir_ +
+                      "/trainer.yaml: 1 problem(s):\n"
+                      "trainer.steps: expected an integer, found \"many\""))
       << log(0);
   // The summary headlines the first failure it reaps: usually r0, with the
   // message in its last lines. The teacher (it sees r0 die) can be reaped
@@ -698,7 +717,6 @@ TEST_F(LauncherTest, UncaughtErrorEndsTheRankWithExitCode2AndItsMessage) {
   EXPECT_FALSE(has(t, "SIGABRT")) << t;
   expectSegmentGone(l);
 }
-
 
 // Issue 14 item 17: on an 8 MiB /dev/shm the default transport (2 students x
 // 4 slots x (4 + 64) MiB) used to be accepted, and a rank died of SIGBUS once
@@ -714,15 +732,15 @@ TEST_F(LauncherTest, SegmentTooBigForDevShmFailsAtOnceNamingBytesAndKeys) {
   EXPECT_TRUE(st.exited && st.code == 2) << st.describe() << "\n" << l.text();
   EXPECT_LT(l.elapsedMs(), 10000) << l.text();
   const std::string& t = l.text();
-  for (const char* part : {"needs 570", "of shared memory but /dev/shm has only 8388608 bytes (8.0 MiB) free",
-                           "transport.slots (4)", "transport.max_request_bytes (4194304)",
-                           "transport.max_response_bytes (67108864)", "students per node (2"})
+  for (const char* part :
+       {"needs 570", "of shared memory but /dev/shm has only 8388608 bytes (8.0 MiB) free", "transport.slots (4)",
+        "transport.max_request_bytes (4194304)", "transport.max_response_bytes (67108864)", "students per node (2"})
     EXPECT_TRUE(has(t, part)) << part << "\n" << t;
   EXPECT_FALSE(has(t, "[r0 student]") || has(t, "[r2 teacher]")) << "a rank started:\n" << t;
 
-  Launch fits(jobArgs({"--set", "transport.max_request_bytes=64KiB", "--set", "transport.max_response_bytes=256KiB"},
-                      {"ok"}),
-              false, wrapper);
+  Launch fits(
+      jobArgs({"--set", "transport.max_request_bytes=64KiB", "--set", "transport.max_response_bytes=256KiB"}, {"ok"}),
+      false, wrapper);
   auto st2 = fits.finish();
   EXPECT_TRUE(st2.exited && st2.code == 0) << st2.describe() << "\n" << fits.text();
   EXPECT_TRUE(has(fits.text(), "[r2 teacher] teacher served 6 requests")) << fits.text();
@@ -754,11 +772,11 @@ TEST_F(LauncherTest, SummaryHeadlinesTheRankThatFailedFirstNotTheFirstToExit) {
   auto st = l.finish();
   EXPECT_TRUE(st.exited && st.code == 1) << st.describe() << "\n" << l.text();
   const std::string& t = l.text();
-  EXPECT_TRUE(has(t, "job failed: [r0 student] detached abnormally from the segment (then exit code 1); "
-                     "distill-run noticed "))
+  EXPECT_TRUE(has(t,
+                  "job failed: [r0 student] detached abnormally from the segment (then exit code 1); "
+                  "distill-run noticed "))
       << t;
-  EXPECT_TRUE(has(t, "last lines of [r0 student]:\n") && has(t, "    | FAILED student 0: a bad batch at step 1"))
-      << t;
+  EXPECT_TRUE(has(t, "last lines of [r0 student]:\n") && has(t, "    | FAILED student 0: a bad batch at step 1")) << t;
   expectSegmentGone(l);
 }
 
@@ -779,7 +797,7 @@ std::vector<std::string> listenersOn(int port) {
   for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
     std::istringstream in(readFile(table));
     std::string line;
-    std::getline(in, line);  // header
+    std::getline(in, line); // header
     while (std::getline(in, line)) {
       std::istringstream f(line);
       std::string slot, local, remote, state;
@@ -905,7 +923,8 @@ std::string lineWith(const std::string& text, const std::string& needle) {
   if (at == std::string::npos) return "";
   const size_t from = text.rfind('\n', at);
   const size_t to = text.find('\n', at);
-  return text.substr(from == std::string::npos ? 0 : from + 1, to == std::string::npos ? std::string::npos : to - from - 1);
+  return text.substr(from == std::string::npos ? 0 : from + 1,
+                     to == std::string::npos ? std::string::npos : to - from - 1);
 }
 
 class TwoNodeTest : public LauncherFixture {
@@ -915,14 +934,18 @@ class TwoNodeTest : public LauncherFixture {
     const std::string port = std::to_string(freePort());
     const std::string cfg = config(3);
     for (int k = 0; k < 2; ++k) {
-      std::vector<std::string> args{"--nproc-per-node", "3", "--nnodes", "2", "--node-rank", std::to_string(k),
-                                    "--master-addr", "127.0.0.1", "--master-port", port, "--config", cfg,
-                                    "--log-dir", dir_ + "/logs" + std::to_string(k)};
+      std::vector<std::string> args{"--nproc-per-node", "3",
+                                    "--nnodes",         "2",
+                                    "--node-rank",      std::to_string(k),
+                                    "--master-addr",    "127.0.0.1",
+                                    "--master-port",    port,
+                                    "--config",         cfg,
+                                    "--log-dir",        dir_ + "/logs" + std::to_string(k)};
       args.insert(args.end(), more.begin(), more.end());
       args.insert(args.end(), {"--", selfExe(), "--distill-role=job", mode});
-      nodes_[k] = std::make_unique<Launch>(args, false, std::vector<std::string>{},
-                                           std::map<std::string, std::string>{{"DISTILL_JOB_SECRET",
-                                                                               k == 0 ? kSecret : secret1}});
+      nodes_[k] = std::make_unique<Launch>(
+          args, false, std::vector<std::string>{},
+          std::map<std::string, std::string>{{"DISTILL_JOB_SECRET", k == 0 ? kSecret : secret1}});
     }
   }
   // The pid a student printed in its READY line, from node `k`'s console.
@@ -991,4 +1014,4 @@ TEST_F(TwoNodeTest, NodeWithAnotherSecretIsRefused) {
   EXPECT_TRUE(has(nodes_[0]->text(), "it did not prove the job secret")) << nodes_[0]->text();
 }
 
-}  // namespace
+} // namespace

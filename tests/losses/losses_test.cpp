@@ -36,7 +36,7 @@ LossKind lossKind(const std::string& s) { return parseEnum<LossKind>(s).value();
 struct Case {
   std::string name, kind, mode;
   double temperature = 1, beta = 0.5, alpha = 0.5;
-  std::string dtype = "f64", check = "exact";  // edge cases: precision to run in, exact | bound
+  std::string dtype = "f64", check = "exact"; // edge cases: precision to run in, exact | bound
   std::map<std::string, at::Tensor> t;
 };
 
@@ -68,8 +68,7 @@ std::vector<Case> pythonCases(const std::string& args, bool edge = false) {
   char dirTemplate[] = "/tmp/distill_losses_XXXXXX";
   const char* dir = mkdtemp(dirTemplate);
   EXPECT_NE(dir, nullptr);
-  std::string cmd = std::string(DISTILL_TEST_PYTHON) + " " + DISTILL_LOSSES_REFERENCE + " " + args +
-                    " --out " + dir;
+  std::string cmd = std::string(DISTILL_TEST_PYTHON) + " " + DISTILL_LOSSES_REFERENCE + " " + args + " --out " + dir;
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
   std::vector<Case> cases;
   const std::string listPath = std::string(dir) + (edge ? "/edge_cases.txt" : "/cases.txt");
@@ -124,7 +123,7 @@ TEST(Losses, MatchPythonReference) {
     SCOPED_TRACE(c.name);
     const double norm = c.t.at("normalizer").item<double>();
     const at::Tensor& labels = c.t.at("labels");
-    ASSERT_GT(labels.numel() - countTokens(labels, -100), 0);  // some tokens are ignored
+    ASSERT_GT(labels.numel() - countTokens(labels, -100), 0); // some tokens are ignored
     // Chunks smaller than N (38 tokens, ~27 valid) and not dividing it, 1, and all at once.
     for (int64_t chunk : {7, 1, 1000}) {
       at::Tensor z = c.t.at("student").clone().requires_grad_(true);
@@ -154,8 +153,8 @@ TEST(Losses, MatchPythonReference) {
     worstLoss32 = std::max(worstLoss32, el);
     worstGrad32 = std::max(worstGrad32, eg);
   }
-  std::printf("max abs error vs python: float64 loss/kd/ce %.3g grad %.3g; float32 loss %.3g grad %.3g\n",
-              worstLoss64, worstGrad64, worstLoss32, worstGrad32);
+  std::printf("max abs error vs python: float64 loss/kd/ce %.3g grad %.3g; float32 loss %.3g grad %.3g\n", worstLoss64,
+              worstGrad64, worstLoss32, worstGrad32);
 }
 
 // Issue 14, items 1-3: inputs where the old formulas gave inf or NaN (JSD with
@@ -174,7 +173,7 @@ TEST(Losses, EdgeCasesMatchExactReference) {
       LossResult r = distillLoss(z, c.t.at("labels"), teacherOf(c, dtype), optionsOf(c, chunk), norm);
       r.loss.backward();
       const double loss = r.loss.item<double>(), eg = maxAbs(z.grad(), c.t.at("ref_grad"));
-      EXPECT_TRUE(std::isnan(r.ce.item<double>()));  // alpha = 1: ce is not computed
+      EXPECT_TRUE(std::isnan(r.ce.item<double>())); // alpha = 1: ce is not computed
       EXPECT_EQ(r.kd.item<double>(), loss);
       EXPECT_TRUE(std::isfinite(loss)) << loss;
       EXPECT_TRUE(z.grad().isfinite().all().item<bool>()) << z.grad();
@@ -221,13 +220,23 @@ Small smallProblem(const std::string& mode, double temperature, uint64_t seed) {
 }
 
 TEST(Losses, FiniteDifferences) {
-  struct Spec { const char* kind; const char* mode; double t; };
-  const Spec specs[] = {{"forward_kl", "dense", 1.0}, {"forward_kl", "dense", 2.5},
-                        {"forward_kl", "topk", 1.0},  {"forward_kl", "topk", 2.5},
-                        {"forward_kl", "topk_lse", 2.5}, {"reverse_kl", "dense", 2.5},
-                        {"reverse_kl", "topk_lse", 1.0}, {"jsd", "dense", 2.5},
-                        {"jsd", "topk", 1.0}, {"jsd", "topk_lse", 2.5},
-                        {"forward_kl", "topk_tail", 2.5}, {"reverse_kl", "topk_tail", 1.0},
+  struct Spec {
+    const char* kind;
+    const char* mode;
+    double t;
+  };
+  const Spec specs[] = {{"forward_kl", "dense", 1.0},
+                        {"forward_kl", "dense", 2.5},
+                        {"forward_kl", "topk", 1.0},
+                        {"forward_kl", "topk", 2.5},
+                        {"forward_kl", "topk_lse", 2.5},
+                        {"reverse_kl", "dense", 2.5},
+                        {"reverse_kl", "topk_lse", 1.0},
+                        {"jsd", "dense", 2.5},
+                        {"jsd", "topk", 1.0},
+                        {"jsd", "topk_lse", 2.5},
+                        {"forward_kl", "topk_tail", 2.5},
+                        {"reverse_kl", "topk_tail", 1.0},
                         {"jsd", "topk_tail", 2.5}};
   double worst = 0;
   for (const Spec& sp : specs) {
@@ -309,28 +318,30 @@ TEST(Losses, GradientAccumulationMatchesOneBatch) {
       at::Tensor w = w0.clone().requires_grad_(true), w2 = w0.clone().requires_grad_(true);
       for (int64_t a = 0; a < accSteps; ++a) {
         const size_t i = s * accSteps + a;
-        distillLoss(at::matmul(xs[i], w.t()), labels[i], teacherOf(teachers[i]), o, total)
-            .loss.backward();
+        distillLoss(at::matmul(xs[i], w.t()), labels[i], teacherOf(teachers[i]), o, total).loss.backward();
         // The tempting alternative: mean per micro-batch, then averaged over acc steps and ranks.
         const double own = static_cast<double>(countTokens(labels[i], -100));
         (distillLoss(at::matmul(xs[i], w2.t()), labels[i], teacherOf(teachers[i]), o, own).loss /
-         static_cast<double>(students * accSteps)).backward();
+         static_cast<double>(students * accSteps))
+            .backward();
       }
       accumulated += w.grad();
       perMicro += w2.grad();
     }
     // The same tokens as one batch.
     at::Tensor w = w0.clone().requires_grad_(true);
-    LossResult one = distillLoss(at::matmul(at::cat(xs), w.t()), at::cat(labels),
-                                 teacherOf(at::cat(teachers)), o, total);
+    LossResult one =
+        distillLoss(at::matmul(at::cat(xs), w.t()), at::cat(labels), teacherOf(at::cat(teachers)), o, total);
     one.loss.backward();
     EXPECT_EQ(one.tokens, total);
     const double e = maxAbs(accumulated, w.grad());
     const double wrong = maxAbs(perMicro, w.grad());
-    std::printf("%s: accumulated vs one batch %.3g; per-micro-batch normalisation off by %.3g "
-                "(max |grad| %.3g)\n", mode, e, wrong, w.grad().abs().max().item<double>());
+    std::printf(
+        "%s: accumulated vs one batch %.3g; per-micro-batch normalisation off by %.3g "
+        "(max |grad| %.3g)\n",
+        mode, e, wrong, w.grad().abs().max().item<double>());
     EXPECT_LT(e, 1e-12);
-    EXPECT_GT(wrong, 1e-2 * w.grad().abs().max().item<double>());  // so this test can fail
+    EXPECT_GT(wrong, 1e-2 * w.grad().abs().max().item<double>()); // so this test can fail
   }
 }
 
@@ -349,11 +360,10 @@ TEST(Losses, BackwardScalesByIncomingGradientAndNoGradMatches) {
   EXPECT_FALSE(r1.kd.requires_grad());
   EXPECT_FALSE(r1.ce.requires_grad());
   EXPECT_TRUE(r1.loss.requires_grad());
-  LossResult r3 = distillLoss(s.z, s.labels, s.teacher, o, 5.0);  // z does not require grad
+  LossResult r3 = distillLoss(s.z, s.labels, s.teacher, o, 5.0); // z does not require grad
   EXPECT_FALSE(r3.loss.requires_grad());
   EXPECT_DOUBLE_EQ(r3.loss.item<double>(), r1.loss.item<double>());
-  EXPECT_NEAR(r1.loss.item<double>(),
-              o.alpha * r1.kd.item<double>() + (1 - o.alpha) * r1.ce.item<double>(), 1e-15);
+  EXPECT_NEAR(r1.loss.item<double>(), o.alpha * r1.kd.item<double>() + (1 - o.alpha) * r1.ce.item<double>(), 1e-15);
   // A second backward through the same loss is refused, not silently wrong.
   at::Tensor z4 = s.z.clone().requires_grad_(true);
   at::Tensor l4 = distillLoss(z4, s.labels, s.teacher, o, 5.0).loss;
@@ -376,8 +386,8 @@ TEST(Losses, AllIgnoredAndLowPrecision) {
   rb.loss.backward();
   EXPECT_EQ(zb.grad().scalar_type(), at::kBFloat16);
   EXPECT_NEAR(rb.loss.item<double>(),
-              distillLoss(s.z.to(at::kBFloat16).to(at::kDouble), s.labels, s.teacher, o, 5.0)
-                  .loss.item<double>(), 1e-5);
+              distillLoss(s.z.to(at::kBFloat16).to(at::kDouble), s.labels, s.teacher, o, 5.0).loss.item<double>(),
+              1e-5);
   // A teacher that rules tokens out (-inf) leaves forward KL and JSD finite.
   TeacherOutput masked{s.teacher.logits.clone(), {}, {}, {}, {}};
   masked.logits.select(1, 0).fill_(-std::numeric_limits<double>::infinity());
@@ -409,10 +419,8 @@ TEST(Losses, Errors) {
   Small s = smallProblem("dense", 1.0, 5);
   Small k = smallProblem("topk", 1.0, 5);
   LossOptions o;
-  auto run = [&](const at::Tensor& z, const at::Tensor& l, const TeacherOutput& t,
-                 const LossOptions& opt, double norm = 5.0) {
-    return [=] { distillLoss(z, l, t, opt, norm); };
-  };
+  auto run = [&](const at::Tensor& z, const at::Tensor& l, const TeacherOutput& t, const LossOptions& opt,
+                 double norm = 5.0) { return [=] { distillLoss(z, l, t, opt, norm); }; };
   std::string m = expectThrow<ProtocolError>(
       run(s.z, s.labels, TeacherOutput{s.teacher.logits.narrow(1, 0, 8), {}, {}, {}, {}}, o));
   EXPECT_NE(m.find("[6, 9]"), std::string::npos) << m;
@@ -454,8 +462,7 @@ TEST(Losses, Errors) {
   expectThrow<ConfigError>(run(s.z, s.labels, s.teacher, with([](auto& b) { b.jsd_beta = 1; })));
   expectThrow<ConfigError>(run(s.z, s.labels, s.teacher, with([](auto& b) { b.chunk_tokens = 0; })));
   expectThrow<ConfigError>(run(s.z, s.labels, s.teacher, o, 0.0));
-  m = expectThrow<ConfigError>(
-      run(k.z, k.labels, k.teacher, with([](auto& b) { b.kind = LossKind::kReverseKl; })));
+  m = expectThrow<ConfigError>(run(k.z, k.labels, k.teacher, with([](auto& b) { b.kind = LossKind::kReverseKl; })));
   EXPECT_NE(m.find("logsumexp"), std::string::npos) << m;
 }
 
@@ -526,8 +533,11 @@ TEST(Losses, ServerTopkOutputKeepsTheTeacherTail) {
     r.loss.backward();
     EXPECT_TRUE(std::isfinite(r.loss.item<double>()));
     EXPECT_EQ(badRows(z.grad()), 0);
-    TeacherOutput sent64{{}, sent.topkValues.to(at::kDouble), sent.topkIndices,
-                         sent.logsumexp.to(at::kDouble), sent.logTail.to(at::kDouble)};
+    TeacherOutput sent64{{},
+                         sent.topkValues.to(at::kDouble),
+                         sent.topkIndices,
+                         sent.logsumexp.to(at::kDouble),
+                         sent.logTail.to(at::kDouble)};
     at::Tensor z64 = z0.to(at::kDouble).requires_grad_(true);
     LossResult r64 = distillLoss(z64, labels, sent64, o, double(n));
     r64.loss.backward();
@@ -542,8 +552,10 @@ TEST(Losses, ServerTopkOutputKeepsTheTeacherTail) {
       ro.loss.backward();
       EXPECT_TRUE(std::isfinite(ro.loss.item<double>()));
       EXPECT_EQ(badRows(zo.grad()), 0);
-      std::printf("reverse_kl, %ld of %ld rows with top-k mass rounding to 1: %.6f with the log tail, "
-                  "%.6f without (a lower bound)\n", cancelled, n, r.loss.item<double>(), ro.loss.item<double>());
+      std::printf(
+          "reverse_kl, %ld of %ld rows with top-k mass rounding to 1: %.6f with the log tail, "
+          "%.6f without (a lower bound)\n",
+          cancelled, n, r.loss.item<double>(), ro.loss.item<double>());
     }
   }
 }
@@ -555,7 +567,7 @@ TEST(Losses, ServerTopkOutputLogTail) {
   EXPECT_EQ(out.size(), 4u);
   EXPECT_FLOAT_EQ(out.at(protocol::kLogTail)[0].item<float>(), std::log(2.0f));
   EXPECT_FLOAT_EQ(out.at(protocol::kLogTail)[1].item<float>(), std::log(std::exp(1.0f) + std::exp(2.0f)));
-  EXPECT_EQ(out.at(protocol::kLogsumexp)[0].item<float>(), 40.0f);  // the tail is below its rounding
+  EXPECT_EQ(out.at(protocol::kLogsumexp)[0].item<float>(), 40.0f); // the tail is below its rounding
   EXPECT_EQ(out.at(protocol::kTopkIndices).scalar_type(), at::kInt);
   auto all = topkOutput(t, 3, 2.0);
   EXPECT_TRUE((all.at(protocol::kLogTail) == -kInf).all().item<bool>());
@@ -571,7 +583,7 @@ TEST(Losses, ZeroWeightTermIsNotComputed) {
   at::Tensor zInf = s.z.clone();
   zInf.select(1, 8).fill_(-kInf);
   at::Tensor labels = s.labels.clone();
-  labels.masked_fill_(labels == 8, 0);  // keep CE finite
+  labels.masked_fill_(labels == 8, 0); // keep CE finite
   o.alpha = 0.3;
   EXPECT_FALSE(std::isfinite(distillLoss(zInf, labels, s.teacher, o, 5.0).kd.item<double>()));
   o.alpha = 0;
@@ -581,7 +593,7 @@ TEST(Losses, ZeroWeightTermIsNotComputed) {
     at::Tensor z = zInf.clone().requires_grad_(true);
     LossResult r = distillLoss(z, labels, teacher, o, 5.0);
     r.loss.backward();
-    EXPECT_TRUE(std::isnan(r.kd.item<double>()));  // "not computed"
+    EXPECT_TRUE(std::isnan(r.kd.item<double>())); // "not computed"
     // Exactly the hard-label CE: value and gradient.
     at::Tensor zc = zInf.clone().requires_grad_(true);
     at::Tensor ce = at::cross_entropy_loss(zc, labels, {}, at::Reduction::Sum, -100) / 5.0;
@@ -637,7 +649,7 @@ TEST(Losses, StepWithoutTokensGivesZeroLoss) {
         EXPECT_EQ(r.kd.item<double>(), 0.0);
         EXPECT_EQ(r.ce.item<double>(), 0.0);
       }
-      EXPECT_EQ(distillLoss(s.z, none, s.teacher, o, 0.0).loss.item<double>(), 0.0);  // no grad
+      EXPECT_EQ(distillLoss(s.z, none, s.teacher, o, 0.0).loss.item<double>(), 0.0); // no grad
     }
   }
   // A normalizer of 0 with valid tokens is still an error, naming the count.
@@ -730,9 +742,7 @@ class CountingAllocator final : public c10::Allocator {
     }
     return {data, ctx, &release, device};
   }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    default_copy_data(dest, src, count);
-  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
   int64_t live() const { return live_.load(); }
   int64_t peak() const { return peak_.load(); }
   void resetPeak() { peak_.store(live_.load()); }
@@ -769,8 +779,8 @@ CountingAllocator& counting() {
 // enough to underflow: values and gradients agree to rounding (loss, kd and ce
 // within 1e-6 relative beyond 1, gradients within 1e-6; 1e-12 in float64).
 TEST(Losses, FusedCpuKernelMatchesAtenOps) {
-  double worst[2] = {0, 0};  // float32, float64
-  int beyond = 0;            // float32 cases beyond 1e-6, checked against float64 instead
+  double worst[2] = {0, 0}; // float32, float64
+  int beyond = 0; // float32 cases beyond 1e-6, checked against float64 instead
   for (at::ScalarType dtype : {at::kFloat, at::kDouble}) {
     const bool f32 = dtype == at::kFloat;
     for (int64_t v : {37, 300}) {
@@ -779,8 +789,8 @@ TEST(Losses, FusedCpuKernelMatchesAtenOps) {
         const int64_t n = 23, k = 8;
         at::Tensor z0 = (at::randn({n, v}, gen, at::kDouble) * (1.5 * scale)).to(dtype);
         at::Tensor t = (at::randn({n, v}, gen, at::kDouble) * (2 * scale)).to(dtype);
-        z0[3].narrow(0, 0, 5).fill_(-kInf);  // masked student tokens
-        t[4].narrow(0, 2, 6).fill_(-kInf);   // masked teacher tokens
+        z0[3].narrow(0, 0, 5).fill_(-kInf); // masked student tokens
+        t[4].narrow(0, 2, 6).fill_(-kInf); // masked teacher tokens
         at::Tensor labels = at::randint(0, v, {n}, gen, at::kLong);
         labels[1] = -100;
         labels[9] = -100;
@@ -790,7 +800,7 @@ TEST(Losses, FusedCpuKernelMatchesAtenOps) {
             if (std::string(mode) == "dense") {
               teacher.logits = t;
             } else if (std::string(mode) == "dense_bf16") {
-              teacher.logits = t.to(at::kBFloat16);  // converted chunk by chunk
+              teacher.logits = t.to(at::kBFloat16); // converted chunk by chunk
             } else {
               auto [vals, idx] = t.topk(k, 1);
               teacher.topkValues = vals;
@@ -804,11 +814,11 @@ TEST(Losses, FusedCpuKernelMatchesAtenOps) {
               }
             }
             for (const char* kind : {"forward_kl", "reverse_kl", "jsd"}) {
-              if (std::string(kind) == "reverse_kl" && std::string(mode) == "topk") continue;  // refused
+              if (std::string(kind) == "reverse_kl" && std::string(mode) == "topk") continue; // refused
               for (double alpha : {0.0, 0.6, 1.0}) {
-                SCOPED_TRACE(std::string(f32 ? "float32 " : "float64 ") + mode + " " + kind + " V=" +
-                             std::to_string(v) + " scale=" + std::to_string(scale) + " T=" + std::to_string(temp) +
-                             " alpha=" + std::to_string(alpha));
+                SCOPED_TRACE(std::string(f32 ? "float32 " : "float64 ") + mode + " " + kind +
+                             " V=" + std::to_string(v) + " scale=" + std::to_string(scale) +
+                             " T=" + std::to_string(temp) + " alpha=" + std::to_string(alpha));
                 LossOptions o;
                 o.kind = lossKind(kind);
                 o.temperature = temp;
@@ -843,9 +853,9 @@ TEST(Losses, FusedCpuKernelMatchesAtenOps) {
                   LossResult c = detail::distillLossAtenOps(zc, labels, teacher, o, 21.0);
                   c.loss.backward();
                   const double fa = std::abs(a.loss.item<double>() - c.loss.item<double>()) /
-                                    std::max(1.0, std::abs(c.loss.item<double>()));
+                      std::max(1.0, std::abs(c.loss.item<double>()));
                   const double fb = std::abs(b.loss.item<double>() - c.loss.item<double>()) /
-                                    std::max(1.0, std::abs(c.loss.item<double>()));
+                      std::max(1.0, std::abs(c.loss.item<double>()));
                   EXPECT_LE(fa, 1.5 * fb + 1e-6);
                   EXPECT_LE(maxAbs(ga, zc.grad()), 1.5 * maxAbs(gb, zc.grad()) + 1e-6);
                   ++beyond;
@@ -860,9 +870,10 @@ TEST(Losses, FusedCpuKernelMatchesAtenOps) {
       }
     }
   }
-  std::printf("fused CPU kernel vs ATen ops, max difference of loss, kd, ce (relative beyond 1) and gradient: "
-              "float32 %.3g, float64 %.3g; %d float32 cases beyond 1e-6 (as close to float64 as ATen's)\n",
-              worst[0], worst[1], beyond);
+  std::printf(
+      "fused CPU kernel vs ATen ops, max difference of loss, kd, ce (relative beyond 1) and gradient: "
+      "float32 %.3g, float64 %.3g; %d float32 cases beyond 1e-6 (as close to float64 as ATen's)\n",
+      worst[0], worst[1], beyond);
 }
 
 TEST(Losses, MemoryIsBoundedByChunks) {
@@ -882,32 +893,32 @@ TEST(Losses, MemoryIsBoundedByChunks) {
     // The fused CPU kernel (distillLoss here): one row of scratch per thread;
     // the ATen-op path (CUDA, half/bfloat16): at most ~10 chunk buffers.
     for (bool aten : {false, true}) {
-    for (const char* mode : {"dense", "topk_lse"}) {
-      for (const char* kind : {"forward_kl", "jsd"}) {
-        LossOptions o;
-        o.kind = lossKind(kind);
-        o.temperature = 2.0;
-        o.chunk_tokens = chunk;
-        TeacherOutput teacher = std::string(mode) == "dense"
-                                    ? TeacherOutput{t, {}, {}, {}, {}}
-                                    : TeacherOutput{{}, vals, idx.to(at::kInt), lse, {}};
-        z.mutable_grad() = at::Tensor();
-        const int64_t base = counting().live();
-        counting().resetPeak();
-        LossResult r = aten ? detail::distillLossAtenOps(z, labels, teacher, o, 412.0)
-                            : distillLoss(z, labels, teacher, o, 412.0);
-        const int64_t afterForward = counting().live() - base;
-        r.loss.backward();
-        const int64_t extra = counting().peak() - base;
-        ASSERT_TRUE(std::isfinite(r.loss.item<double>()));
-        ASSERT_EQ(z.grad().sizes(), z.sizes());
-        std::printf("%s %s %s N=%ld V=%ld chunk=%ld: peak beyond inputs %.1f MiB = gradient %.1f "
-                    "MiB + %.1f MiB (%.1f chunk buffers of %.1f MiB); held after forward %.1f MiB\n",
-                    aten ? "aten-ops" : "fused", mode, kind, n, v, chunk, extra / mib, gradBytes / mib, (extra - gradBytes) / mib,
-                    double(extra - gradBytes) / chunkBytes, chunkBytes / mib, afterForward / mib);
-        EXPECT_LE(extra - gradBytes, (aten ? 10 : 1) * chunkBytes);
+      for (const char* mode : {"dense", "topk_lse"}) {
+        for (const char* kind : {"forward_kl", "jsd"}) {
+          LossOptions o;
+          o.kind = lossKind(kind);
+          o.temperature = 2.0;
+          o.chunk_tokens = chunk;
+          TeacherOutput teacher = std::string(mode) == "dense" ? TeacherOutput{t, {}, {}, {}, {}}
+                                                               : TeacherOutput{{}, vals, idx.to(at::kInt), lse, {}};
+          z.mutable_grad() = at::Tensor();
+          const int64_t base = counting().live();
+          counting().resetPeak();
+          LossResult r = aten ? detail::distillLossAtenOps(z, labels, teacher, o, 412.0)
+                              : distillLoss(z, labels, teacher, o, 412.0);
+          const int64_t afterForward = counting().live() - base;
+          r.loss.backward();
+          const int64_t extra = counting().peak() - base;
+          ASSERT_TRUE(std::isfinite(r.loss.item<double>()));
+          ASSERT_EQ(z.grad().sizes(), z.sizes());
+          std::printf(
+              "%s %s %s N=%ld V=%ld chunk=%ld: peak beyond inputs %.1f MiB = gradient %.1f "
+              "MiB + %.1f MiB (%.1f chunk buffers of %.1f MiB); held after forward %.1f MiB\n",
+              aten ? "aten-ops" : "fused", mode, kind, n, v, chunk, extra / mib, gradBytes / mib,
+              (extra - gradBytes) / mib, double(extra - gradBytes) / chunkBytes, chunkBytes / mib, afterForward / mib);
+          EXPECT_LE(extra - gradBytes, (aten ? 10 : 1) * chunkBytes);
+        }
       }
-    }
     }
     // For scale: the same forward KL with plain autograd over the whole batch.
     z.mutable_grad() = at::Tensor();
@@ -920,10 +931,10 @@ TEST(Losses, MemoryIsBoundedByChunks) {
     }
     const int64_t naive = counting().peak() - base;
     std::printf("plain autograd, unchunked: peak beyond inputs %.1f MiB\n", naive / mib);
-    EXPECT_GT(naive, gradBytes + 10 * chunkBytes);  // the measurement can tell them apart
+    EXPECT_GT(naive, gradBytes + 10 * chunkBytes); // the measurement can tell them apart
   }
   c10::SetCPUAllocator(before, /*priority=*/100);
 }
 
-}  // namespace
-}  // namespace distill
+} // namespace
+} // namespace distill

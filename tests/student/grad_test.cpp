@@ -3,8 +3,8 @@
 // ignore_index masks (one micro-batch with nothing to learn), each loss
 // divided by stepTokenCount and the gradients summed with allReduceGradients,
 // against one process on the concatenated batch. Double precision.
-#include <gtest/gtest.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -25,8 +25,9 @@ namespace {
 constexpr int64_t kVocab = 48, kDim = 16, kSeq = 12, kIgnore = -100, kG = 4;
 
 struct Net : torch::nn::Module {
-  Net() : emb(register_module("emb", torch::nn::Embedding(kVocab, kDim))),
-          fc(register_module("fc", torch::nn::Linear(kDim, kVocab))) {}
+  Net()
+      : emb(register_module("emb", torch::nn::Embedding(kVocab, kDim))),
+        fc(register_module("fc", torch::nn::Linear(kDim, kVocab))) {}
   torch::Tensor forward(const torch::Tensor& ids) { return fc(torch::tanh(emb(ids))); }
   torch::nn::Embedding emb;
   torch::nn::Linear fc;
@@ -59,11 +60,11 @@ Batch gradBatch(int rank, int acc) {
 
 std::string yaml() {
   return "run:\n  startup_timeout_s: 30\n  collective_timeout_s: 30\nteacher:\n  kind: self\n"
-         "student:\n  grad_acc_steps: 4\n  bucket_mb: 0.002\n"  // several gradient buckets
+         "student:\n  grad_acc_steps: 4\n  bucket_mb: 0.002\n" // several gradient buckets
          "loss:\n  kind: jsd\n  temperature: 2.0\n  alpha: 0.7\n  chunk_tokens: 5\n  ignore_index: -100\n";
 }
 
-}  // namespace
+} // namespace
 
 // One step of a data-parallel student; writes its all-reduced gradients to args[0].
 DISTILL_TEST_ROLE(grad_student) {
@@ -89,10 +90,13 @@ DISTILL_TEST_ROLE(grad_student) {
   torch::save(grads, args.at(0));
   // Evaluation on student rank 0 only, its value broadcast to every student.
   int calls = 0;
-  auto eval = distill::evaluateOnRank0(ctx.group(), [&] {
-    ++calls;
-    return std::vector<double>{42.5, double(rank)};
-  }, 2);
+  auto eval = distill::evaluateOnRank0(
+      ctx.group(),
+      [&] {
+        ++calls;
+        return std::vector<double>{42.5, double(rank)};
+      },
+      2);
   if (eval != std::vector<double>{42.5, 0.0} || calls != (rank == 0 ? 1 : 0)) {
     std::fprintf(stderr, "evaluateOnRank0: got %f %f, %d call(s)\n", eval[0], eval[1], calls);
     return 1;

@@ -3,8 +3,8 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <signal.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -15,10 +15,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <stdexcept>
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <stdexcept>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -96,8 +96,7 @@ std::optional<ExitStatus> Child::waitFor(std::chrono::milliseconds timeout) {
 ExitStatus Child::join(std::chrono::milliseconds timeout) {
   auto s = waitFor(timeout);
   if (s) return *s;
-  ADD_FAILURE() << "child " << pid_ << " still running after " << timeout.count()
-                << " ms; killing it";
+  ADD_FAILURE() << "child " << pid_ << " still running after " << timeout.count() << " ms; killing it";
   ::kill(pid_, SIGKILL);
   auto k = waitFor(std::chrono::seconds(10));
   return k ? *k : ExitStatus{};
@@ -195,13 +194,9 @@ static std::string envOr(const char* name, const std::string& fallback) {
   return v ? std::string(v) : fallback;
 }
 
-std::string binPath(const std::string& name) {
-  return envOr("DISTILL_BIN_DIR", ".") + "/" + name;
-}
+std::string binPath(const std::string& name) { return envOr("DISTILL_BIN_DIR", ".") + "/" + name; }
 
-std::string sourcePath(const std::string& rel) {
-  return envOr("DISTILL_SOURCE_DIR", ".") + "/" + rel;
-}
+std::string sourcePath(const std::string& rel) { return envOr("DISTILL_SOURCE_DIR", ".") + "/" + rel; }
 
 bool waitForSigterm(std::chrono::seconds timeout) {
   sigset_t set;
@@ -228,4 +223,4 @@ std::string readFile(const std::string& path) {
   return ss.str();
 }
 
-}  // namespace distill::testing
+} // namespace distill::testing

@@ -25,9 +25,9 @@
 namespace distill::testing {
 
 struct ExitStatus {
-  bool exited = false;   // normal exit
-  int code = -1;         // exit code when exited
-  int signal = 0;        // terminating signal otherwise
+  bool exited = false; // normal exit
+  int code = -1; // exit code when exited
+  int signal = 0; // terminating signal otherwise
   std::string describe() const;
 };
 
@@ -59,8 +59,7 @@ Child forkChild(const std::function<int()>& body);
 
 // fork+exec of argv with the current environment plus `env` (overrides).
 // stdout/stderr go to `logPath` when given, else are inherited.
-Child spawn(const std::vector<std::string>& argv,
-            const std::map<std::string, std::string>& env = {},
+Child spawn(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {},
             const std::string& logPath = {});
 
 // A name unique to this process and call, e.g. "distill-test-1234-7".
@@ -85,4 +84,4 @@ bool waitForSigterm(std::chrono::seconds timeout);
 // Reads a whole file ("" if missing).
 std::string readFile(const std::string& path);
 
-}  // namespace distill::testing
+} // namespace distill::testing

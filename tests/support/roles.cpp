@@ -13,7 +13,7 @@ std::map<std::string, RoleFn>& roles() {
   return r;
 }
 constexpr const char* kRoleFlag = "--distill-role=";
-}  // namespace
+} // namespace
 
 bool registerRole(const std::string& name, RoleFn fn) {
   roles()[name] = std::move(fn);
@@ -52,4 +52,4 @@ int runRoleIfRequested(int argc, char** argv) {
   }
 }
 
-}  // namespace distill::testing
+} // namespace distill::testing

@@ -27,16 +27,14 @@ std::string selfExe();
 
 // fork+exec this test binary in role `name` with extra args and environment.
 Child spawnRole(const std::string& name, const std::vector<std::string>& args = {},
-                const std::map<std::string, std::string>& env = {},
-                const std::string& logPath = {});
+                const std::map<std::string, std::string>& env = {}, const std::string& logPath = {});
 
 // Called by main(): runs the role if argv names one; returns -1 otherwise.
 int runRoleIfRequested(int argc, char** argv);
 
-}  // namespace distill::testing
+} // namespace distill::testing
 
-#define DISTILL_TEST_ROLE(name)                                                          \
-  static int distillRole_##name(const std::vector<std::string>& args);                   \
-  static const bool distillRoleReg_##name =                                             \
-      ::distill::testing::registerRole(#name, distillRole_##name);                       \
+#define DISTILL_TEST_ROLE(name)                                                                          \
+  static int distillRole_##name(const std::vector<std::string>& args);                                   \
+  static const bool distillRoleReg_##name = ::distill::testing::registerRole(#name, distillRole_##name); \
   static int distillRole_##name([[maybe_unused]] const std::vector<std::string>& args)

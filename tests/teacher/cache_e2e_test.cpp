@@ -26,7 +26,7 @@ using distill::testing::e2e::kVocab;
 
 namespace {
 
-constexpr int64_t kRows = 24;  // rows per student
+constexpr int64_t kRows = 24; // rows per student
 
 // Student `rank`'s rows: [kRows, kSeq] int64, the same in every epoch.
 at::Tensor studentRows(int rank) {
@@ -34,7 +34,7 @@ at::Tensor studentRows(int rank) {
   return at::randint(0, kVocab, {kRows, kSeq}, g, at::kLong);
 }
 
-}  // namespace
+} // namespace
 
 // Sends its rows through the teacher: epoch 1 in order, 2 rows a request;
 // epoch 2 shuffled, 3 rows a request. Saves every row's answer, in row order
@@ -74,7 +74,7 @@ namespace {
 
 struct CacheDir {
   std::string path = ::testing::TempDir() + dt::uniqueName("distill-cache-e2e");
-  ~CacheDir() {  // an LMDB store: data.mdb and lock.mdb (no std::filesystem: libtorch.so exports a clashing copy)
+  ~CacheDir() { // an LMDB store: data.mdb and lock.mdb (no std::filesystem: libtorch.so exports a clashing copy)
     ::unlink((path + "/data.mdb").c_str());
     ::unlink((path + "/lock.mdb").c_str());
     ::rmdir(path.c_str());
@@ -91,15 +91,15 @@ std::string scriptTeacher(int topk) {
 
 struct JobResult {
   std::string teacherLog;
-  double hitShare = -1;  // as the teacher published it in the segment
+  double hitShare = -1; // as the teacher published it in the segment
   std::vector<std::string> studentLogs;
 };
 
 // One job: `students` students in `role` with `args` (a "%d" in an arg
 // becomes the student's rank) and bin/distill-teacher. Fails the test if any
 // process fails.
-JobResult runJob(const std::string& yaml, const std::string& role,
-                                      const std::vector<std::string>& args, int students = 2) {
+JobResult runJob(const std::string& yaml, const std::string& role, const std::vector<std::string>& args,
+                 int students = 2) {
   dt::Job job(students, yaml);
   std::vector<dt::Child> kids;
   kids.push_back(job.spawnTeacherBinary());
@@ -119,9 +119,9 @@ JobResult runJob(const std::string& yaml, const std::string& role,
   }
   JobResult r;
   r.teacherLog = teacherLog;
-  r.hitShare = distill::ipc::Segment::attach(job.segment(), job.jobId(), std::nullopt,
-                                             distill::Deadline::after(seconds(5)))
-                   .teacherCacheHits();
+  r.hitShare =
+      distill::ipc::Segment::attach(job.segment(), job.jobId(), std::nullopt, distill::Deadline::after(seconds(5)))
+          .teacherCacheHits();
   for (int i = 0; i < students; ++i) r.studentLogs.push_back(job.log(i));
   return r;
 }
@@ -135,7 +135,7 @@ std::vector<at::Tensor> loadAnswers(const std::string& path) {
 bool bitEqual(const at::Tensor& a, const at::Tensor& b) {
   at::Tensor x = a.contiguous(), y = b.contiguous();
   return x.scalar_type() == y.scalar_type() && x.sizes() == y.sizes() &&
-         std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
+      std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
 }
 
 std::string line(const std::string& log, const std::string& start) {
@@ -217,4 +217,4 @@ TEST(TeacherCacheEndToEnd, SweepSecondRunAllHits) {
   }
 }
 
-}  // namespace
+} // namespace

@@ -63,7 +63,7 @@ TeacherCache::Computed shaped(const at::Tensor& x, int64_t k, int64_t vocab = 64
 bool bitEqual(const at::Tensor& a, const at::Tensor& b) {
   at::Tensor x = a.contiguous().cpu(), y = b.contiguous().cpu();
   return x.scalar_type() == y.scalar_type() && x.sizes() == y.sizes() &&
-         std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
+      std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0;
 }
 
 bool bitEqual(const Answer& a, const Answer& b) {
@@ -296,7 +296,7 @@ TEST(TeacherCacheStore, RefusesWhatItCannotServe) {
 TEST(TeacherCacheStore, FullStoreSaysSoOnceAndKeepsServing) {
   TempDir dir;
   TeacherCache cache(options(dir.path, "readwrite", int64_t(1) << 20), kContext, kNames);
-  auto compute = [](const std::vector<at::Tensor>& in) { return shaped(in[0], 0, 1024); };  // 64 KiB a row
+  auto compute = [](const std::vector<at::Tensor>& in) { return shaped(in[0], 0, 1024); }; // 64 KiB a row
   at::Tensor first = ids(4, 16, 1);
   std::vector<Answer> kept = cache.answer({{first}}, compute, at::kCPU);
   ASSERT_EQ(cache.stats().inserted, 4);
@@ -304,7 +304,7 @@ TEST(TeacherCacheStore, FullStoreSaysSoOnceAndKeepsServing) {
   for (uint64_t seed = 100; seed < 140; ++seed) {
     at::Tensor x = ids(4, 16, seed);
     std::vector<Answer> a = cache.answer({{x}}, compute, at::kCPU);
-    EXPECT_TRUE(bitEqual(a[0].at("logits"), tableLogits(x, 1024)));  // answered all the same
+    EXPECT_TRUE(bitEqual(a[0].at("logits"), tableLogits(x, 1024))); // answered all the same
   }
   const std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_TRUE(cache.full());
@@ -323,9 +323,9 @@ TEST(TeacherCacheStore, FullStoreSaysSoOnceAndKeepsServing) {
 
 // The rows the SIGKILL test writes: batch i is ids(8, 16, seed 5000 + i).
 at::Tensor killBatch(int64_t i) { return ids(8, 16, 5000 + uint64_t(i)); }
-TeacherCache::Computed killAnswer(const at::Tensor& x) { return shaped(x, 0, 2048); }  // 128 KiB a row
+TeacherCache::Computed killAnswer(const at::Tensor& x) { return shaped(x, 0, 2048); } // 128 KiB a row
 
-}  // namespace
+} // namespace
 
 // Writes batch after batch into the store at args[0]; after each commit writes
 // one byte to fd args[1]. Runs until killed.
@@ -333,7 +333,8 @@ DISTILL_TEST_ROLE(cache_writer) {
   TeacherCache cache(options(args.at(0), "readwrite", int64_t(1) << 30), kContext, kNames);
   const int fd = std::stoi(args.at(1));
   for (int64_t i = 0;; ++i) {
-    cache.answer({{killBatch(i)}}, [](const std::vector<at::Tensor>& in) { return killAnswer(in[0]); }, at::kCPU);
+    cache.answer(
+        {{killBatch(i)}}, [](const std::vector<at::Tensor>& in) { return killAnswer(in[0]); }, at::kCPU);
     const char byte = 1;
     if (::write(fd, &byte, 1) != 1) return 3;
   }
@@ -376,8 +377,8 @@ TEST(TeacherCacheStore, SigkillMidWriteLeavesACorrectStore) {
   for (int64_t i = 0; i < committed + 64; ++i) {
     at::Tensor x = killBatch(i);
     const int64_t hits = cache.stats().hits;
-    std::vector<Answer> a = cache.answer({{x}}, [&](const std::vector<at::Tensor>& in) { return killAnswer(in[0]); },
-                                         at::kCPU);
+    std::vector<Answer> a = cache.answer(
+        {{x}}, [&](const std::vector<at::Tensor>& in) { return killAnswer(in[0]); }, at::kCPU);
     const int64_t rowsHit = cache.stats().hits - hits;
     if (i < committed) {
       EXPECT_EQ(rowsHit, 8) << "batch " << i << " was committed";
@@ -397,7 +398,7 @@ TEST(TeacherCacheStore, SigkillMidWriteLeavesACorrectStore) {
   mdb_env_close(env);
   // Entries: the rows found before this test's own inserts (the first miss), plus the header.
   EXPECT_GE(int64_t(stat.ms_entries), found + 1);
-  EXPECT_LE(int64_t(stat.ms_entries), found + 1 + 8);  // + the batch this check inserted itself
+  EXPECT_LE(int64_t(stat.ms_entries), found + 1 + 8); // + the batch this check inserted itself
   std::printf("writer killed after %d reported commits; %lld rows found intact\n", committed,
               static_cast<long long>(found));
 }
@@ -431,4 +432,4 @@ TEST(TeacherCacheEncoding, Float16ValuesBarelyMoveTheLoss) {
   EXPECT_LT(std::abs(l16 - l32), 1e-3 * std::abs(l32));
 }
 
-}  // namespace
+} // namespace

@@ -16,16 +16,16 @@ constexpr int64_t kVocab = 64, kBatch = 2, kSeq = 16, kIgnore = -100;
 inline std::string jobYaml(const std::string& teacher, int gradAccSteps = 4, int inFlight = 2,
                            double hangTimeoutS = 30) {
   return "run:\n  startup_timeout_s: 30\n  collective_timeout_s: 30\n  hang_timeout_s: " +
-         std::to_string(hangTimeoutS) + "\nteacher:\n" + teacher +
-         "student:\n  grad_acc_steps: " + std::to_string(gradAccSteps) +
-         "\n  in_flight: " + std::to_string(inFlight) +
-         "\ntransport:\n  slots: 4\n  max_request_bytes: 65536\n  max_response_bytes: 262144\n"
-         "  heartbeat_ms: 100\nloss:\n  kind: forward_kl\n  temperature: 2.0\n  alpha: 0.5\n"
-         "  ignore_index: " + std::to_string(kIgnore) + "\n  chunk_tokens: 7\n";
+      std::to_string(hangTimeoutS) + "\nteacher:\n" + teacher +
+      "student:\n  grad_acc_steps: " + std::to_string(gradAccSteps) + "\n  in_flight: " + std::to_string(inFlight) +
+      "\ntransport:\n  slots: 4\n  max_request_bytes: 65536\n  max_response_bytes: 262144\n"
+      "  heartbeat_ms: 100\nloss:\n  kind: forward_kl\n  temperature: 2.0\n  alpha: 0.5\n"
+      "  ignore_index: " +
+      std::to_string(kIgnore) + "\n  chunk_tokens: 7\n";
 }
 
 struct MicroBatch {
-  at::Tensor ids, labels;  // int64 [kBatch, kSeq]; labels: next token, ~30% ignored
+  at::Tensor ids, labels; // int64 [kBatch, kSeq]; labels: next token, ~30% ignored
 };
 
 // The same for a (rank, step, acc_step) in every process.
@@ -48,4 +48,4 @@ inline at::Tensor selfTeacherLogits(const at::Tensor& ids) {
   return table.index_select(0, ids.reshape(-1)).view({ids.size(0), ids.size(1), kVocab});
 }
 
-}  // namespace distill::testing::e2e
+} // namespace distill::testing::e2e

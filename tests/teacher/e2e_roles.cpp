@@ -71,7 +71,7 @@ distill::TeacherOutput shapeLikeServer(const at::Tensor& logits, const distill::
   return o;
 }
 
-}  // namespace
+} // namespace
 
 // A trainer: steps x grad_acc_steps micro-batches through the ring with
 // micro-batch k+1 in flight while k is computed; the loss of each with the
@@ -101,7 +101,7 @@ DISTILL_TEST_ROLE(distill_student) {
       for (int a = 0; a < G; ++a) labels.push_back(microBatch(rank, step, a).labels);
       normalizer = distill::stepTokenCount(s.student->group(), labels, cfg.loss.ignore_index);
     }
-    if (k + 1 < total) submit(k + 1);  // the teacher works on k+1 while this student computes k
+    if (k + 1 < total) submit(k + 1); // the teacher works on k+1 while this student computes k
     distill::TeacherReply reply = s.client->get(handles[k]);
     const auto& h = reply.handle();
     if (h.seq != handles[k].seq || h.step != step || h.accStep != acc) {
@@ -112,7 +112,7 @@ DISTILL_TEST_ROLE(distill_student) {
     const distill::TeacherOutput sent = reply.output();
     if (cfg.teacher.topk > 0 && !(sent.logsumexp.defined() && sent.logTail.defined())) {
       std::fprintf(stderr, "reply %d: top-k answer without %s\n", k,
-                   sent.logsumexp.defined() ? "log_tail" : "logsumexp");  // the exact tail (losses.h)
+                   sent.logsumexp.defined() ? "log_tail" : "logsumexp"); // the exact tail (losses.h)
       return 1;
     }
     at::Tensor logits = table.index_select(0, mb.ids.reshape(-1)).view({kBatch, kSeq, kVocab});
@@ -164,7 +164,7 @@ DISTILL_TEST_ROLE(bad_student) {
     if (mode == "skip") {
       c.get(c.submit(ids, 0, 1));
       t0 = std::chrono::steady_clock::now();
-      c.get(c.submit(ids, 0, 3));  // acc_step 2 never sent: the drift of postmortem 001
+      c.get(c.submit(ids, 0, 3)); // acc_step 2 never sent: the drift of postmortem 001
     } else if (mode == "dtype") {
       c.get(c.submit(ids.to(at::kFloat), 0, 1));
     } else {
@@ -194,7 +194,8 @@ DISTILL_TEST_ROLE(orphan_student) {
       try {
         s.client->get(h);
       } catch (const distill::PeerLostError& e) {
-        std::fprintf(stderr, "PEERLOST in get after %lld ms: PeerLostError: %s\n", static_cast<long long>(msSince(t0)), e.what());
+        std::fprintf(stderr, "PEERLOST in get after %lld ms: PeerLostError: %s\n", static_cast<long long>(msSince(t0)),
+                     e.what());
         return 4;
       }
     }

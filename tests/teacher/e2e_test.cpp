@@ -5,9 +5,9 @@
 // the ring's answer to the loss with the same teacher run in its own process.
 #include <gtest/gtest.h>
 
+#include <torch/torch.h>
 #include "distill/core/clock.h"
 #include "distill/ipc/segment.h"
-#include <torch/torch.h>
 
 #include <chrono>
 #include <cmath>
@@ -31,8 +31,7 @@ void runJob(const std::string& teacherYaml, const std::string& teacherKind, int 
   dt::Job job(students, jobYaml(teacherYaml, G, 2));
   const auto start = steady_clock::now();
   std::vector<dt::Child> kids;
-  kids.push_back(teacherKind == "self" ? job.spawnRole("self_teacher", job.teacherRank())
-                                       : job.spawnTeacherBinary());
+  kids.push_back(teacherKind == "self" ? job.spawnRole("self_teacher", job.teacherRank()) : job.spawnTeacherBinary());
   for (int i = 0; i < students; ++i) {
     kids.push_back(job.spawnRole("distill_student", i, {teacherKind, std::to_string(steps)}));
   }
@@ -44,20 +43,22 @@ void runJob(const std::string& teacherYaml, const std::string& teacherKind, int 
   EXPECT_TRUE(dt::contains(teacherLog, "teacher done: " + std::to_string(requests) + " requests ")) << teacherLog;
   EXPECT_TRUE(dt::contains(teacherLog, " 0 errors")) << teacherLog;
   // The teacher published how busy it was through the segment.
-  double busy = distill::ipc::Segment::attach(job.segment(), job.jobId(), std::nullopt,
-                                              distill::Deadline::after(seconds(5))).teacherBusy();
+  double busy =
+      distill::ipc::Segment::attach(job.segment(), job.jobId(), std::nullopt, distill::Deadline::after(seconds(5)))
+          .teacherBusy();
   EXPECT_GT(busy, 0.0);
   EXPECT_LE(busy, 1.0);
   for (int i = 0; i < students; ++i) {
     const std::string log = job.log(i);
-    EXPECT_TRUE(st[i + 1].exited && st[i + 1].code == 0) << "student " << i << ": " << st[i + 1].describe() << "\n" << log;
+    EXPECT_TRUE(st[i + 1].exited && st[i + 1].code == 0) << "student " << i << ": " << st[i + 1].describe() << "\n"
+                                                         << log;
     EXPECT_EQ(dt::numberAfter(log, "RESULT gets="), double(steps * G)) << log;
     const double diff = dt::numberAfter(log, "max_loss_diff=");
-    EXPECT_LE(diff, 1e-6) << log;  // NaN (no RESULT line) fails too
+    EXPECT_LE(diff, 1e-6) << log; // NaN (no RESULT line) fails too
     std::printf("student %d: %s", i, log.substr(log.find("RESULT")).c_str());
   }
-  std::printf("%s teacher, %d student(s) x %d steps x %d micro-batches: wall %lld ms\n", teacherKind.c_str(),
-              students, steps, G, static_cast<long long>(wallMs));
+  std::printf("%s teacher, %d student(s) x %d steps x %d micro-batches: wall %lld ms\n", teacherKind.c_str(), students,
+              steps, G, static_cast<long long>(wallMs));
   ::testing::Test::RecordProperty("wall_ms", std::to_string(wallMs));
 }
 
@@ -65,7 +66,7 @@ std::string scriptTeacher(int topk) {
   return "  kind: torchscript\n  path: " DISTILL_TINY_LM "\n  topk: " + std::to_string(topk) + "\n";
 }
 
-}  // namespace
+} // namespace
 
 TEST(TeacherEndToEnd, TorchScriptTwoStudentsGradAccFullLogits) { runJob(scriptTeacher(0), "script", 2, 25); }
 
@@ -76,8 +77,9 @@ TEST(TeacherEndToEnd, RegisteredCppTeacher) {
   torch::manual_seed(99);
   std::shared_ptr<torch::nn::Module> mlp = std::make_shared<dt::TinyMlp>();
   torch::save(mlp, weights);
-  runJob("  kind: registered\n  library: " DISTILL_TEST_TEACHER_LIB "\n  module: tiny_mlp\n  weights: " + weights + "\n",
-         "mlp", 1, 3);
+  runJob(
+      "  kind: registered\n  library: " DISTILL_TEST_TEACHER_LIB "\n  module: tiny_mlp\n  weights: " + weights + "\n",
+      "mlp", 1, 3);
   std::remove(weights.c_str());
 }
 

@@ -52,7 +52,7 @@ TEST(TeacherFaults, KilledTeacherIsPeerLostForEveryStudent) {
   dt::Job job(2, jobYaml("  kind: self\n", 4, 1, 30));
   std::vector<dt::Child> kids;
   for (int i = 0; i < 2; ++i) kids.push_back(job.spawnRole("orphan_student", i));
-  kids.push_back(job.spawnRole("self_teacher", job.teacherRank(), {"5"}));  // SIGKILLs itself on forward 5
+  kids.push_back(job.spawnRole("self_teacher", job.teacherRank(), {"5"})); // SIGKILLs itself on forward 5
   auto st = dt::joinAll(kids, seconds(40));
   EXPECT_TRUE(!st[2].exited && st[2].signal == SIGKILL) << st[2].describe() << "\n" << job.log(2);
   for (int i = 0; i < 2; ++i) {

@@ -25,7 +25,8 @@ Job::Job(int students, const std::string& yaml, bool withSegment)
       logBase_(::testing::TempDir() + segment_) {
   config_ = parseConfig(yaml, {}, configPath_);
   std::ofstream(configPath_) << yaml;
-  if (withSegment_) ipc::Segment::create(segment_, ipc::SegmentLayout::fromOptions(config_.transport, students_), jobId_);
+  if (withSegment_)
+    ipc::Segment::create(segment_, ipc::SegmentLayout::fromOptions(config_.transport, students_), jobId_);
 }
 
 Job::~Job() {
@@ -78,4 +79,4 @@ double numberAfter(const std::string& text, const std::string& key) {
   return std::strtod(text.c_str() + pos + key.size(), nullptr);
 }
 
-}  // namespace distill::testing
+} // namespace distill::testing

@@ -53,11 +53,9 @@ class Job {
 // killed and the test fails (Child::join). Returns the statuses in order.
 std::vector<ExitStatus> joinAll(std::vector<Child>& children, std::chrono::milliseconds timeout);
 
-inline bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
+inline bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 // The number after `key` in `text` (e.g. "RESULT gets=" -> 100); NaN if absent.
 double numberAfter(const std::string& text, const std::string& key);
 
-}  // namespace distill::testing
+} // namespace distill::testing

@@ -43,4 +43,4 @@ TEST(TeacherResponse, TopkLeavesNoRoomForHiddenStates) {
   EXPECT_TRUE(has(startupError(0, {"a", "b", "c"}), "no segment"));
 }
 
-}  // namespace
+} // namespace

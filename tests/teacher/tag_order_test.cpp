@@ -72,8 +72,8 @@ TEST(CheckTagOrder, AccStepOutOfRange) {
 TEST(CheckTagOrder, SeqGap) {
   std::string why = checkTagOrder(tag(2, 0, 1), tag(4, 0, 2), 4);
   EXPECT_TRUE(has(why, "seq 4 does not follow seq 2")) << why;
-  why = checkTagOrder(tag(2, 0, 1), tag(2, 0, 2), 4);  // repeated seq
+  why = checkTagOrder(tag(2, 0, 1), tag(2, 0, 2), 4); // repeated seq
   EXPECT_TRUE(has(why, "seq 2 does not follow seq 2")) << why;
 }
 
-}  // namespace
+} // namespace

@@ -16,4 +16,4 @@ struct TinyMlp : torch::nn::Module {
   torch::nn::Linear fc;
 };
 
-}  // namespace distill::testing
+} // namespace distill::testing

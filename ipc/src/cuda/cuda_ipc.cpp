@@ -15,11 +15,11 @@ static_assert(sizeof(cudaIpcEventHandle_t) == wire::kCudaIpcHandleBytes, "handle
 
 namespace {
 
-#define DISTILL_CUDA_CALL(expr, ...)                                                                    \
-  do {                                                                                                  \
-    cudaError_t err_ = (expr);                                                                          \
-    if (err_ != cudaSuccess)                                                                            \
-      DISTILL_THROW(IpcError, #expr, " failed: ", cudaGetErrorString(err_), " (", __VA_ARGS__, ")");    \
+#define DISTILL_CUDA_CALL(expr, ...)                                                                 \
+  do {                                                                                               \
+    cudaError_t err_ = (expr);                                                                       \
+    if (err_ != cudaSuccess)                                                                         \
+      DISTILL_THROW(IpcError, #expr, " failed: ", cudaGetErrorString(err_), " (", __VA_ARGS__, ")"); \
   } while (0)
 
 // Restores the caller's current device.
@@ -32,12 +32,12 @@ struct DeviceGuard {
   ~DeviceGuard() { cudaSetDevice(prev); }
 };
 
-}  // namespace
+} // namespace
 
 int deviceCount() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky-free error
+    cudaGetLastError(); // clear the sticky-free error
     return 0;
   }
   return n;
@@ -136,8 +136,8 @@ int ProducerBuffers::consumerDevice() const { return seg_.ring(student_, respons
 
 void ProducerBuffers::copyIn(uint64_t slot, uint64_t offset, const void* src, size_t n, void* stream) {
   char* dst = static_cast<char*>(peerBase_) + slot * seg_.ring(student_, response_).cudaSlotBytes + offset;
-  DISTILL_CUDA_CALL(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)),
-                    "segment '", seg_.name, "', ", n, " bytes into slot ", slot);
+  DISTILL_CUDA_CALL(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)), "segment '",
+                    seg_.name, "', ", n, " bytes into slot ", slot);
 }
 
 void ProducerBuffers::recordWritten(uint64_t slot, void* stream) {
@@ -145,4 +145,4 @@ void ProducerBuffers::recordWritten(uint64_t slot, void* stream) {
                     "segment '", seg_.name, "', slot ", slot);
 }
 
-}  // namespace distill::ipc::cuda
+} // namespace distill::ipc::cuda

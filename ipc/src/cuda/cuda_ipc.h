@@ -50,7 +50,7 @@ class ConsumerBuffers {
   bool response_;
   int device_;
   void* base_ = nullptr;
-  std::unique_ptr<void*[]> events_;  // opened producer events, lazily
+  std::unique_ptr<void*[]> events_; // opened producer events, lazily
   void* doneEvent_ = nullptr;
 };
 
@@ -76,4 +76,4 @@ class ProducerBuffers {
   std::unique_ptr<void*[]> events_;
 };
 
-}  // namespace distill::ipc::cuda
+} // namespace distill::ipc::cuda

@@ -11,9 +11,7 @@
 namespace distill::ipc::cuda {
 namespace {
 
-void* streamOf(int device) {
-  return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
-}
+void* streamOf(int device) { return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream(); }
 
 // Producer side: writes into the consumer's buffer, records the slot's event.
 class ProducerSlotMemory final : public SlotMemory {
@@ -57,7 +55,7 @@ class ConsumerSlotMemory final : public SlotMemory {
   ConsumerBuffers buffers_;
 };
 
-}  // namespace
+} // namespace
 
 DeviceSlotMemory makeSlotMemory(const Port& port, const std::vector<RingSide>& in, const std::vector<RingSide>& out,
                                 const EndpointOptions& options) {
@@ -73,4 +71,4 @@ DeviceSlotMemory makeSlotMemory(const Port& port, const std::vector<RingSide>& i
   return m;
 }
 
-}  // namespace distill::ipc::cuda
+} // namespace distill::ipc::cuda

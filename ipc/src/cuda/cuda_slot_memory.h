@@ -12,4 +12,4 @@ namespace distill::ipc::cuda {
 DeviceSlotMemory makeSlotMemory(const Port& port, const std::vector<RingSide>& in, const std::vector<RingSide>& out,
                                 const EndpointOptions& options);
 
-}  // namespace distill::ipc::cuda
+} // namespace distill::ipc::cuda

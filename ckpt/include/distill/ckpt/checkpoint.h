@@ -69,7 +69,7 @@
 #include <vector>
 
 #include "distill/ckpt/file_system.h"
-#include "distill/core/checksum.h"  // crc32c, as the manifest uses it
+#include "distill/core/checksum.h" // crc32c, as the manifest uses it
 #include "distill/core/options.h"
 
 namespace torch {
@@ -79,7 +79,7 @@ class Module;
 namespace optim {
 class Optimizer;
 }
-}  // namespace torch
+} // namespace torch
 
 namespace distill {
 
@@ -88,16 +88,16 @@ class StudentContext;
 // Where a data stream stands.
 struct DataPosition {
   int64_t epoch = 0;
-  int64_t index = 0;  // next sample / batch within the epoch
+  int64_t index = 0; // next sample / batch within the epoch
 };
 
 // Shared training state: the same on every rank, saved once (by student rank 0).
 struct TrainState {
-  int64_t step = 0;        // optimizer steps done
-  int64_t accStep = 0;     // micro-batch within the step (0 at a step boundary)
-  int64_t tokensSeen = 0;  // over all ranks
-  DataPosition data;       // global data position
-  std::string extra;       // user bytes, opaque
+  int64_t step = 0; // optimizer steps done
+  int64_t accStep = 0; // micro-batch within the step (0 at a step boundary)
+  int64_t tokensSeen = 0; // over all ranks
+  DataPosition data; // global data position
+  std::string extra; // user bytes, opaque
 };
 
 // Per-rank state, saved by each rank into its own file. With the torch default
@@ -105,19 +105,19 @@ struct TrainState {
 // std::mt19937_64 given to save()/loadLatest(), it cannot be re-split over a
 // different number of ranks.
 struct RankState {
-  DataPosition data;   // this rank's position in its shard
-  std::string extra;   // user bytes, opaque
+  DataPosition data; // this rank's position in its shard
+  std::string extra; // user bytes, opaque
 };
 
 struct LoadedState {
-  int64_t step = 0;    // checkpoint step loaded
-  std::string path;    // its directory
+  int64_t step = 0; // checkpoint step loaded
+  std::string path; // its directory
   TrainState train;
-  RankState rank;      // this rank's
+  RankState rank; // this rank's
 };
 
 struct ManifestFile {
-  std::string name;    // relative to the checkpoint directory
+  std::string name; // relative to the checkpoint directory
   int64_t size = 0;
   uint32_t crc32c = 0;
 };
@@ -126,8 +126,8 @@ struct ManifestFile {
 struct Manifest {
   int64_t step = 0;
   int studentWorldSize = 0;
-  uint64_t configHash = 0;         // configHash(config) of the run that saved it
-  std::string teacherFingerprint;  // as given to the manager ("" if none)
+  uint64_t configHash = 0; // configHash(config) of the run that saved it
+  std::string teacherFingerprint; // as given to the manager ("" if none)
   std::vector<ManifestFile> files;
 
   const ManifestFile* find(const std::string& name) const;
@@ -155,11 +155,11 @@ Manifest verifyCheckpoint(const std::string& stepDir, FileSystem& fs);
 // Without a `latest` that names an existing checkpoint (a directory written
 // before there was one, or edited by hand) every complete one is a candidate.
 struct CheckpointScan {
-  std::optional<Manifest> chosen;    // the checkpoint to load, verified
+  std::optional<Manifest> chosen; // the checkpoint to load, verified
   std::string chosenDir;
-  int64_t latest = -1;               // the step `latest` names; -1: none (or unreadable)
-  std::vector<std::string> rejected;  // "<dir>: why" for each candidate that failed, newest first
-  std::vector<std::string> skipped;   // warnings: partial and uncommitted ones, a bad `latest`
+  int64_t latest = -1; // the step `latest` names; -1: none (or unreadable)
+  std::vector<std::string> rejected; // "<dir>: why" for each candidate that failed, newest first
+  std::vector<std::string> skipped; // warnings: partial and uncommitted ones, a bad `latest`
 };
 // Throws CheckpointError only when `root` cannot be listed.
 CheckpointScan scanCheckpoints(const std::string& root, FileSystem& fs);
@@ -210,8 +210,8 @@ class CheckpointManager {
   // loadLatest() (or is logged by the destructor).
   // Returns false when a checkpoint failed and on_error=continue (this one, or
   // in async mode the previous one); throws CheckpointError when on_error=stop.
-  bool save(int64_t step, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-            const TrainState& train, const RankState& rank = {}, std::mt19937_64* rng = nullptr);
+  bool save(int64_t step, torch::nn::Module& model, torch::optim::Optimizer& optimizer, const TrainState& train,
+            const RankState& rank = {}, std::mt19937_64* rng = nullptr);
 
   // Collective. Waits for the async save in flight, if any (its files and its
   // publication), and reports its outcome like save(). Sync mode: true. Not
@@ -239,4 +239,4 @@ class CheckpointManager {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace distill
+} // namespace distill

@@ -103,4 +103,4 @@ class FaultyFileSystem : public PosixFileSystem {
 
 std::shared_ptr<FileSystem> posixFileSystem();
 
-}  // namespace distill
+} // namespace distill

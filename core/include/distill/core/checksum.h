@@ -20,4 +20,4 @@ uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
 // The same with the portable table only (tests compare the two).
 uint32_t crc32cPortable(const void* data, size_t n, uint32_t crc = 0);
 
-}  // namespace distill
+} // namespace distill

@@ -24,19 +24,19 @@ using Millis = std::chrono::milliseconds;
 template <typename Rep, typename Period>
 Clock::duration saturatingDuration(std::chrono::duration<Rep, Period> d) {
   if constexpr (!std::is_floating_point<Rep>::value && std::ratio_less_equal<Period, Clock::period>::value) {
-    return std::chrono::duration_cast<Clock::duration>(d);  // as fine as the clock or finer: a division
+    return std::chrono::duration_cast<Clock::duration>(d); // as fine as the clock or finer: a division
   } else {
     // The tick count in double: exact enough to decide the range, since
     // rounding is monotonic and 2^63 is a double (the first value past int64).
     constexpr double kLimit = 9223372036854775808.0;
     const double ticks = std::chrono::duration<double, Clock::period>(d).count();
-    if (!(ticks == ticks)) return Clock::duration::zero();  // NaN
+    if (!(ticks == ticks)) return Clock::duration::zero(); // NaN
     if (ticks >= kLimit) return Clock::duration::max();
     if (ticks <= -kLimit) return Clock::duration::min();
     if constexpr (std::is_floating_point<Rep>::value) {
       return Clock::duration(static_cast<Clock::duration::rep>(ticks));
     } else {
-      return std::chrono::duration_cast<Clock::duration>(d);  // exact, and known to fit
+      return std::chrono::duration_cast<Clock::duration>(d); // exact, and known to fit
     }
   }
 }
@@ -103,8 +103,7 @@ inline int64_t msSince(Clock::time_point start) { return toMs(Clock::now() - sta
 // Nanoseconds since an arbitrary epoch of the steady clock; comparable across
 // processes on one machine (CLOCK_MONOTONIC), so it is what shared memory stores.
 inline int64_t monotonicNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
 }
 
-}  // namespace distill
+} // namespace distill

@@ -43,8 +43,8 @@ Config parseConfig(const std::string& yamlText, const std::vector<std::string>& 
 // found 70000 (from --master-port)". distill-run turns each of its options into
 // one, so that an option is validated exactly as its config key.
 struct ConfigOverride {
-  std::string setting;           // "section.key=value"
-  std::string origin = "--set";  // what the user typed it as
+  std::string setting; // "section.key=value"
+  std::string origin = "--set"; // what the user typed it as
 };
 Config loadConfig(const std::string& path, const std::vector<ConfigOverride>& overrides);
 
@@ -64,8 +64,8 @@ std::string dumpConfig(const Config& config);
 // false for keys that cannot change what is trained (names, paths, ports,
 // timeouts, transport sizes, checkpoint schedule): see the schema in config.cpp.
 struct ConfigEntry {
-  std::string key;    // "section.key"; the trainer's own keys as "trainer.<key>"
-  std::string value;  // canonical text (strings quoted, doubles exact)
+  std::string key; // "section.key"; the trainer's own keys as "trainer.<key>"
+  std::string value; // canonical text (strings quoted, doubles exact)
   bool training = true;
 };
 
@@ -86,9 +86,9 @@ std::string configDescription(const Config& config);
 
 // One key whose value differs between two processes' configs.
 struct ConfigMismatch {
-  std::string key;     // "teacher.topk", "trainer.lr"
-  std::string mine;    // its value here as configEntries writes it; "(not set)" for a trainer key set only there
-  std::string theirs;  // its value in the description; "(not set)" likewise
+  std::string key; // "teacher.topk", "trainer.lr"
+  std::string mine; // its value here as configEntries writes it; "(not set)" for a trainer key set only there
+  std::string theirs; // its value in the description; "(not set)" likewise
 };
 
 // Every key whose value in `config` differs from the one `description` (another
@@ -120,4 +120,4 @@ std::vector<std::string> extractSetOverrides(int& argc, char** argv);
 // the process's own --set options (removed from argv). ConfigError if no file.
 Config jobConfig(int& argc, char** argv);
 
-}  // namespace distill
+} // namespace distill

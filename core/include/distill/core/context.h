@@ -52,4 +52,4 @@ class TeacherContext {
   Config config_;
 };
 
-}  // namespace distill
+} // namespace distill

@@ -27,9 +27,9 @@ namespace distill {
 
 // What a failing operation was doing; every field is optional.
 struct ErrorWhere {
-  std::optional<int64_t> step;      // training step of the message / wait, if known
-  std::optional<int64_t> accStep;   // gradient-accumulation index, if known
-  std::string awaited;              // what was being waited for, e.g. "response from teacher"
+  std::optional<int64_t> step; // training step of the message / wait, if known
+  std::optional<int64_t> accStep; // gradient-accumulation index, if known
+  std::string awaited; // what was being waited for, e.g. "response from teacher"
 };
 
 class Error : public std::runtime_error {
@@ -50,10 +50,10 @@ class Error : public std::runtime_error {
   int line_;
 };
 
-#define DISTILL_DECLARE_ERROR(Name)                                 \
-  class Name : public ::distill::Error {                            \
-   public:                                                          \
-    using ::distill::Error::Error;                                  \
+#define DISTILL_DECLARE_ERROR(Name)      \
+  class Name : public ::distill::Error { \
+   public:                               \
+    using ::distill::Error::Error;       \
   }
 
 DISTILL_DECLARE_ERROR(ConfigError);
@@ -97,15 +97,13 @@ template <typename E, typename... Args>
   throw E(std::move(msg), std::move(where), file, line);
 }
 
-}  // namespace detail
+} // namespace detail
 
 // Where for a tagged operation: DISTILL_THROW(TimeoutError, at(step, acc, "x"), ...)
 inline ErrorWhere at(int64_t step, int64_t accStep, std::string awaited = {}) {
   return ErrorWhere{step, accStep, std::move(awaited)};
 }
-inline ErrorWhere awaiting(std::string awaited) {
-  return ErrorWhere{std::nullopt, std::nullopt, std::move(awaited)};
-}
+inline ErrorWhere awaiting(std::string awaited) { return ErrorWhere{std::nullopt, std::nullopt, std::move(awaited)}; }
 
 // Human-readable name of the current errno-style code.
 std::string errnoString(int err);
@@ -126,38 +124,36 @@ constexpr int kUncaughtErrorExitCode = 2;
 // installs it; a trainer may call it first thing in main().
 void exitOnUncaughtError();
 
-}  // namespace distill
+} // namespace distill
 
 // Throws `Type` with the concatenated message; the first argument may be an ErrorWhere.
-#define DISTILL_THROW(Type, ...) \
-  ::distill::detail::throwError<::distill::Type>(__FILE__, __LINE__, __VA_ARGS__)
+#define DISTILL_THROW(Type, ...) ::distill::detail::throwError<::distill::Type>(__FILE__, __LINE__, __VA_ARGS__)
 
 // Input, config and peer checks: a failure is the caller's or a peer's fault.
-#define DISTILL_CHECK_T(Type, cond, ...)                                         \
-  do {                                                                           \
-    if (!(cond)) {                                                               \
-      DISTILL_THROW(Type, __VA_ARGS__);                                          \
-    }                                                                            \
+#define DISTILL_CHECK_T(Type, cond, ...) \
+  do {                                   \
+    if (!(cond)) {                       \
+      DISTILL_THROW(Type, __VA_ARGS__);  \
+    }                                    \
   } while (0)
 
 #define DISTILL_CHECK(cond, ...) DISTILL_CHECK_T(Error, cond, __VA_ARGS__)
 
 // Equality check that prints both values.
-#define DISTILL_CHECK_EQ_T(Type, a, b, ...)                                       \
-  do {                                                                           \
-    const auto& distill_a_ = (a);                                                \
-    const auto& distill_b_ = (b);                                                \
-    if (!(distill_a_ == distill_b_)) {                                           \
-      DISTILL_THROW(Type, ::distill::detail::str(__VA_ARGS__), " (expected ", #a, \
-                    " == ", #b, ", got ", distill_a_, " vs ", distill_b_, ")");  \
-    }                                                                            \
+#define DISTILL_CHECK_EQ_T(Type, a, b, ...)                                                                         \
+  do {                                                                                                              \
+    const auto& distill_a_ = (a);                                                                                   \
+    const auto& distill_b_ = (b);                                                                                   \
+    if (!(distill_a_ == distill_b_)) {                                                                              \
+      DISTILL_THROW(Type, ::distill::detail::str(__VA_ARGS__), " (expected ", #a, " == ", #b, ", got ", distill_a_, \
+                    " vs ", distill_b_, ")");                                                                       \
+    }                                                                                                               \
   } while (0)
 
 // A broken invariant: a bug in distill, not bad input.
-#define DISTILL_INTERNAL_ASSERT(cond, ...)                                        \
-  do {                                                                           \
-    if (!(cond)) {                                                               \
-      DISTILL_THROW(InternalError, "internal assertion failed: " #cond ". ",     \
-                    ::distill::detail::str(__VA_ARGS__));                         \
-    }                                                                            \
+#define DISTILL_INTERNAL_ASSERT(cond, ...)                                                                         \
+  do {                                                                                                             \
+    if (!(cond)) {                                                                                                 \
+      DISTILL_THROW(InternalError, "internal assertion failed: " #cond ". ", ::distill::detail::str(__VA_ARGS__)); \
+    }                                                                                                              \
   } while (0)

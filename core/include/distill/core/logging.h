@@ -16,8 +16,8 @@ const char* roleName(Role role);
 // Who this process is; set once at start-up (init, launcher), read by logging
 // and by every error message.
 struct Identity {
-  int node = -1;         // node rank, -1 if unknown
-  int rank = -1;         // global rank (students and teachers), -1 if unknown
+  int node = -1; // node rank, -1 if unknown
+  int rank = -1; // global rank (students and teachers), -1 if unknown
   Role role = Role::kUnknown;
 };
 
@@ -61,12 +61,12 @@ class LogMessage {
   LogLevel level_;
   std::ostringstream os_;
 };
-}  // namespace detail
+} // namespace detail
 
-}  // namespace distill
+} // namespace distill
 
 // DISTILL_LOG(kInfo) << "attached to " << name;
-#define DISTILL_LOG(level)                                         \
-  if (!::distill::logEnabled(::distill::LogLevel::level)) {        \
-  } else                                                           \
+#define DISTILL_LOG(level)                                  \
+  if (!::distill::logEnabled(::distill::LogLevel::level)) { \
+  } else                                                    \
     ::distill::detail::LogMessage(::distill::LogLevel::level).stream()

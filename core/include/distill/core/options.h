@@ -22,10 +22,10 @@ namespace distill {
 template <class E>
 struct EnumNames;
 
-#define DISTILL_OPTION_ENUM_NAMES(E, ...)                        \
-  template <>                                                    \
-  struct EnumNames<E> {                                          \
-    static constexpr const char* names[] = {__VA_ARGS__};        \
+#define DISTILL_OPTION_ENUM_NAMES(E, ...)                           \
+  template <>                                                       \
+  struct EnumNames<E> {                                             \
+    static constexpr const char* names[] = {__VA_ARGS__};           \
     static constexpr size_t count = sizeof(names) / sizeof(*names); \
   }
 
@@ -76,35 +76,35 @@ std::ostream& operator<<(std::ostream& os, E value) {
 // (torch::Device takes it as is); modules that need its parts call parseDevice.
 struct DeviceSpec {
   bool cuda = false;
-  int index = -1;  // cuda:N: N; -1: "cpu" or "cuda" (the current device)
+  int index = -1; // cuda:N: N; -1: "cpu" or "cuda" (the current device)
 };
 DeviceSpec parseDevice(const std::string& device);
 
 // Ranges that several keys share (config.cpp checks them; reference.yaml states them).
 // Every duration has one, so that no deadline computed from a config overflows.
-constexpr double kMinTimeoutS = 0.001;           // 1 ms
-constexpr double kMaxTimeoutS = 30 * 24 * 3600;  // 30 days: 2592000 s
+constexpr double kMinTimeoutS = 0.001; // 1 ms
+constexpr double kMaxTimeoutS = 30 * 24 * 3600; // 30 days: 2592000 s
 // Processes on one node, students + teacher: the segment's process table holds
 // at most 255 students (ipc/src/wire.h kMaxStudents) and the teacher.
 constexpr int kMaxProcsPerNode = 256;
 
 // run: how the job is laid out and how long anything may wait.
 struct RunOptions {
-  std::string name = "distill";           // job name, used in logs and the segment name
-  int nproc_per_node = 3;                 // processes per node: students + 1 teacher (2 .. 256)
-  int nnodes = 1;                         // nodes in the job (>= 1; nnodes x nproc_per_node fits an int)
-  int node_rank = 0;                      // this node, 0 .. nnodes-1
-  std::string master_addr = "127.0.0.1";  // student group rendezvous host (student rank 0); the store binds to it only
-  int master_port = 29500;                // student group rendezvous port (1..65535; 0: a free one, single node)
-  std::string log_dir = "logs";           // per-rank log files, metrics, hang reports
-  double startup_timeout_s = 60;          // admission: students <-> teacher, store connect (0.001 .. 2592000)
-  double collective_timeout_s = 300;      // each student-group collective (0.001 .. 2592000)
-  double hang_timeout_s = 300;            // no progress on any rank for this long = hang (0.001 .. 2592000)
-  OnHang on_hang = OnHang::kTeardown;     // teardown | wait: what the watchdog does on a hang
-  double stop_grace_s = 10;               // distill-run: SIGTERM follows a stop request after this (0 .. 2592000)
-  double status_every_s = 30;             // distill-run: a status line this often off a terminal (1 .. 2592000)
-  int64_t seed = 0;                       // base RNG seed; rank r uses seed + r
-  int64_t steps = 0;                      // training steps the trainer runs (0: trainer decides)
+  std::string name = "distill"; // job name, used in logs and the segment name
+  int nproc_per_node = 3; // processes per node: students + 1 teacher (2 .. 256)
+  int nnodes = 1; // nodes in the job (>= 1; nnodes x nproc_per_node fits an int)
+  int node_rank = 0; // this node, 0 .. nnodes-1
+  std::string master_addr = "127.0.0.1"; // student group rendezvous host (student rank 0); the store binds to it only
+  int master_port = 29500; // student group rendezvous port (1..65535; 0: a free one, single node)
+  std::string log_dir = "logs"; // per-rank log files, metrics, hang reports
+  double startup_timeout_s = 60; // admission: students <-> teacher, store connect (0.001 .. 2592000)
+  double collective_timeout_s = 300; // each student-group collective (0.001 .. 2592000)
+  double hang_timeout_s = 300; // no progress on any rank for this long = hang (0.001 .. 2592000)
+  OnHang on_hang = OnHang::kTeardown; // teardown | wait: what the watchdog does on a hang
+  double stop_grace_s = 10; // distill-run: SIGTERM follows a stop request after this (0 .. 2592000)
+  double status_every_s = 30; // distill-run: a status line this often off a terminal (1 .. 2592000)
+  int64_t seed = 0; // base RNG seed; rank r uses seed + r
+  int64_t steps = 0; // training steps the trainer runs (0: trainer decides)
 
   // How long a rank waits for a peer over the rings (a response, a free slot)
   // before it gives up with TimeoutError: twice hang_timeout_s, so that under
@@ -115,26 +115,26 @@ struct RunOptions {
 
 // teacher: the model served by the teacher process.
 struct TeacherOptions {
-  TeacherKind kind = TeacherKind::kTorchscript;  // torchscript | registered | self
-  std::string path;                       // torchscript: the .pt file
-  std::string library;                    // registered: shared library that registers the module
-  std::string module;                     // registered: name the module was registered under
-  std::string weights;                    // registered: torch::save file with its weights ("" = none)
-  std::string method = "forward";         // torchscript: method to call
-  std::vector<std::string> inputs = {"input_ids"};  // names of the request tensors, in call order
-  std::string output = "logits";          // name of the output tensor (first element if a tuple)
+  TeacherKind kind = TeacherKind::kTorchscript; // torchscript | registered | self
+  std::string path; // torchscript: the .pt file
+  std::string library; // registered: shared library that registers the module
+  std::string module; // registered: name the module was registered under
+  std::string weights; // registered: torch::save file with its weights ("" = none)
+  std::string method = "forward"; // torchscript: method to call
+  std::vector<std::string> inputs = {"input_ids"}; // names of the request tensors, in call order
+  std::string output = "logits"; // name of the output tensor (first element if a tuple)
   std::vector<std::string> hidden_states; // extra named outputs to return (dict outputs only)
-  std::string device = "cpu";             // cpu | cuda | cuda:N
-  Autocast autocast = Autocast::kNone;    // none | float16 | bfloat16 (GPU only)
-  int64_t max_batch_tokens = 16384;       // batch requests of several students up to this many tokens
-  int64_t topk = 0;                       // 0: full logits; k > 0: top-k values + int32 indices
-  int max_restarts = 0;                   // distill-run restarts a dead teacher this many times
-  int threads = 0;                        // torch intra-op threads (0: torch's default)
+  std::string device = "cpu"; // cpu | cuda | cuda:N
+  Autocast autocast = Autocast::kNone; // none | float16 | bfloat16 (GPU only)
+  int64_t max_batch_tokens = 16384; // batch requests of several students up to this many tokens
+  int64_t topk = 0; // 0: full logits; k > 0: top-k values + int32 indices
+  int max_restarts = 0; // distill-run restarts a dead teacher this many times
+  int threads = 0; // torch intra-op threads (0: torch's default)
   // The teacher-output cache (teacher/src/cache.h): rows answered before are
   // answered from an LMDB store at `path` without a forward.
   struct CacheOptions {
-    std::string path;                     // the store's directory ("" with mode off)
-    CacheMode mode = CacheMode::kOff;     // off | read | write | readwrite
+    std::string path; // the store's directory ("" with mode off)
+    CacheMode mode = CacheMode::kOff; // off | read | write | readwrite
     int64_t max_bytes = int64_t(1) << 30; // the store's size limit; full: inserts stop, hits go on
   };
   CacheOptions cache;
@@ -142,42 +142,42 @@ struct TeacherOptions {
 
 // student: the trainer side.
 struct StudentOptions {
-  int grad_acc_steps = 1;                 // micro-batches per optimizer step (>= 1)
-  int in_flight = 2;                      // requests outstanding per student (1 .. transport.slots)
-  std::string device = "cpu";             // cpu | cuda | cuda:N (the student's tensors)
-  GroupBackend backend = GroupBackend::kAuto;  // auto | gloo | nccl: the student group's backend
-  double bucket_mb = 25;                  // gradient all-reduce bucket size in MiB (> 0)
+  int grad_acc_steps = 1; // micro-batches per optimizer step (>= 1)
+  int in_flight = 2; // requests outstanding per student (1 .. transport.slots)
+  std::string device = "cpu"; // cpu | cuda | cuda:N (the student's tensors)
+  GroupBackend backend = GroupBackend::kAuto; // auto | gloo | nccl: the student group's backend
+  double bucket_mb = 25; // gradient all-reduce bucket size in MiB (> 0)
 };
 
 // transport: the shared-memory rings between the students and the teacher of a node.
 struct TransportOptions {
-  int slots = 4;                          // slots per ring (>= 1)
-  int64_t max_request_bytes = 4 << 20;    // payload capacity of a request slot
-  int64_t max_response_bytes = 64 << 20;  // payload capacity of a response slot
-  int heartbeat_ms = 100;                 // liveness period; a peer is lost after ~2 of them (1 .. 60000)
-  int spin_us = 20;                       // spin this long before sleeping on the futex (0: never; .. 1000000)
-  CudaIpc cuda_ipc = CudaIpc::kAuto;      // auto | on | off: GPU tensors as CUDA IPC buffers
+  int slots = 4; // slots per ring (>= 1)
+  int64_t max_request_bytes = 4 << 20; // payload capacity of a request slot
+  int64_t max_response_bytes = 64 << 20; // payload capacity of a response slot
+  int heartbeat_ms = 100; // liveness period; a peer is lost after ~2 of them (1 .. 60000)
+  int spin_us = 20; // spin this long before sleeping on the futex (0: never; .. 1000000)
+  CudaIpc cuda_ipc = CudaIpc::kAuto; // auto | on | off: GPU tensors as CUDA IPC buffers
 };
 
 // loss: the distillation loss.
 struct LossOptions {
-  LossKind kind = LossKind::kForwardKl;   // forward_kl | reverse_kl | jsd
-  double temperature = 1.0;               // softmax temperature T (> 0); KL is scaled by T^2
-  double alpha = 0.5;                     // weight of the distillation term; 1-alpha on hard-label CE
-  double jsd_beta = 0.5;                  // JSD mixture weight, in (0, 1)
-  int64_t ignore_index = -100;            // label value masked out of every term
-  int64_t chunk_tokens = 4096;            // tokens per chunk in the loss (bounds memory; >= 1)
+  LossKind kind = LossKind::kForwardKl; // forward_kl | reverse_kl | jsd
+  double temperature = 1.0; // softmax temperature T (> 0); KL is scaled by T^2
+  double alpha = 0.5; // weight of the distillation term; 1-alpha on hard-label CE
+  double jsd_beta = 0.5; // JSD mixture weight, in (0, 1)
+  int64_t ignore_index = -100; // label value masked out of every term
+  int64_t chunk_tokens = 4096; // tokens per chunk in the loss (bounds memory; >= 1)
 };
 
 // checkpoint: student-only checkpoints.
 struct CheckpointOptions {
-  std::string dir;                        // checkpoint root ("" = checkpoints off)
-  int64_t every_steps = 0;                // save every N steps (0 = only when the trainer asks)
-  int keep_last = 3;                      // complete checkpoints kept at most (>= 1)
-  bool async = false;                     // write and publish in a background thread
-  bool resume = true;                     // load the newest complete checkpoint at start
-  OnSaveError on_error = OnSaveError::kStop;  // stop | continue: what a failed save does
-  OnCorrupt on_corrupt = OnCorrupt::kError;  // error | restart: loadLatest when every checkpoint is corrupt
+  std::string dir; // checkpoint root ("" = checkpoints off)
+  int64_t every_steps = 0; // save every N steps (0 = only when the trainer asks)
+  int keep_last = 3; // complete checkpoints kept at most (>= 1)
+  bool async = false; // write and publish in a background thread
+  bool resume = true; // load the newest complete checkpoint at start
+  OnSaveError on_error = OnSaveError::kStop; // stop | continue: what a failed save does
+  OnCorrupt on_corrupt = OnCorrupt::kError; // error | restart: loadLatest when every checkpoint is corrupt
 };
 
 // trainer: the trainer's own keys (data file, model sizes, ...). distill checks
@@ -187,8 +187,8 @@ struct CheckpointOptions {
 // expectOnly(), so a typo there is as clear an error as in distill's sections.
 // Getters are const and keep no state: call them from any thread.
 struct TrainerOptions {
-  std::map<std::string, std::string> values;  // key -> the scalar as written ("2e-3", "yes", ...)
-  std::string source;                         // where the config came from, for messages only
+  std::map<std::string, std::string> values; // key -> the scalar as written ("2e-3", "yes", ...)
+  std::string source; // where the config came from, for messages only
 
   bool has(const std::string& key) const { return values.count(key) > 0; }
   // The value of `key`; `fallback` when the config does not set it. A value
@@ -196,7 +196,7 @@ struct TrainerOptions {
   std::string getString(const std::string& key, const std::string& fallback) const;
   int64_t getInt(const std::string& key, int64_t fallback) const;
   double getDouble(const std::string& key, double fallback) const;
-  bool getBool(const std::string& key, bool fallback) const;  // true/false (any case as YAML)
+  bool getBool(const std::string& key, bool fallback) const; // true/false (any case as YAML)
   // The same for a key the trainer requires: ConfigError when it is missing.
   std::string getString(const std::string& key) const;
   int64_t getInt(const std::string& key) const;
@@ -216,8 +216,8 @@ struct Config {
   TransportOptions transport;
   LossOptions loss;
   CheckpointOptions checkpoint;
-  TrainerOptions trainer;                 // the trainer's own section, passed through
-  std::string source;                     // file it was loaded from ("" if from text)
+  TrainerOptions trainer; // the trainer's own section, passed through
+  std::string source; // file it was loaded from ("" if from text)
 };
 
-}  // namespace distill
+} // namespace distill

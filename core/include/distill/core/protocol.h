@@ -7,11 +7,11 @@
 
 namespace distill::protocol {
 
-constexpr const char* kLogits = "logits";            // [B, T, V] teacher logits
-constexpr const char* kTopkValues = "topk_values";   // [B, T, k] teacher logits of its top-k tokens
+constexpr const char* kLogits = "logits"; // [B, T, V] teacher logits
+constexpr const char* kTopkValues = "topk_values"; // [B, T, k] teacher logits of its top-k tokens
 constexpr const char* kTopkIndices = "topk_indices"; // [B, T, k] int32 token ids
-constexpr const char* kLogsumexp = "logsumexp";      // [B, T] logsumexp(logits / T) over the vocab
-constexpr const char* kLogTail = "log_tail";         // [B, T] logsumexp(logits / T) over the NON-top-k
-                                                     // tokens (-inf when k = V): the exact tail mass
+constexpr const char* kLogsumexp = "logsumexp"; // [B, T] logsumexp(logits / T) over the vocab
+constexpr const char* kLogTail = "log_tail"; // [B, T] logsumexp(logits / T) over the NON-top-k
+                                             // tokens (-inf when k = V): the exact tail mass
 
-}  // namespace distill::protocol
+} // namespace distill::protocol

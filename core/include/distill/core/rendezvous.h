@@ -22,14 +22,14 @@
 namespace distill {
 
 // Environment of the student ranks.
-constexpr const char* kJobSecretEnv = "DISTILL_JOB_SECRET";  // the secret (distill-run, or the user)
-constexpr const char* kStoreFdEnv = "DISTILL_STORE_FD";      // student rank 0: the listening socket to serve on
+constexpr const char* kJobSecretEnv = "DISTILL_JOB_SECRET"; // the secret (distill-run, or the user)
+constexpr const char* kStoreFdEnv = "DISTILL_STORE_FD"; // student rank 0: the listening socket to serve on
 
 // A bound, listening TCP socket (close-on-exec) and what it is bound to.
 struct StoreListener {
   int fd = -1;
-  std::string address;  // the numeric address bound, e.g. "127.0.0.1"
-  int port = 0;         // the port bound (the free one chosen when 0 was asked)
+  std::string address; // the numeric address bound, e.g. "127.0.0.1"
+  int port = 0; // the port bound (the free one chosen when 0 was asked)
 };
 
 // Binds a listening socket to `address`:`port` (port 0: a free one). Errors
@@ -44,4 +44,4 @@ int listeningPort(int fd);
 // 64 hex digits from the kernel's random source (getrandom).
 std::string makeJobSecret();
 
-}  // namespace distill
+} // namespace distill

@@ -17,12 +17,12 @@ namespace distill {
 struct StudentStatus {
   static constexpr double kUnset = std::numeric_limits<double>::quiet_NaN();
 
-  int64_t step = -1;                     // the step just finished
-  double loss = kUnset;                  // the loss of that step (what the trainer minimises)
-  double kd = kUnset;                    // its distillation term
-  double ce = kUnset;                    // its cross-entropy term (labels)
-  double tokens_per_s = kUnset;          // this student's throughput
-  double teacher_wait_share = kUnset;    // share (0..1) of the step spent waiting for the teacher
+  int64_t step = -1; // the step just finished
+  double loss = kUnset; // the loss of that step (what the trainer minimises)
+  double kd = kUnset; // its distillation term
+  double ce = kUnset; // its cross-entropy term (labels)
+  double tokens_per_s = kUnset; // this student's throughput
+  double teacher_wait_share = kUnset; // share (0..1) of the step spent waiting for the teacher
 };
 
-}  // namespace distill
+} // namespace distill

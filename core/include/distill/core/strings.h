@@ -12,4 +12,4 @@ namespace distill {
 std::string join(const std::vector<std::string>& items, const std::string& sep = ", ");
 std::string join(const std::vector<int>& items, const std::string& sep = ", ");
 
-}  // namespace distill
+} // namespace distill

@@ -94,8 +94,7 @@ class StudentGroup {
   // In place. CPU tensors go through gloo, CUDA tensors through NCCL.
   void allReduce(std::vector<at::Tensor>& tensors, ReduceOp op = ReduceOp::kSum,
                  const std::string& what = "all_reduce");
-  void allReduce(at::Tensor& tensor, ReduceOp op = ReduceOp::kSum,
-                 const std::string& what = "all_reduce");
+  void allReduce(at::Tensor& tensor, ReduceOp op = ReduceOp::kSum, const std::string& what = "all_reduce");
   void broadcast(std::vector<at::Tensor>& tensors, int root, const std::string& what = "broadcast");
   void broadcast(at::Tensor& tensor, int root, const std::string& what = "broadcast");
 
@@ -112,4 +111,4 @@ class StudentGroup {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace distill
+} // namespace distill

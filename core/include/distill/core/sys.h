@@ -63,4 +63,4 @@ class Fd {
 int makeDirs(const std::string& dir, std::string* failedAt = nullptr,
              const std::function<int(const std::string&)>& before = {});
 
-}  // namespace distill
+} // namespace distill

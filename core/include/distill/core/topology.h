@@ -21,20 +21,20 @@ namespace distill {
 
 struct Topology {
   Role role = Role::kUnknown;
-  int nodeRank = 0;          // this node
-  int nnodes = 1;            // nodes in the job
-  int localRank = 0;         // among all processes of this node (teacher = localWorldSize-1)
-  int localWorldSize = 0;    // processes per node, teacher included
-  int globalRank = 0;        // among all processes of the job
-  int globalWorldSize = 0;   // nnodes * localWorldSize
-  int studentRank = -1;      // among the students of the job (-1 for a teacher)
-  int studentWorldSize = 0;  // nnodes * (localWorldSize - 1)
+  int nodeRank = 0; // this node
+  int nnodes = 1; // nodes in the job
+  int localRank = 0; // among all processes of this node (teacher = localWorldSize-1)
+  int localWorldSize = 0; // processes per node, teacher included
+  int globalRank = 0; // among all processes of the job
+  int globalWorldSize = 0; // nnodes * localWorldSize
+  int studentRank = -1; // among the students of the job (-1 for a teacher)
+  int studentWorldSize = 0; // nnodes * (localWorldSize - 1)
   int studentLocalRank = -1; // among the students of this node (-1 for a teacher)
-  std::string masterAddr = "127.0.0.1";  // student group rendezvous (student rank 0's host)
+  std::string masterAddr = "127.0.0.1"; // student group rendezvous (student rank 0's host)
   int masterPort = 0;
-  std::string segment;       // this node's shared-memory segment name ("" if none)
-  std::string jobId;         // random id of the job
-  std::string configPath;    // DISTILL_CONFIG ("" if none)
+  std::string segment; // this node's shared-memory segment name ("" if none)
+  std::string jobId; // random id of the job
+  std::string configPath; // DISTILL_CONFIG ("" if none)
 
   bool isTeacher() const { return role == Role::kTeacher; }
   bool isStudent() const { return role == Role::kStudent; }
@@ -63,4 +63,4 @@ struct Topology {
 // torchrun-compatible student-world ones too).
 std::map<std::string, std::string> topologyEnv(const Topology& t);
 
-}  // namespace distill
+} // namespace distill

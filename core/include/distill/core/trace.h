@@ -20,25 +20,25 @@ namespace distill::trace {
 // What an event was. Stored in shared memory: values never change meaning.
 enum class Op : uint32_t {
   kNone = 0,
-  kAttach = 1,      // attached to the segment
-  kAdmission = 2,   // waited for admission (student: by the teacher; teacher: of all students)
-  kSend = 3,        // student: sent a request (or finish) to the teacher
-  kReceive = 4,     // student: received the teacher's answer
-  kRequest = 5,     // teacher: took a request from a student
-  kReply = 6,       // teacher: answered a student
-  kForward = 7,     // teacher: the model's forward on a batch (user code)
-  kCollective = 8,  // student: a student-group collective (seq = collective number)
-  kCheckpoint = 9,  // student: a checkpoint save or load
+  kAttach = 1, // attached to the segment
+  kAdmission = 2, // waited for admission (student: by the teacher; teacher: of all students)
+  kSend = 3, // student: sent a request (or finish) to the teacher
+  kReceive = 4, // student: received the teacher's answer
+  kRequest = 5, // teacher: took a request from a student
+  kReply = 6, // teacher: answered a student
+  kForward = 7, // teacher: the model's forward on a batch (user code)
+  kCollective = 8, // student: a student-group collective (seq = collective number)
+  kCheckpoint = 9, // student: a checkpoint save or load
 };
 const char* opName(Op op);
 
 struct Event {
   Op op = Op::kNone;
-  int peer = -1;          // global rank of the peer, -1 = none or any
-  int64_t step = -1;      // -1 = not known
+  int peer = -1; // global rank of the peer, -1 = none or any
+  int64_t step = -1; // -1 = not known
   int64_t accStep = -1;
-  uint64_t seq = 0;       // message seq, or collective number
-  std::string label;      // e.g. the collective's name ("checkpoint barrier"); cut to 55 bytes
+  uint64_t seq = 0; // message seq, or collective number
+  std::string label; // e.g. the collective's name ("checkpoint barrier"); cut to 55 bytes
 };
 
 class Sink {
@@ -73,4 +73,4 @@ class Scope {
   uint64_t token_;
 };
 
-}  // namespace distill::trace
+} // namespace distill::trace

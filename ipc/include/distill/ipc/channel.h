@@ -41,7 +41,7 @@ namespace detail {
 class ChannelCore;
 }
 
-enum class MsgKind : uint32_t { kRequest = 1, kResponse = 2, kError = 3, kFinish = 4 };  // == wire::Kind
+enum class MsgKind : uint32_t { kRequest = 1, kResponse = 2, kError = 3, kFinish = 4 }; // == wire::Kind
 const char* msgKindName(MsgKind k);
 
 // Tensors per message (the segment layout's limit; checked against it in ipc/src).
@@ -56,7 +56,7 @@ struct OutMessage {
   // most 8 dims, names < 32 bytes. Non-contiguous tensors are made contiguous;
   // CUDA tensors go through CUDA IPC buffers when set up, else via the host.
   std::vector<std::pair<std::string, at::Tensor>> tensors;
-  std::string errorText;  // kind == kError: the message (truncated to 463 bytes)
+  std::string errorText; // kind == kError: the message (truncated to 463 bytes)
 };
 
 // A tensor to build directly in a (host) slot (in-slot allocation).
@@ -67,13 +67,13 @@ struct TensorSpec {
 };
 
 struct EndpointOptions {
-  int rank = -1;                  // this process's global rank (messages, process table)
-  int spinUs = 20;                // transport.spin_us: spin before sleeping on the futex
-  CudaIpc cudaIpc = CudaIpc::kAuto;  // transport.cuda_ipc: auto | on | off
-  int cudaDevice = -1;            // this process's GPU for CUDA IPC buffers; -1: none (CUDA tensors are
-                                  // staged through the host slots). "on" with no usable device: IpcError
-  std::string config;             // published in the segment at attach for the teacher's admission check
-                                  // (core's configDescription; opaque here). "" = nothing published
+  int rank = -1; // this process's global rank (messages, process table)
+  int spinUs = 20; // transport.spin_us: spin before sleeping on the futex
+  CudaIpc cudaIpc = CudaIpc::kAuto; // transport.cuda_ipc: auto | on | off
+  int cudaDevice = -1; // this process's GPU for CUDA IPC buffers; -1: none (CUDA tensors are
+                       // staged through the host slots). "on" with no usable device: IpcError
+  std::string config; // published in the segment at attach for the teacher's admission check
+                      // (core's configDescription; opaque here). "" = nothing published
   static EndpointOptions fromOptions(const TransportOptions& t, int rank);
 };
 
@@ -96,7 +96,7 @@ class ReceivedMessage {
   const Tag& tag() const { return tag_; }
   MsgKind kind() const { return kind_; }
   int senderRank() const { return senderRank_; }
-  int student() const { return student_; }  // local student index of the ring it came from
+  int student() const { return student_; } // local student index of the ring it came from
   const std::string& errorText() const { return errorText_; }
   std::vector<std::string> names() const;
   bool has(const std::string& name) const;
@@ -112,17 +112,17 @@ class ReceivedMessage {
   friend class detail::ChannelCore;
   // Fixed-size (sizes of wire.h): building a message allocates nothing.
   struct Desc {
-    char name[32];  // NUL-terminated
+    char name[32]; // NUL-terminated
     at::ScalarType dtype = at::kFloat;
     int ndim = 0;
     int64_t shape[8] = {};
-    void* data = nullptr;  // in the slot (host) or the slot's CUDA buffer
-    int device = -1;       // -1: host, else CUDA device ordinal
+    void* data = nullptr; // in the slot (host) or the slot's CUDA buffer
+    int device = -1; // -1: host, else CUDA device ordinal
   };
   const Desc& find(const std::string& name) const;
 
   std::shared_ptr<detail::ChannelCore> core_;
-  int ring_ = -1;  // index of the consumer ring inside core_
+  int ring_ = -1; // index of the consumer ring inside core_
   uint64_t seq_ = 0;
   Tag tag_;
   MsgKind kind_ = MsgKind::kRequest;
@@ -209,4 +209,4 @@ class TeacherEndpoint {
   int uncaught_;
 };
 
-}  // namespace distill::ipc
+} // namespace distill::ipc

@@ -19,11 +19,11 @@ namespace distill::ipc {
 
 struct ProcessActivity {
   int localIndex = -1;
-  int rank = -1;                        // global rank (-1: never attached)
-  std::string role;                     // student | teacher
-  int pid = 0;                          // 0: never attached
-  std::string state;                    // process-table state, or "stopped" (SIGSTOP: kernel process state)
-  bool stopped = false;                 // the process is stopped (SIGSTOP, a debugger): the culprit of a stall
+  int rank = -1; // global rank (-1: never attached)
+  std::string role; // student | teacher
+  int pid = 0; // 0: never attached
+  std::string state; // process-table state, or "stopped" (SIGSTOP: kernel process state)
+  bool stopped = false; // the process is stopped (SIGSTOP, a debugger): the culprit of a stall
   // One phrase: "waiting for response from teacher rank 2 (step 3, acc_step 0,
   // seq 7) for 3.2 s", "in student group barrier #4 for 3.1 s; not entered by
   // student rank 1 (its last collective: #3)", "busy in user code for 3.3 s
@@ -32,7 +32,7 @@ struct ProcessActivity {
   // stopped it was <phrase>"; one that waits on a stopped peer ends with
   // "; waits on a stopped peer: teacher rank 2 is stopped (SIGSTOP)".
   std::string doing;
-  std::vector<std::string> lastEvents;  // newest last, "2.1 s ago: receive from r2 (step 3, ...) 0.4 ms"
+  std::vector<std::string> lastEvents; // newest last, "2.1 s ago: receive from r2 (step 3, ...) 0.4 ms"
 };
 
 // Everyone's activity; `lastEvents` holds at most `events` entries each.
@@ -51,7 +51,7 @@ uint64_t progressCount(const Segment& seg);
 // culprit of the stall), then each process's last events. `notes` adds the
 // launcher's view of a local index (e.g. "exited with code 0", "running, never
 // called distill") to its row.
-std::string formatHangTable(const Segment& seg, const std::string& title,
-                            const std::map<int, std::string>& notes = {}, int events = 5);
+std::string formatHangTable(const Segment& seg, const std::string& title, const std::map<int, std::string>& notes = {},
+                            int events = 5);
 
-}  // namespace distill::ipc
+} // namespace distill::ipc

@@ -20,38 +20,38 @@
 
 namespace distill::ipc {
 
-struct SegmentImpl;  // internal (src/segment_impl.h)
+struct SegmentImpl; // internal (src/segment_impl.h)
 
 // Sizes that fix the segment layout; creator and attachers must agree.
 struct SegmentLayout {
-  int numStudents = 1;                   // local students (local ranks 0 .. numStudents-1); teacher is numStudents
-  int slots = 4;                         // slots per ring (transport.slots)
-  int64_t maxRequestBytes = 4 << 20;     // payload bytes per request slot (transport.max_request_bytes)
-  int64_t maxResponseBytes = 64 << 20;   // payload bytes per response slot (transport.max_response_bytes)
-  int heartbeatMs = 100;                 // heartbeat period (transport.heartbeat_ms)
+  int numStudents = 1; // local students (local ranks 0 .. numStudents-1); teacher is numStudents
+  int slots = 4; // slots per ring (transport.slots)
+  int64_t maxRequestBytes = 4 << 20; // payload bytes per request slot (transport.max_request_bytes)
+  int64_t maxResponseBytes = 64 << 20; // payload bytes per response slot (transport.max_response_bytes)
+  int heartbeatMs = 100; // heartbeat period (transport.heartbeat_ms)
 
   static SegmentLayout fromOptions(const TransportOptions& t, int numStudents);
   bool operator==(const SegmentLayout& o) const;
   bool operator!=(const SegmentLayout& o) const { return !(*this == o); }
-  std::string describe() const;  // "students=3 slots=4 request=4194304 response=67108864 heartbeat_ms=100"
+  std::string describe() const; // "students=3 slots=4 request=4194304 response=67108864 heartbeat_ms=100"
 };
 
 // A snapshot of one process-table entry (for hang tables and tests).
 struct ProcessSnapshot {
-  int localIndex = -1;       // 0 .. numStudents (teacher)
-  int pid = 0;               // 0 = never attached
-  int rank = -1;             // global rank
-  std::string role;          // "student" | "teacher"
-  std::string state;         // wire::stateName
-  uint64_t incarnation = 0;  // attaches of this local rank so far
+  int localIndex = -1; // 0 .. numStudents (teacher)
+  int pid = 0; // 0 = never attached
+  int rank = -1; // global rank
+  std::string role; // "student" | "teacher"
+  std::string state; // wire::stateName
+  uint64_t incarnation = 0; // attaches of this local rank so far
   int64_t heartbeatAgeMs = -1;
-  int64_t heartbeatNs = 0;   // its last heartbeat (CLOCK_MONOTONIC, as monotonicNs()); 0 = never attached
-  int64_t endedNs = 0;       // when it detached (finished or dead), 0 = still attached or never
-  std::string waitWhat;      // wire::waitName
+  int64_t heartbeatNs = 0; // its last heartbeat (CLOCK_MONOTONIC, as monotonicNs()); 0 = never attached
+  int64_t endedNs = 0; // when it detached (finished or dead), 0 = still attached or never
+  std::string waitWhat; // wire::waitName
   int waitPeer = -1;
   int64_t waitStep = 0, waitAccStep = 0;
   uint64_t waitSeq = 0;
-  int64_t waitForMs = 0;     // how long the current wait has lasted
+  int64_t waitForMs = 0; // how long the current wait has lasted
 };
 
 class Segment {
@@ -69,8 +69,8 @@ class Segment {
   // Any local rank. Waits until `deadline` for the segment to exist and be
   // initialised (TimeoutError), then checks magic, layout version, control
   // checksum, job id and, if given, the layout (IpcError naming both values).
-  static Segment attach(const std::string& name, const std::string& jobId,
-                        const std::optional<SegmentLayout>& expected, Deadline deadline);
+  static Segment attach(const std::string& name, const std::string& jobId, const std::optional<SegmentLayout>& expected,
+                        Deadline deadline);
 
   // Launcher only. Removes the name (mappings stay valid); false if it did not exist.
   static bool remove(const std::string& name);
@@ -85,10 +85,10 @@ class Segment {
   const std::string& name() const;
   SegmentLayout layout() const;
   std::string jobId() const;
-  uint64_t incarnation() const;  // random per creation
+  uint64_t incarnation() const; // random per creation
   int creatorPid() const;
   size_t sizeBytes() const;
-  bool admitted() const;  // the teacher has admitted every student
+  bool admitted() const; // the teacher has admitted every student
 
   // Any process: makes every wait on the segment fail with IpcError("aborted"),
   // now and later. Used by the launcher on teardown.
@@ -135,4 +135,4 @@ class Segment {
   std::shared_ptr<SegmentImpl> impl_;
 };
 
-}  // namespace distill::ipc
+} // namespace distill::ipc

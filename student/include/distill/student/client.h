@@ -43,8 +43,8 @@ class ReceivedMessage;
 using Handle = Tag;
 
 enum class ReplyMode {
-  kCopy,  // owned tensors; the slot is freed at once
-  kView,  // tensors in place in the slot (zero copy); valid while the reply lives
+  kCopy, // owned tensors; the slot is freed at once
+  kView, // tensors in place in the slot (zero copy); valid while the reply lives
 };
 
 class TeacherReply {
@@ -67,7 +67,7 @@ class TeacherReply {
   friend class Client;
   Handle handle_;
   std::vector<std::pair<std::string, at::Tensor>> tensors_;
-  std::unique_ptr<ipc::ReceivedMessage> held_;  // view mode only
+  std::unique_ptr<ipc::ReceivedMessage> held_; // view mode only
 };
 
 class Client {
@@ -82,8 +82,7 @@ class Client {
 
   // Sends the inputs named by teacher.inputs; returns at once unless
   // student.in_flight requests are already outstanding.
-  Handle submit(const std::vector<std::pair<std::string, at::Tensor>>& inputs, int64_t step,
-                int64_t accStep);
+  Handle submit(const std::vector<std::pair<std::string, at::Tensor>>& inputs, int64_t step, int64_t accStep);
   // The same with one input, named teacher.inputs[0].
   Handle submit(const at::Tensor& input, int64_t step, int64_t accStep);
   // Waits for the answer to `h` (answers come in request order).
@@ -111,4 +110,4 @@ class Client {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace distill
+} // namespace distill

@@ -25,8 +25,7 @@ namespace distill {
 // others are labelled with the right step. 0 when every label of the step is
 // ignored: distillLoss takes that normalizer for micro-batches without valid
 // tokens (zero loss, zero gradient).
-double stepTokenCount(StudentGroup& group, const std::vector<at::Tensor>& microBatchLabels,
-                      int64_t ignoreIndex);
+double stepTokenCount(StudentGroup& group, const std::vector<at::Tensor>& microBatchLabels, int64_t ignoreIndex);
 
 // All-reduces the .grad() of `params` in place, in buckets of about
 // `bucketMb` MiB (one flat tensor per bucket; dtypes and devices kept apart).
@@ -37,7 +36,6 @@ void allReduceGradients(StudentGroup& group, const std::vector<at::Tensor>& para
 
 // Runs `fn` on student rank 0 only and broadcasts its `count` values to every
 // student (evaluation that must not run on every rank).
-std::vector<double> evaluateOnRank0(StudentGroup& group, const std::function<std::vector<double>()>& fn,
-                                    size_t count);
+std::vector<double> evaluateOnRank0(StudentGroup& group, const std::function<std::vector<double>()>& fn, size_t count);
 
-}  // namespace distill
+} // namespace distill

@@ -39,9 +39,9 @@ namespace distill {
 struct Session {
   Topology topology;
   Config config;
-  std::unique_ptr<Client> client;           // students only
-  std::unique_ptr<StudentContext> student;  // students only: the student group lives here
-  std::unique_ptr<TeacherContext> teacher;  // the teacher rank only
+  std::unique_ptr<Client> client; // students only
+  std::unique_ptr<StudentContext> student; // students only: the student group lives here
+  std::unique_ptr<TeacherContext> teacher; // the teacher rank only
   bool isTeacher() const { return teacher != nullptr; }
 };
 
@@ -50,8 +50,8 @@ struct Session {
 // process of the job, the teacher's too (teacher.kind self), in this order.
 struct InitOptions {
   InitOptions() = default;
-  InitOptions(std::vector<std::string> keys) : trainerKeys(std::move(keys)) {}             // NOLINT: implicit
-  InitOptions(std::initializer_list<std::string> keys) : trainerKeys(std::vector<std::string>(keys)) {}  // NOLINT
+  InitOptions(std::vector<std::string> keys) : trainerKeys(std::move(keys)) {} // NOLINT: implicit
+  InitOptions(std::initializer_list<std::string> keys) : trainerKeys(std::vector<std::string>(keys)) {} // NOLINT
 
   // The keys of the trainer section the trainer knows: any other is a
   // ConfigError naming it and the nearest known one (TrainerOptions::expectOnly).
@@ -64,4 +64,4 @@ struct InitOptions {
 
 Session init(int& argc, char** argv, const InitOptions& options = {});
 
-}  // namespace distill
+} // namespace distill

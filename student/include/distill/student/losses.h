@@ -159,21 +159,21 @@ constexpr double kLogsumexpTolerance = 1e-4;
 // What the teacher sent for one micro-batch: dense when `logits` is defined,
 // top-k otherwise.
 struct TeacherOutput {
-  at::Tensor logits;       // [N, V] (or the student's shape): full teacher logits
-  at::Tensor topkValues;   // [N, k]: the teacher's logits of its top-k tokens
-  at::Tensor topkIndices;  // [N, k] int32 | int64: their token ids, unique per row
-  at::Tensor logsumexp;    // optional [N]: logsumexp(teacher logits / T) over the full vocab
-  at::Tensor logTail;      // optional [N]: logsumexp(teacher logits / T) over the NON-top-k
-                           // tokens, -inf when k = V: the exact tail mass (see above)
+  at::Tensor logits; // [N, V] (or the student's shape): full teacher logits
+  at::Tensor topkValues; // [N, k]: the teacher's logits of its top-k tokens
+  at::Tensor topkIndices; // [N, k] int32 | int64: their token ids, unique per row
+  at::Tensor logsumexp; // optional [N]: logsumexp(teacher logits / T) over the full vocab
+  at::Tensor logTail; // optional [N]: logsumexp(teacher logits / T) over the NON-top-k
+                      // tokens, -inf when k = V: the exact tail mass (see above)
 };
 
 struct LossResult {
-  at::Tensor loss;     // 0-dim: alpha * kd + (1 - alpha) * ce; the only one with a gradient
-  at::Tensor kd;       // 0-dim, detached: T^2-scaled divergence sum / normalizer; NaN when
-                       // alpha == 0 (not computed)
-  at::Tensor ce;       // 0-dim, detached: cross-entropy sum / normalizer; NaN when alpha == 1
-                       // (not computed)
-  int64_t tokens = 0;  // non-ignored tokens in this call (0: loss is 0, and so are kd, ce if computed)
+  at::Tensor loss; // 0-dim: alpha * kd + (1 - alpha) * ce; the only one with a gradient
+  at::Tensor kd; // 0-dim, detached: T^2-scaled divergence sum / normalizer; NaN when
+                 // alpha == 0 (not computed)
+  at::Tensor ce; // 0-dim, detached: cross-entropy sum / normalizer; NaN when alpha == 1
+                 // (not computed)
+  int64_t tokens = 0; // non-ignored tokens in this call (0: loss is 0, and so are kd, ce if computed)
 };
 
 // Number of labels != ignoreIndex (synchronises with the device once).
@@ -185,18 +185,16 @@ void validateLossOptions(const LossOptions& options);
 // The distillation loss of one micro-batch; see the top of this file.
 // `normalizer`: the step's global count of non-ignored tokens (> 0, or 0 when
 // this call has none).
-LossResult distillLoss(const at::Tensor& studentLogits, const at::Tensor& labels,
-                       const TeacherOutput& teacher, const LossOptions& options,
-                       double normalizer);
+LossResult distillLoss(const at::Tensor& studentLogits, const at::Tensor& labels, const TeacherOutput& teacher,
+                       const LossOptions& options, double normalizer);
 
 namespace detail {
 // distillLoss computed with ATen ops only, chunk by chunk: the path CUDA and
 // half/bfloat16 student logits take. On CPU distillLoss uses a fused kernel
 // instead (see "Implementation" above); tests/losses checks the two against
 // each other.
-LossResult distillLossAtenOps(const at::Tensor& studentLogits, const at::Tensor& labels,
-                              const TeacherOutput& teacher, const LossOptions& options,
-                              double normalizer);
-}  // namespace detail
+LossResult distillLossAtenOps(const at::Tensor& studentLogits, const at::Tensor& labels, const TeacherOutput& teacher,
+                              const LossOptions& options, double normalizer);
+} // namespace detail
 
-}  // namespace distill
+} // namespace distill

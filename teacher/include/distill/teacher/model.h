@@ -42,8 +42,8 @@ class TeacherModel {
 };
 
 // A model given as a function of the inputs returning the output tensor.
-std::shared_ptr<TeacherModel> teacherFromFunction(
-    std::function<at::Tensor(const std::vector<at::Tensor>&)> fn, std::string outputName = "logits");
+std::shared_ptr<TeacherModel> teacherFromFunction(std::function<at::Tensor(const std::vector<at::Tensor>&)> fn,
+                                                  std::string outputName = "logits");
 
 // Wraps a torch::nn::Module whose forward takes one tensor and returns logits.
 template <typename M>
@@ -84,27 +84,25 @@ std::shared_ptr<TeacherModel> loadTeacherModel(const TeacherOptions& options);
 // "<path> <size> bytes <mtime>": cheap identity of a weights file.
 std::string fileFingerprint(const std::string& path);
 
-}  // namespace distill
+} // namespace distill
 
 #define DISTILL_TEACHER_CONCAT_(a, b) a##b
 #define DISTILL_TEACHER_CONCAT(a, b) DISTILL_TEACHER_CONCAT_(a, b)
 
 // DISTILL_REGISTER_TEACHER(name, [](const distill::TeacherOptions& o) { return ...; });
-#define DISTILL_REGISTER_TEACHER(name, factory)                                        \
-  static const bool DISTILL_TEACHER_CONCAT(distillTeacherReg_, __LINE__) =             \
-      ::distill::registerTeacher(name, factory)
+#define DISTILL_REGISTER_TEACHER(name, factory) \
+  static const bool DISTILL_TEACHER_CONCAT(distillTeacherReg_, __LINE__) = ::distill::registerTeacher(name, factory)
 
 // Registers torch::nn module type M (default-constructible, forward(Tensor) ->
 // logits); the factory loads teacher.weights with torch::load if set and moves
 // it to teacher.device in eval mode.
-#define DISTILL_REGISTER_TEACHER_MODULE(name, M)                                       \
-  DISTILL_REGISTER_TEACHER(name, [](const ::distill::TeacherOptions& o) {              \
-    auto m = std::make_shared<M>();                                                    \
-    std::shared_ptr<::torch::nn::Module> base = m;                                     \
-    if (!o.weights.empty()) ::torch::load(base, o.weights);                            \
-    m->to(::torch::Device(o.device));                                                  \
-    m->eval();                                                                         \
-    return std::static_pointer_cast<::distill::TeacherModel>(                          \
-        std::make_shared<::distill::ModuleTeacher<M>>(                                 \
-            m, o.output, o.weights.empty() ? "" : ::distill::fileFingerprint(o.weights))); \
+#define DISTILL_REGISTER_TEACHER_MODULE(name, M)                                                            \
+  DISTILL_REGISTER_TEACHER(name, [](const ::distill::TeacherOptions& o) {                                   \
+    auto m = std::make_shared<M>();                                                                         \
+    std::shared_ptr<::torch::nn::Module> base = m;                                                          \
+    if (!o.weights.empty()) ::torch::load(base, o.weights);                                                 \
+    m->to(::torch::Device(o.device));                                                                       \
+    m->eval();                                                                                              \
+    return std::static_pointer_cast<::distill::TeacherModel>(std::make_shared<::distill::ModuleTeacher<M>>( \
+        m, o.output, o.weights.empty() ? "" : ::distill::fileFingerprint(o.weights)));                      \
   })

@@ -31,12 +31,12 @@
 namespace distill {
 
 struct ServeStats {
-  int64_t requests = 0;                 // requests answered with teacher output
-  int64_t errors = 0;                   // requests answered with an error
-  int64_t batches = 0;                  // forward calls (teacher.cache: batches with a row to compute)
-  double forwardSeconds = 0;            // time inside forward + output shaping
-  double wallSeconds = 0;               // from admission to the last finish
-  std::vector<int64_t> perStudent;      // requests answered, by local student
+  int64_t requests = 0; // requests answered with teacher output
+  int64_t errors = 0; // requests answered with an error
+  int64_t batches = 0; // forward calls (teacher.cache: batches with a row to compute)
+  double forwardSeconds = 0; // time inside forward + output shaping
+  double wallSeconds = 0; // from admission to the last finish
+  std::vector<int64_t> perStudent; // requests answered, by local student
 };
 
 // Serves until every local student has sent finish. Throws PeerLostError when a
@@ -54,11 +54,10 @@ std::map<std::string, at::Tensor> topkOutput(const at::Tensor& logits, int64_t k
 
 // "" if `next` may follow `prev` (nullopt: the student's first request) with
 // grad_acc_steps G; otherwise why not, naming both tags.
-std::string checkTagOrder(const std::optional<Tag>& prev, const Tag& next,
-                          int gradAccSteps);
+std::string checkTagOrder(const std::optional<Tag>& prev, const Tag& next, int gradAccSteps);
 
 // main() of distill-teacher: config from --config/DISTILL_CONFIG and --set,
 // topology from the environment; returns the process exit code.
 int teacherMain(int argc, char** argv);
 
-}  // namespace distill
+} // namespace distill
