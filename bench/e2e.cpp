@@ -1,4 +1,4 @@
-// bench_e2e: the step time of the demo's student in three modes, in one run
+// bench_e2e: the step time of the demo's student in four modes, in one run
 // (the same process, model and data; modes interleaved in rounds):
 //
 //   student_only     trained on labels alone: the trainer without distill
@@ -8,11 +8,20 @@
 //   in_process       distilled from the same teacher run inside the student
 //                    process (forward, then the student's step): what a
 //                    trainer does without distill
+//   teacher_cache    distilled through the teacher process with its output
+//                    cache (teacher.cache, readwrite): a pass over the round's
+//                    micro-batches fills it, the measured pass over the same
+//                    micro-batches is answered from it (every row a hit)
 //
+// teacher_cache runs in a second job (the cache is a setting of the teacher
+// process) with its own student_only rounds interleaved, and its ratio is to
+// that job's student_only.
 // One student + the teacher process, one torch thread each: on a 2-core
 // machine, a core each. Prints JSON lines:
-//   {"bench":"e2e","mode":"student_only|teacher_process|in_process","step_ms_p50":…,"tokens_per_s":…,…}
+//   {"bench":"e2e","job":"teacher|cache","mode":"student_only|teacher_process|in_process|teacher_cache",
+//    "step_ms_p50":…,"tokens_per_s":…,…}
 //   {"bench":"e2e","summary":…,"teacher_process_vs_student_only":…,"teacher_process_vs_in_process":…}
+//   {"bench":"e2e","summary":…,"teacher_cache_vs_student_only":…,"target_vs_student_only":1.08,…}
 //
 //   build/bin/bench_e2e [--config configs/demo.yaml] [--steps 30] [--warmup 5] [--rounds 3]
 //                       [--set section.key=value]...
@@ -52,7 +61,8 @@ struct Args {
   std::string config = "configs/demo.yaml";
   std::vector<std::string> sets;
   int steps = 30, warmup = 5, rounds = 3, timeoutS = 600;
-  std::string inner;  // the student's output file: set when running under distill-run
+  std::string inner; // the student's output file: set when running under distill-run
+  std::string job = "teacher"; // inner: "teacher" (student_only, teacher_process, in_process) or "cache"
 };
 
 Args parseArgs(int argc, char** argv) {
@@ -63,16 +73,26 @@ Args parseArgs(int argc, char** argv) {
       if (i + 1 >= argc) throw std::runtime_error(f + " needs a value");
       return argv[++i];
     };
-    if (f == "--config") a.config = value();
-    else if (f == "--set") a.sets.push_back(value());
-    else if (f == "--steps") a.steps = std::stoi(value());
-    else if (f == "--warmup") a.warmup = std::stoi(value());
-    else if (f == "--rounds") a.rounds = std::stoi(value());
-    else if (f == "--timeout-s") a.timeoutS = std::stoi(value());
-    else if (f == "--inner") a.inner = value();
-    else throw std::runtime_error("unknown option " + f +
-                                  "; usage: bench_e2e [--config F] [--steps N] [--warmup N] [--rounds N] "
-                                  "[--timeout-s S] [--set k=v]...");
+    if (f == "--config")
+      a.config = value();
+    else if (f == "--set")
+      a.sets.push_back(value());
+    else if (f == "--steps")
+      a.steps = std::stoi(value());
+    else if (f == "--warmup")
+      a.warmup = std::stoi(value());
+    else if (f == "--rounds")
+      a.rounds = std::stoi(value());
+    else if (f == "--timeout-s")
+      a.timeoutS = std::stoi(value());
+    else if (f == "--inner")
+      a.inner = value();
+    else if (f == "--job")
+      a.job = value();
+    else
+      throw std::runtime_error("unknown option " + f +
+                               "; usage: bench_e2e [--config F] [--steps N] [--warmup N] [--rounds N] "
+                               "[--timeout-s S] [--set k=v]...");
   }
   if (a.steps < 1 || a.rounds < 1 || a.warmup < 0) throw std::runtime_error("--steps, --rounds >= 1, --warmup >= 0");
   return a;
@@ -111,7 +131,7 @@ int inner(const Args& a, int argc, char** argv) {
   model->train();
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(st.lr).betas({0.9, 0.95}));
   std::vector<at::Tensor> params = model->parameters();
-  ex::Gpt teacher = ex::loadGpt(cfg.teacher.weights);  // the in-process baseline's copy of the teacher
+  ex::Gpt teacher = ex::loadGpt(cfg.teacher.weights); // the in-process baseline's copy of the teacher
 
   // What the server sends for these logits (full, or its top-k output), for in_process.
   auto shapeLikeServer = [&](const at::Tensor& logits) {
@@ -128,24 +148,26 @@ int inner(const Args& a, int argc, char** argv) {
     return o;
   };
 
-  enum Mode { kStudentOnly, kTeacherProcess, kInProcess };
-  const char* names[] = {"student_only", "teacher_process", "in_process"};
-  std::vector<double> times[3], teacherMs;
-  int64_t tag = 0;  // request tags only ever advance
+  enum Mode { kStudentOnly, kTeacherProcess, kInProcess, kTeacherCache };
+  const char* names[] = {"student_only", "teacher_process", "in_process", "teacher_cache"};
+  const bool cacheJob = a.job == "cache";
+  const std::vector<Mode> modes = cacheJob ? std::vector<Mode>{kStudentOnly, kTeacherCache}
+                                           : std::vector<Mode>{kStudentOnly, kTeacherProcess, kInProcess};
+  std::vector<double> times[4], teacherMs;
+  int64_t tag = 0; // request tags only ever advance
   int64_t dataStep = 0;
   const double tokens = static_cast<double>(st.batch * st.student.context);
 
-  auto step = [&](Mode m, const ex::Batch& b, std::optional<distill::Handle>& inFlight,
-                  const ex::Batch* next) -> void {
+  auto step = [&](Mode m, const ex::Batch& b, std::optional<distill::Handle>& inFlight, const ex::Batch* next) -> void {
     at::Tensor logits = model->forward(b.ids);
     at::Tensor loss;
     if (m == kStudentOnly) {
       loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), b.labels.reshape({-1}));
-    } else if (m == kTeacherProcess) {
+    } else if (m == kTeacherProcess || m == kTeacherCache) {
       const distill::Handle h = *inFlight;
       inFlight.reset();
       if (next) inFlight = s.client->submit(next->ids, ++tag, 0);
-      distill::TeacherReply reply = s.client->get(h, distill::ReplyMode::kView);  // read in place
+      distill::TeacherReply reply = s.client->get(h, distill::ReplyMode::kView); // read in place
       loss = distill::distillLoss(logits, b.labels, reply.output(), cfg.loss, tokens).loss;
     } else {
       const auto t0 = SteadyClock::now();
@@ -164,46 +186,74 @@ int inner(const Args& a, int argc, char** argv) {
     opt.zero_grad();
   };
 
+  // One pass over `batches` in mode m (the teacher modes keep one micro-batch in flight).
+  auto pass = [&](Mode m, const std::vector<ex::Batch>& batches, bool timed) {
+    const int n = static_cast<int>(batches.size());
+    std::optional<distill::Handle> inFlight;
+    if (m == kTeacherProcess || m == kTeacherCache) inFlight = s.client->submit(batches[0].ids, ++tag, 0);
+    for (int i = 0; i < n; ++i) {
+      const auto t0 = SteadyClock::now();
+      step(m, batches[i], inFlight, i + 1 < n ? &batches[i + 1] : nullptr);
+      const double ms = std::chrono::duration<double, std::milli>(SteadyClock::now() - t0).count();
+      if (timed && i >= a.warmup) times[m].push_back(ms);
+    }
+  };
   for (int round = 0; round < a.rounds; ++round) {
-    for (Mode m : {kStudentOnly, kTeacherProcess, kInProcess}) {
+    for (Mode m : modes) {
       const int n = a.warmup + a.steps;
       std::vector<ex::Batch> batches;
       for (int i = 0; i < n; ++i) batches.push_back(data.sample(cfg.run.seed, ++dataStep, 0, 0, st.batch));
-      std::optional<distill::Handle> inFlight;
-      if (m == kTeacherProcess) inFlight = s.client->submit(batches[0].ids, ++tag, 0);
-      for (int i = 0; i < n; ++i) {
-        const auto t0 = SteadyClock::now();
-        step(m, batches[i], inFlight, i + 1 < n ? &batches[i + 1] : nullptr);
-        const double ms = std::chrono::duration<double, std::milli>(SteadyClock::now() - t0).count();
-        if (i >= a.warmup) times[m].push_back(ms);
-      }
+      if (m == kTeacherCache) pass(m, batches, false); // fills the cache with these rows
+      pass(m, batches, true);
     }
   }
   s.client->finish();
 
   std::ofstream out(a.inner);
-  double p50[3];
-  for (int m = 0; m < 3; ++m) p50[m] = percentile(times[m], 0.5);
-  for (int m = 0; m < 3; ++m) {
+  double p50[4] = {0, 0, 0, 0};
+  for (Mode m : modes) p50[m] = percentile(times[m], 0.5);
+  for (Mode m : modes) {
     ex::JsonLine l;
-    l.add("bench", "e2e").add("mode", names[m]).add("step_ms_p50", p50[m])
-        .add("step_ms_p10", percentile(times[m], 0.1)).add("step_ms_p90", percentile(times[m], 0.9))
-        .add("tokens_per_s", tokens / (p50[m] / 1000)).add("steps", static_cast<int64_t>(times[m].size()))
+    l.add("bench", "e2e")
+        .add("job", a.job)
+        .add("mode", names[m])
+        .add("step_ms_p50", p50[m])
+        .add("step_ms_p10", percentile(times[m], 0.1))
+        .add("step_ms_p90", percentile(times[m], 0.9))
+        .add("tokens_per_s", tokens / (p50[m] / 1000))
+        .add("steps", static_cast<int64_t>(times[m].size()))
         .add("ratio_to_student_only", p50[m] / p50[kStudentOnly]);
     if (m == kInProcess) l.add("teacher_forward_ms_p50", percentile(teacherMs, 0.5));
     out << l.str() << "\n";
   }
+  if (cacheJob) {
+    const double vs = p50[kTeacherCache] / p50[kStudentOnly];
+    out << ex::JsonLine()
+               .add("bench", "e2e")
+               .add("summary", "ratios of step_ms_p50, cache job")
+               .add("teacher_cache_vs_student_only", vs)
+               .add("target_vs_student_only", 1.08)
+               .add("met", vs <= 1.08 ? "yes" : "no")
+               .add("rounds", a.rounds)
+               .str()
+        << "\n";
+    return out.good() ? 0 : 1;
+  }
   const double vsStudent = p50[kTeacherProcess] / p50[kStudentOnly];
   const double vsInProcess = p50[kTeacherProcess] / p50[kInProcess];
   out << ex::JsonLine()
-             .add("bench", "e2e").add("summary", "ratios of step_ms_p50")
+             .add("bench", "e2e")
+             .add("summary", "ratios of step_ms_p50")
              .add("teacher_process_vs_student_only", vsStudent)
              .add("teacher_process_vs_in_process", vsInProcess)
              .add("target_vs_student_only", 1.10)
              .add("met", vsStudent <= 1.10 && vsInProcess < 1.0 ? "yes" : "no")
-             .add("student", st.student.describe()).add("teacher", ex::readGptOptions(cfg.teacher.weights).describe())
-             .add("tokens_per_step", static_cast<int64_t>(tokens)).add("topk", cfg.teacher.topk)
-             .add("rounds", a.rounds).add("threads_per_process", 1)
+             .add("student", st.student.describe())
+             .add("teacher", ex::readGptOptions(cfg.teacher.weights).describe())
+             .add("tokens_per_step", static_cast<int64_t>(tokens))
+             .add("topk", cfg.teacher.topk)
+             .add("rounds", a.rounds)
+             .add("threads_per_process", 1)
              .str()
       << "\n";
   return out.good() ? 0 : 1;
@@ -211,31 +261,23 @@ int inner(const Args& a, int argc, char** argv) {
 
 // ---- the outer process: set up, start the job, print its results ----
 
-int outer(const Args& a) {
-  const distill::Config cfg = distill::loadConfig(a.config, a.sets);
-  const ex::Settings st = ex::Settings::fromConfig(cfg);
-  char tmpl[] = "/tmp/distill-bench-e2e-XXXXXX";
-  DISTILL_CHECK(::mkdtemp(tmpl) != nullptr, "mkdtemp: ", distill::errnoString(errno));
-  const std::string dir = tmpl;
-  const std::string weights = dir + "/teacher.pt", results = dir + "/results.jsonl";
-  {
-    torch::manual_seed(cfg.run.seed + 7);
-    ex::GptOptions t = st.teacher;
-    t.dropout = 0;
-    ex::Gpt teacher(t);
-    ex::saveGpt(teacher, weights);
-  }
+// One distill-run job of the bench; returns what its student wrote ("" on failure).
+std::string runJob(const Args& a, const std::string& dir, const std::string& weights, const std::string& job,
+                   const std::vector<std::string>& extraSets) {
+  const std::string results = dir + "/results-" + job + ".jsonl";
   const std::string bin = exeDir();
-  std::vector<std::string> argv = {bin + "/distill-run", "--config", a.config, "--log-dir", dir + "/logs"};
+  std::vector<std::string> argv = {bin + "/distill-run", "--config", a.config, "--log-dir", dir + "/logs-" + job};
   for (const auto& s : a.sets) argv.insert(argv.end(), {"--set", s});
   for (const std::string s : {"run.nproc_per_node=2", "teacher.kind=registered", "teacher.module=gpt",
                               "teacher.threads=1", "checkpoint.dir=\"\"", "student.in_flight=2"}) {
     argv.insert(argv.end(), {"--set", s});
   }
-  argv.insert(argv.end(), {"--set", "teacher.weights=" + weights, "--set",
-                           "teacher.library=" + bin + "/../lib/libdistill_gpt_teacher.so", "--",
-                           bin + "/bench_e2e", "--inner", results, "--steps", std::to_string(a.steps),
-                           "--warmup", std::to_string(a.warmup), "--rounds", std::to_string(a.rounds)});
+  for (const auto& s : extraSets) argv.insert(argv.end(), {"--set", s});
+  argv.insert(
+      argv.end(),
+      {"--set", "teacher.weights=" + weights, "--set", "teacher.library=" + bin + "/../lib/libdistill_gpt_teacher.so",
+       "--", bin + "/bench_e2e", "--inner", results, "--job", job, "--steps", std::to_string(a.steps), "--warmup",
+       std::to_string(a.warmup), "--rounds", std::to_string(a.rounds)});
   std::vector<char*> cargv;
   for (auto& s : argv) cargv.push_back(const_cast<char*>(s.c_str()));
   cargv.push_back(nullptr);
@@ -243,7 +285,7 @@ int outer(const Args& a) {
   DISTILL_CHECK(pid >= 0, "fork: ", distill::errnoString(errno));
   if (pid == 0) {
     ::setenv("OMP_NUM_THREADS", "1", 1);
-    ::dup2(STDERR_FILENO, STDOUT_FILENO);  // the job's console on stderr; stdout is for the JSON
+    ::dup2(STDERR_FILENO, STDOUT_FILENO); // the job's console on stderr; stdout is for the JSON
     ::execv(cargv[0], cargv.data());
     std::fprintf(stderr, "bench_e2e: cannot exec %s: %s\n", cargv[0], std::strerror(errno));
     ::_exit(127);
@@ -256,27 +298,51 @@ int outer(const Args& a) {
   while ((rc = ::poll(&p, 1, a.timeoutS * 1000)) < 0 && errno == EINTR) {
   }
   if (rc == 0) {
-    ::kill(pid, SIGTERM);  // distill-run tears its job down
-    std::fprintf(stderr, "bench_e2e: distill-run still running after %d s: stopped\n", a.timeoutS);
+    ::kill(pid, SIGTERM); // distill-run tears its job down
+    std::fprintf(stderr, "bench_e2e: distill-run (%s job) still running after %d s: stopped\n", job.c_str(),
+                 a.timeoutS);
   }
   int status = 0;
   ::waitpid(pid, &status, 0);
   ::close(pidfd);
   const std::string text = ex::readText(results);
-  std::fputs(text.c_str(), stdout);
-  ex::removeTree(dir);
   const bool ok = rc > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0 && !text.empty();
-  if (!ok) std::fprintf(stderr, "bench_e2e: the job failed (distill-run status %d)\n", status);
-  return ok ? 0 : 1;
+  if (!ok) std::fprintf(stderr, "bench_e2e: the %s job failed (distill-run status %d)\n", job.c_str(), status);
+  return ok ? text : std::string();
 }
 
-}  // namespace
+int outer(const Args& a) {
+  const distill::Config cfg = distill::loadConfig(a.config, a.sets);
+  const ex::Settings st = ex::Settings::fromConfig(cfg);
+  char tmpl[] = "/tmp/distill-bench-e2e-XXXXXX";
+  DISTILL_CHECK(::mkdtemp(tmpl) != nullptr, "mkdtemp: ", distill::errnoString(errno));
+  const std::string dir = tmpl;
+  const std::string weights = dir + "/teacher.pt";
+  {
+    torch::manual_seed(cfg.run.seed + 7);
+    ex::GptOptions t = st.teacher;
+    t.dropout = 0;
+    ex::Gpt teacher(t);
+    ex::saveGpt(teacher, weights);
+  }
+  const std::string teacherJob = runJob(a, dir, weights, "teacher", {});
+  std::fputs(teacherJob.c_str(), stdout);
+  std::fflush(stdout);
+  const std::string cacheJob = teacherJob.empty()
+      ? std::string()
+      : runJob(a, dir, weights, "cache", {"teacher.cache.mode=readwrite", "teacher.cache.path=" + dir + "/cache"});
+  std::fputs(cacheJob.c_str(), stdout);
+  ex::removeTree(dir);
+  return !teacherJob.empty() && !cacheJob.empty() ? 0 : 1;
+}
+
+} // namespace
 
 int main(int argc, char** argv) {
   try {
     Args a = parseArgs(argc, argv);
     if (!a.inner.empty()) {
-      char* args[] = {argv[0], nullptr};  // distill::init must not see the bench's own options
+      char* args[] = {argv[0], nullptr}; // distill::init must not see the bench's own options
       return inner(a, 1, args);
     }
     return outer(a);
