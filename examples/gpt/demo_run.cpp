@@ -126,6 +126,7 @@ void DemoRun::trained(const StepRecord& r) {
   rec.add("phase", name()).add("launch", launch_).add("step", r.step).add("loss", r.loss).add("ce", r.ce);
   if (r.hasKd) rec.add("kd", r.kd);
   rec.add("lr", r.lr).add("step_ms", 1000 * r.seconds).add("tokens_per_s", r.tokensPerS).add("elapsed_s", elapsed());
+  if (r.teacherWaitShare >= 0) rec.add("teacher_wait_share", r.teacherWaitShare);
   phase_.record(rec);
 }
 

@@ -31,6 +31,7 @@ struct StepRecord {
   double lr = 0;
   double seconds = 0; // this step's wall time
   double tokensPerS = 0; // of the whole step (every student)
+  double teacherWaitShare = -1; // share of the step rank 0 spent waiting for the teacher (distilled; -1: none)
 };
 
 class DemoRun {

@@ -94,6 +94,7 @@ int trainStudent(distill::Session& s) {
   double lastVal = NAN;
   for (int64_t step = start + 1; step <= steps; ++step) {
     const auto stepStart = SteadyClock::now();
+    const double waitedBefore = s.client->teacherWaitSeconds();
     ex::StepRecord rec;
     rec.step = step;
     rec.hasKd = true;
@@ -138,6 +139,7 @@ int trainStudent(distill::Session& s) {
     rec.seconds = std::chrono::duration<double>(SteadyClock::now() - stepStart).count();
     const double myTokensPerS = static_cast<double>(G * labels[0].numel()) / rec.seconds;
     rec.tokensPerS = myTokensPerS * students;
+    rec.teacherWaitShare = std::min(1.0, (s.client->teacherWaitSeconds() - waitedBefore) / rec.seconds);
     distill::StudentStatus status; // distill: distill-run's live line and summary
     status.step = step, status.loss = rec.loss, status.kd = rec.kd, status.ce = rec.ce,
     status.tokens_per_s = myTokensPerS;

@@ -88,7 +88,8 @@ void Console::printStatus(const std::string& text) {
   nextStatus_ = Deadline::afterSeconds(statusEveryS_);
 }
 
-std::string statusText(const std::vector<Rank>& ranks, std::optional<double> teacherBusy) {
+std::string statusText(const std::vector<Rank>& ranks, std::optional<double> teacherBusy,
+                       std::optional<double> cacheHits) {
   int64_t step = -1;
   double loss = 0, tps = 0, wait = 0;
   int nLoss = 0, nTps = 0, nWait = 0;
@@ -106,6 +107,7 @@ std::string statusText(const std::vector<Rank>& ranks, std::optional<double> tea
   if (nLoss) os << "loss=" << loss / nLoss << " ";
   if (nTps) os << "tokens/s=" << static_cast<int64_t>(tps) << " ";
   if (teacherBusy) os << "teacher busy=" << static_cast<int>(100 * *teacherBusy + 0.5) << "% ";
+  if (cacheHits) os << "cache hits=" << static_cast<int>(100 * *cacheHits + 0.5) << "% ";
   if (nWait) os << "teacher wait=" << static_cast<int>(100 * wait / nWait + 0.5) << "% ";
   std::string text = os.str();
   return text.empty() ? "no status yet" : text.substr(0, text.size() - 1);

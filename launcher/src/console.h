@@ -49,6 +49,7 @@ class Console {
 // slowest student's step, mean loss, summed tokens/s over the students that
 // reported; the teacher's busy share once it attached (nullopt before); the
 // students' mean share of a step spent waiting for the teacher. "no status yet".
-std::string statusText(const std::vector<Rank>& ranks, std::optional<double> teacherBusy);
+std::string statusText(const std::vector<Rank>& ranks, std::optional<double> teacherBusy,
+                       std::optional<double> cacheHits = std::nullopt);
 
 } // namespace distill::launcher

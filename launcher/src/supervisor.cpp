@@ -325,6 +325,13 @@ void Supervisor::tick() {
     for (auto& p : seg_->processes()) teacherAttached_ |= p.role == "teacher" && p.pid != 0;
   }
   console_.showStatus(status());
+  if (teacherAttached_) balance_.sample(ranks_, seg_->teacherBusy(), cacheHits());
+}
+
+// The teacher's cache hit share, when its cache is on.
+std::optional<double> Supervisor::cacheHits() const {
+  if (cfg_.teacher.cache.mode == CacheMode::kOff || !teacherAttached_) return std::nullopt;
+  return seg_->teacherCacheHits();
 }
 
 // Each student's last published status (Client::publishStatus); true once any published one.
@@ -338,7 +345,7 @@ bool Supervisor::readStatuses() {
 }
 
 std::string Supervisor::status() const {
-  return statusText(ranks_, teacherAttached_ ? std::optional<double>(seg_->teacherBusy()) : std::nullopt);
+  return statusText(ranks_, teacherAttached_ ? std::optional<double>(seg_->teacherBusy()) : std::nullopt, cacheHits());
 }
 
 // After the last rank exited: its last output, the last status line, the summary.
@@ -348,6 +355,7 @@ int Supervisor::finish() {
   }
   const int restarts = seg_ ? seg_->teacherRestarts() : 0;
   if (seg_ && readStatuses()) console_.printStatus(status());
+  if (const std::string v = balance_.verdict(); !v.empty()) DISTILL_LOG(kInfo) << "balance: " << v;
   if (reason_.empty()) {
     DISTILL_LOG(kInfo) << "job finished: every rank exited 0"
                        << restartsText(ranks_, restarts, cfg_.teacher.max_restarts);

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "args.h"
+#include "balance.h"
 #include "console.h"
 #include "distill/core/config.h"
 #include "distill/core/sys.h"
@@ -81,6 +82,7 @@ class Supervisor {
   void tick();
   bool readStatuses();
   std::string status() const;
+  std::optional<double> cacheHits() const;
   int finish();
 
   std::string exitZeroProblem(const Rank& r) const;
@@ -105,6 +107,7 @@ class Supervisor {
   sigset_t oldMask_{};
   Console console_;
   Watchdog watchdog_;
+  Balance balance_; // the end-of-job verdict: sampled on each status tick
   std::string reason_; // why the job did not end normally ("" = it did)
   int stopSignal_ = 0; // first SIGINT/SIGTERM received
   std::optional<Deadline> stopDeadline_;

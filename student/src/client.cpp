@@ -2,6 +2,9 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <deque>
 #include <map>
 #include <optional>
@@ -70,6 +73,11 @@ struct Client::Impl {
   std::deque<Handle> inFlight; // sent, answer not yet received
   std::map<uint64_t, ipc::ReceivedMessage> received; // received, not yet taken by get()
   bool finished = false;
+  // Time blocked on the teacher: waiting for an answer, or for a free request
+  // slot. publishStatus() turns it into the step's teacher wait share.
+  Clock::duration waited{0};
+  Clock::duration waitedAtPublish{0};
+  Clock::time_point lastPublish = Clock::now();
 
   Deadline responseDeadline() const { return Deadline::afterSeconds(cfg.run.peerWaitS()); }
 
@@ -77,7 +85,9 @@ struct Client::Impl {
   void receiveOldest() {
     DISTILL_INTERNAL_ASSERT(!inFlight.empty(), "no request in flight");
     Handle want = inFlight.front();
+    const auto t0 = Clock::now();
     ipc::ReceivedMessage m = endpoint->receive(responseDeadline(), want);
+    waited += Clock::now() - t0;
     inFlight.pop_front();
     const auto& t = m.tag();
     if (m.kind() == ipc::MsgKind::kError) {
@@ -130,7 +140,9 @@ Handle Client::submit(const std::vector<std::pair<std::string, at::Tensor>>& inp
   msg.tag = h;
   msg.kind = ipc::MsgKind::kRequest;
   msg.tensors = inputs;
-  s.endpoint->send(msg, s.responseDeadline());
+  const auto t0 = Clock::now();
+  s.endpoint->send(msg, s.responseDeadline()); // waits while every request slot is taken
+  s.waited += Clock::now() - t0;
   s.inFlight.push_back(h);
   return h;
 }
@@ -174,8 +186,21 @@ void Client::finish() {
 }
 
 void Client::publishStatus(const StudentStatus& status) {
-  if (impl_->segment) impl_->segment->publishStatus(impl_->topo.studentLocalRank, status);
+  auto& s = *impl_;
+  StudentStatus out = status;
+  const auto now = Clock::now();
+  if (std::isnan(out.teacher_wait_share) && now > s.lastPublish) {
+    // The share of the time since the last publishStatus spent blocked on the teacher.
+    const double waited = std::chrono::duration<double>(s.waited - s.waitedAtPublish).count();
+    const double span = std::chrono::duration<double>(now - s.lastPublish).count();
+    out.teacher_wait_share = std::min(1.0, waited / span);
+  }
+  s.lastPublish = now;
+  s.waitedAtPublish = s.waited;
+  if (s.segment) s.segment->publishStatus(s.topo.studentLocalRank, out);
 }
+
+double Client::teacherWaitSeconds() const { return std::chrono::duration<double>(impl_->waited).count(); }
 
 bool Client::stopRequested() const { return impl_->segment && impl_->segment->stopRequested(); }
 int64_t Client::outstanding() const { return static_cast<int64_t>(impl_->inFlight.size()); }

@@ -28,6 +28,7 @@
 #include <regex>
 #include <sstream>
 
+#include "balance.h"
 #include "distill/distill.h"
 #include "distill/ipc/segment.h"
 #include "job_store.h"
@@ -234,6 +235,8 @@ DISTILL_TEST_ROLE(job) {
       s.client->publishStatus(st);
     }
     std::printf("ANSWERS rank=%d n=%d of %d\n", rank, answers, kSteps * kAcc);
+    // Every get() waited for an answer the teacher had still to compute or send.
+    std::printf("WAITED rank=%d positive=%d\n", rank, s.client->teacherWaitSeconds() > 0 ? 1 : 0);
     s.client->finish();
     return 0;
   }
@@ -397,8 +400,10 @@ TEST_F(LauncherTest, KilledTeacherIsRestartedAndEveryRequestAnsweredOnce) {
       << l.text();
   EXPECT_TRUE(has(l.text(), "teacher restarted (1 of 1 restarts)")) << l.text();
   EXPECT_TRUE(has(l.text(), "job finished: every rank exited 0, teacher restarted 1 of 1 times")) << l.text();
-  for (int r = 0; r < 2; ++r)
+  for (int r = 0; r < 2; ++r) {
     EXPECT_TRUE(has(log(r), "ANSWERS rank=" + std::to_string(r) + " n=20 of 20")) << "rank " << r << ": " << log(r);
+    EXPECT_TRUE(has(log(r), "WAITED rank=" + std::to_string(r) + " positive=1")) << "rank " << r << ": " << log(r);
+  }
   // Both incarnations wrote the same log, the restart marked in it.
   EXPECT_TRUE(has(log(2), "teacher incarnation 0") && has(log(2), "==== distill-run: restart 1 of 1") &&
               has(log(2), "teacher incarnation 1"))
@@ -491,6 +496,12 @@ TEST_F(LauncherTest, PublishedStatusReachesThePeriodicLineAndTheSummary) {
   l.kill(SIGTERM);
   auto st = l.finish();
   EXPECT_TRUE(st.exited && st.code == 128 + SIGTERM) << st.describe() << "\n" << l.text();
+  // Issue 16: the end-of-job verdict from the sampled wait and busy shares.
+  EXPECT_TRUE(std::regex_search(l.text(),
+                                std::regex("balance: teacher-bound: students waited 20 % of each step, "
+                                           "the teacher [0-9]+ % busy; a teacher that kept up would make "
+                                           "each step 20 % shorter \\(1\\.25x the throughput\\)")))
+      << l.text();
   for (const char* r : {"r0", "r1"})
     EXPECT_TRUE(
         std::regex_search(l.text(), std::regex(std::string("\\n  \\[") + r + " student\\] [^\n]*, last step 7\n")))
@@ -1015,3 +1026,24 @@ TEST_F(TwoNodeTest, NodeWithAnotherSecretIsRefused) {
 }
 
 } // namespace
+
+// Issue 16: the verdict's closed forms (launcher/src/balance.cpp).
+TEST(BalanceVerdict, NamesTheBoundAndWhatAKeptUpTeacherWouldGive) {
+  using distill::launcher::balanceVerdict;
+  // 41 % waiting: a step 41 % shorter is 1 / 0.59 = 1.69x the throughput.
+  const std::string bound = balanceVerdict(0.41, 0.95, std::nullopt);
+  EXPECT_EQ(bound.rfind("teacher-bound: students waited 41 % of each step, the teacher 95 % busy; a teacher that kept "
+                        "up would make each step 41 % shorter (1.69x the throughput)",
+                        0),
+            0u)
+      << bound;
+  EXPECT_TRUE(has(bound, "teacher.cache.mode: readwrite")) << bound;
+  const std::string cached = balanceVerdict(0.2, std::nullopt, 0.5);
+  EXPECT_TRUE(has(cached, "students waited 20 % of each step, 50 % of its rows answered from its cache")) << cached;
+  EXPECT_TRUE(has(cached, "more cache hits")) << cached;
+  EXPECT_EQ(balanceVerdict(0.1, 0.7, std::nullopt),
+            "balanced: students waited 10 % of each step, the teacher 70 % busy; the teacher nearly keeps up");
+  EXPECT_EQ(balanceVerdict(0.02, 0.3, std::nullopt),
+            "student-bound: students waited 2 % of each step, the teacher 30 % busy; the teacher keeps up with room "
+            "for a larger teacher or more students");
+}

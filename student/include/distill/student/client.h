@@ -99,8 +99,15 @@ class Client {
   // of the step spent waiting for the teacher, ...; core/status.h) to
   // distill-run, which shows it in its status line and summary. Written into
   // this student's area of the segment: a few relaxed stores, no system call;
-  // call it every step if you like. Fields left unset are not shown.
+  // call it every step if you like. Fields left unset are not shown, but for
+  // teacher_wait_share: left unset, the client fills it in with the share of
+  // the time since the previous publishStatus() that it spent blocked on the
+  // teacher (get() waiting for an answer, submit() for a free request slot).
   void publishStatus(const StudentStatus& status);
+
+  // Seconds this client has spent blocked on the teacher so far (get()
+  // waiting for an answer, submit() waiting for a free request slot).
+  double teacherWaitSeconds() const;
 
   int64_t outstanding() const;
   const Config& config() const;

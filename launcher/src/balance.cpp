@@ -1,0 +1,60 @@
+#include "balance.h"
+
+#include <cmath>
+#include <iomanip>
+#include <sstream>
+
+namespace distill::launcher {
+namespace {
+
+// Below this wait share the teacher keeps up; above kTeacherBound it sets the pace.
+constexpr double kKeepsUp = 0.05;
+constexpr double kTeacherBound = 0.15;
+
+int percent(double share) { return static_cast<int>(std::lround(100 * share)); }
+
+} // namespace
+
+std::string balanceVerdict(double wait, std::optional<double> busy, std::optional<double> hits) {
+  std::ostringstream os;
+  const std::string busyText = busy ? ", the teacher " + std::to_string(percent(*busy)) + " % busy" : "";
+  const std::string hitText =
+      hits ? ", " + std::to_string(percent(*hits)) + " % of its rows answered from its cache" : "";
+  if (wait >= kTeacherBound) {
+    // Were the wait gone, a step would take (1 - wait) of its time.
+    os << "teacher-bound: students waited " << percent(wait) << " % of each step" << busyText << hitText
+       << "; a teacher that kept up would make each step " << percent(wait) << " % shorter (" << std::setprecision(3)
+       << 1 / (1 - std::min(wait, 0.99)) << "x the throughput): a smaller or faster teacher, "
+       << (hits ? "more cache hits (a later epoch over the same rows)"
+                : "the teacher-output cache (teacher.cache.mode: "
+                  "readwrite) from the second epoch on")
+       << ", or teacher.topk to shrink its answers";
+  } else if (wait >= kKeepsUp) {
+    os << "balanced: students waited " << percent(wait) << " % of each step" << busyText << hitText
+       << "; the teacher nearly keeps up";
+  } else {
+    os << "student-bound: students waited " << percent(wait) << " % of each step" << busyText << hitText
+       << "; the teacher keeps up" << (busy && *busy < 0.5 ? " with room for a larger teacher or more students" : "");
+  }
+  return os.str();
+}
+
+void Balance::sample(const std::vector<Rank>& ranks, std::optional<double> busy, std::optional<double> hits) {
+  double wait = 0;
+  int n = 0;
+  for (auto& r : ranks) {
+    if (r.published && !std::isnan(r.published->teacher_wait_share)) wait += r.published->teacher_wait_share, ++n;
+  }
+  if (n == 0) return;
+  wait_ += wait / n, ++samples_;
+  if (busy) busy_ += *busy, ++busySamples_;
+  if (hits) hits_ += *hits, ++hitSamples_;
+}
+
+std::string Balance::verdict() const {
+  if (samples_ == 0) return "";
+  return balanceVerdict(wait_ / samples_, busySamples_ ? std::optional<double>(busy_ / busySamples_) : std::nullopt,
+                        hitSamples_ ? std::optional<double>(hits_ / hitSamples_) : std::nullopt);
+}
+
+} // namespace distill::launcher
