@@ -74,6 +74,8 @@ int trainStudent(distill::Session& s) {
   int64_t start = 0;
   std::string note;
   if (auto loaded = ckpt.loadLatest(*model, opt)) start = loaded->train.step, note = loaded->train.extra;
+  // distill: every student starts from student rank 0's parameters and buffers, as DDP does.
+  distill::broadcastParameters(group, model->parameters(), model->buffers());
   run.resume(start, note);
 
   // distill: this student's shard of micro-batch `acc` of step `step`.

@@ -2,6 +2,9 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <functional>
+
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
 #include "distill/student/losses.h"
@@ -17,7 +20,12 @@ double stepTokenCount(StudentGroup& group, const std::vector<at::Tensor>& microB
   return t.item<double>();
 }
 
-void allReduceGradients(StudentGroup& group, const std::vector<at::Tensor>& params, double bucketMb, ReduceOp op) {
+namespace {
+
+// Runs `op(flat, index)` on `tensors` flattened into buckets (one dtype and
+// device each, about `bucketMb` MiB) and copies each bucket's result back.
+void inBuckets(const std::vector<at::Tensor>& tensors, double bucketMb,
+               const std::function<void(at::Tensor&, int)>& op) {
   const int64_t bucketBytes = std::max<int64_t>(1, static_cast<int64_t>(bucketMb * (1 << 20)));
   std::vector<at::Tensor> bucket;
   int64_t bytes = 0;
@@ -25,28 +33,68 @@ void allReduceGradients(StudentGroup& group, const std::vector<at::Tensor>& para
   auto flush = [&] {
     if (bucket.empty()) return;
     std::vector<at::Tensor> flat;
-    for (auto& g : bucket) flat.push_back(g.reshape(-1));
+    for (auto& t : bucket) flat.push_back(t.reshape(-1));
     at::Tensor buf = at::cat(flat);
-    group.allReduce(buf, op, "gradient bucket " + std::to_string(index++));
+    op(buf, index++);
     int64_t off = 0;
-    for (auto& g : bucket) {
-      g.copy_(buf.narrow(0, off, g.numel()).view(g.sizes()));
-      off += g.numel();
+    for (auto& t : bucket) {
+      t.copy_(buf.narrow(0, off, t.numel()).view(t.sizes()));
+      off += t.numel();
     }
     bucket.clear();
     bytes = 0;
   };
-  for (auto& p : params) {
-    at::Tensor g = p.grad();
-    if (!g.defined()) continue;
+  for (const auto& t : tensors) {
     if (!bucket.empty() &&
-        (g.scalar_type() != bucket[0].scalar_type() || g.device() != bucket[0].device() || bytes >= bucketBytes)) {
+        (t.scalar_type() != bucket[0].scalar_type() || t.device() != bucket[0].device() || bytes >= bucketBytes)) {
       flush();
     }
-    bucket.push_back(g);
-    bytes += g.numel() * static_cast<int64_t>(g.element_size());
+    bucket.push_back(t);
+    bytes += t.numel() * static_cast<int64_t>(t.element_size());
   }
   flush();
+}
+
+} // namespace
+
+void allReduceGradients(StudentGroup& group, const std::vector<at::Tensor>& params, double bucketMb, ReduceOp op) {
+  std::vector<at::Tensor> grads;
+  for (auto& p : params) {
+    if (p.grad().defined()) grads.push_back(p.grad());
+  }
+  inBuckets(grads, bucketMb,
+            [&](at::Tensor& buf, int index) { group.allReduce(buf, op, "gradient bucket " + std::to_string(index)); });
+}
+
+namespace {
+
+// Every student's count of tensors and of elements must be rank 0's: one
+// all-reduce of (count, elements, -count, -elements) with MAX gives the
+// largest and smallest of each.
+void checkSameShapes(StudentGroup& group, const std::vector<at::Tensor>& all) {
+  int64_t numel = 0;
+  for (const auto& t : all) numel += t.numel();
+  const int64_t count = static_cast<int64_t>(all.size());
+  at::Tensor v = at::tensor({count, numel, -count, -numel}, at::kLong);
+  group.allReduce(v, ReduceOp::kMax, "broadcastParameters: tensor counts");
+  const int64_t* p = v.data_ptr<int64_t>();
+  DISTILL_CHECK_T(ConfigError, p[0] == -p[2] && p[1] == -p[3], "broadcastParameters: student rank ", group.rank(),
+                  " passes ", count, " tensors of ", numel, " elements, but the students range over ", -p[2], "..",
+                  p[0], " tensors and ", -p[3], "..", p[1],
+                  " elements: every student must build the same model (the same options)");
+}
+
+} // namespace
+
+void broadcastParameters(StudentGroup& group, const std::vector<at::Tensor>& params,
+                         const std::vector<at::Tensor>& buffers, double bucketMb) {
+  std::vector<at::Tensor> all = params;
+  all.insert(all.end(), buffers.begin(), buffers.end());
+  checkSameShapes(group, all);
+  at::NoGradGuard noGrad; // parameters are leaves that require grad: copy_ into them outside autograd
+  inBuckets(all, bucketMb, [&](at::Tensor& buf, int index) {
+    group.broadcast(buf, 0, "parameter broadcast bucket " + std::to_string(index));
+  });
 }
 
 std::vector<double> evaluateOnRank0(StudentGroup& group, const std::function<std::vector<double>()>& fn, size_t count) {

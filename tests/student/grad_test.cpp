@@ -11,6 +11,7 @@
 
 #include "distill/core/config.h"
 #include "distill/core/context.h"
+#include "distill/core/errors.h"
 #include "distill/core/topology.h"
 #include "distill/student/grad.h"
 #include "distill/student/losses.h"
@@ -144,6 +145,52 @@ DISTILL_TEST_ROLE(empty_step_student) {
   return 0;
 }
 
+// Issue 17: the same start on every student. Prints RESULT lines the test checks.
+DISTILL_TEST_ROLE(broadcast_student) {
+  int argc = 1;
+  char arg0[] = "broadcast_student";
+  char* argv[] = {arg0, nullptr};
+  const distill::Config cfg = distill::jobConfig(argc, argv);
+  distill::StudentContext ctx(distill::Topology::fromEnvironment(), cfg); // seeds torch with run.seed
+  auto& group = ctx.group();
+  // 1 when `t` equals student rank 0's `t`.
+  auto sameAsRank0 = [&](const std::vector<at::Tensor>& ts) {
+    std::vector<at::Tensor> flat;
+    for (auto& t : ts) flat.push_back(t.detach().reshape(-1).to(at::kDouble));
+    at::Tensor mine = at::cat(flat), theirs = mine.clone();
+    group.broadcast(theirs, 0, "test: rank 0's values");
+    at::Tensor same = at::full({1}, at::equal(mine, theirs) ? 1.0 : 0.0, at::kDouble);
+    group.allReduce(same, distill::ReduceOp::kMin, "test: all the same");
+    return static_cast<int>(same.item<double>());
+  };
+  std::fprintf(stderr, "RESULT seeded_same=%d\n", sameAsRank0({at::rand({8}, at::kDouble)}));
+  torch::manual_seed(uint64_t(100 + ctx.rank())); // a trainer that seeds per rank
+  auto net = std::make_shared<Net>();
+  net->to(torch::kDouble);
+  std::fprintf(stderr, "RESULT before_same=%d\n", sameAsRank0(net->parameters()));
+  distill::broadcastParameters(group, net->parameters(), net->buffers(), /*bucketMb=*/0.002);
+  std::fprintf(stderr, "RESULT after_broadcast_same=%d\n", sameAsRank0(net->parameters()));
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
+  Batch b = gradBatch(ctx.rank(), 0);
+  distill::TeacherOutput t;
+  t.logits = b.teacher;
+  const double tokens = distill::stepTokenCount(group, {b.labels}, cfg.loss.ignore_index);
+  distill::distillLoss(net->forward(b.ids), b.labels, t, cfg.loss, tokens).loss.backward();
+  distill::allReduceGradients(group, net->parameters(), cfg.student.bucket_mb);
+  opt.step();
+  std::fprintf(stderr, "RESULT after_step_same=%d\n", sameAsRank0(net->parameters()));
+  // A student with another model: a clear error on every student, not a hang.
+  std::vector<at::Tensor> params = net->parameters();
+  if (ctx.rank() == 1) params.push_back(at::zeros({3}, at::kDouble));
+  try {
+    distill::broadcastParameters(group, params);
+    std::fprintf(stderr, "RESULT mismatch_error=none\n");
+  } catch (const ::distill::ConfigError& e) {
+    std::fprintf(stderr, "RESULT mismatch_error=%s\n", e.what());
+  }
+  return 0;
+}
+
 TEST(StudentGrad, AccumulatedDataParallelGradientEqualsOneBatch) {
   dt::Job job(2, yaml(), /*withSegment=*/false);
   std::vector<std::string> out;
@@ -209,5 +256,28 @@ TEST(StudentGrad, StepWithoutTokensTrainsOn) {
     const size_t at = log.find("RESULT step 1");
     ASSERT_NE(at, std::string::npos) << log;
     EXPECT_GT(dt::numberAfter(log.substr(at), "max_grad="), 1e-3) << log;
+  }
+}
+
+// Issue 17: run.seed seeds every student alike, and broadcastParameters gives
+// every student rank 0's weights whatever its RNG did (as DDP does at start);
+// they stay the same after a step; different models are a ConfigError.
+TEST(StudentGrad, StudentsStartFromRank0sParameters) {
+  dt::Job job(2, yaml(), /*withSegment=*/false);
+  std::vector<dt::Child> kids;
+  for (int r = 0; r < 2; ++r) kids.push_back(job.spawnRole("broadcast_student", r));
+  auto st = dt::joinAll(kids, seconds(60));
+  for (int r = 0; r < 2; ++r) {
+    const std::string log = job.log(r);
+    ASSERT_TRUE(st[size_t(r)].exited && st[size_t(r)].code == 0) << st[size_t(r)].describe() << "\n" << log;
+    EXPECT_EQ(dt::numberAfter(log, "RESULT seeded_same="), 1.0) << log;
+    EXPECT_EQ(dt::numberAfter(log, "RESULT before_same="), 0.0) << log; // the test's own premise
+    EXPECT_EQ(dt::numberAfter(log, "RESULT after_broadcast_same="), 1.0) << log;
+    EXPECT_EQ(dt::numberAfter(log, "RESULT after_step_same="), 1.0) << log;
+    EXPECT_NE(
+        log.find(" student] broadcastParameters: student rank " + std::to_string(r) + " passes " + (r ? "4" : "3")),
+        std::string::npos)
+        << log;
+    EXPECT_NE(log.find("every student must build the same model"), std::string::npos) << log;
   }
 }

@@ -103,7 +103,7 @@ struct RunOptions {
   OnHang on_hang = OnHang::kTeardown; // teardown | wait: what the watchdog does on a hang
   double stop_grace_s = 10; // distill-run: SIGTERM follows a stop request after this (0 .. 2592000)
   double status_every_s = 30; // distill-run: a status line this often off a terminal (1 .. 2592000)
-  int64_t seed = 0; // base RNG seed; rank r uses seed + r
+  int64_t seed = 0; // torch's RNG seed, the same on every student (StudentContext seeds it)
   int64_t steps = 0; // training steps the trainer runs (0: trainer decides)
 
   // How long a rank waits for a peer over the rings (a response, a free slot)

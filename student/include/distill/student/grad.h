@@ -34,6 +34,15 @@ double stepTokenCount(StudentGroup& group, const std::vector<at::Tensor>& microB
 void allReduceGradients(StudentGroup& group, const std::vector<at::Tensor>& params, double bucketMb,
                         ReduceOp op = ReduceOp::kSum);
 
+// Copies student rank 0's `params` and `buffers` (a model's parameters() and
+// buffers()) to every student, in place, in buckets of about `bucketMb` MiB:
+// call it once after building the model (and loading a checkpoint), before
+// the first step, as DDP does, so that every student trains the same model
+// whatever its RNG did. Every student must pass tensors of the same count and
+// sizes: a ConfigError names the difference otherwise (not a hang).
+void broadcastParameters(StudentGroup& group, const std::vector<at::Tensor>& params,
+                         const std::vector<at::Tensor>& buffers = {}, double bucketMb = 25);
+
 // Runs `fn` on student rank 0 only and broadcasts its `count` values to every
 // student (evaluation that must not run on every rank).
 std::vector<double> evaluateOnRank0(StudentGroup& group, const std::function<std::vector<double>()>& fn, size_t count);
