@@ -37,6 +37,10 @@ std::string servedTeacher(const distill::Config& cfg, const ex::Settings& set) {
   return cfg.teacher.kind == distill::TeacherKind::kTorchscript ? cfg.teacher.path : cfg.teacher.weights;
 }
 
+void setLearningRate(torch::optim::AdamW& opt, double lr) {
+  for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
+}
+
 // One student of a distill job (run it under distill-run).
 int trainStudent(distill::Session& s) {
   const distill::Config& cfg = s.config;
@@ -100,10 +104,7 @@ int trainStudent(distill::Session& s) {
     return distill::MicroBatch{b.ids, b.labels};
   };
   while (auto mb = train.next(loader)) {  // distill: the teacher already has the next ones
-    if (mb->accStep == 0) {
-      const double lr = ex::learningRate(set.lr, mb->step, steps, set.warmup, set.minLrRatio);
-      for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
-    }
+    if (mb->accStep == 0) setLearningRate(opt, ex::learningRate(set.lr, mb->step, steps, set.warmup, set.minLrRatio));
     train.backward(model->forward(mb->inputs));  // distill: the teacher's answer, the loss, backward
     if (train.stepEnds()) {  // distill: the students' gradients are summed by now
       if (set.gradClip > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), set.gradClip);
