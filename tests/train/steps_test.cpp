@@ -91,10 +91,11 @@ int withSteps(distill::Session& s, Net& net, torch::optim::SGD& opt, int64_t dry
     if (r.step == readyAt) std::printf("READY student %d\n", rank);
   };
   distill::Steps train(s, net, opt, hooks);
+  std::printf("RESUMED %lld\n", static_cast<long long>(train.resumedStep()));
   int64_t read = 0;
   auto loader = [&]() -> std::optional<distill::MicroBatch> {
     if (dryAfter > 0 && rank == 1 && read == dryAfter) return std::nullopt;
-    const int64_t k = read++;
+    const int64_t k = read++ + train.resumedStep() * G;  // from the step after the checkpoint
     return microBatch(rank, k / G + 1, k % G);
   };
   while (auto mb = train.next(loader)) {
@@ -202,6 +203,30 @@ TEST_F(StepsTest, LoaderRunningDryOnOneStudentStopsBothWithoutAHang) {
   EXPECT_TRUE(has(l.text(), "[r1 student] STOPPED step=2 stopped=1 saved=1")) << l.text();
   EXPECT_TRUE(has(l.text(), "the loader ran dry before step 3 on 1 of 2 students")) << l.text();
   EXPECT_EQ(publishedStep(), 2);
+}
+
+// A run stopped by a dry loader at step 2 goes on from its checkpoint: steps
+// 3..6 give the losses of an uninterrupted run.
+TEST_F(StepsTest, ResumesFromTheCheckpointOfAStopWithTheUninterruptedLosses) {
+  Launch whole(args("lowlevel", 6));
+  auto st = whole.finish();
+  ASSERT_TRUE(st.exited && st.code == 0) << st.describe() << "\n" << whole.text();
+  std::system(("rm -rf " + dir_ + "/ckpt").c_str());
+  Launch first(args("dry", 6));
+  st = first.finish();
+  ASSERT_TRUE(st.exited && st.code == 0) << st.describe() << "\n" << first.text();
+  ASSERT_EQ(publishedStep(), 2);
+  Launch rest(args("steps", 6));
+  st = rest.finish();
+  ASSERT_TRUE(st.exited && st.code == 0) << st.describe() << "\n" << rest.text();
+  EXPECT_TRUE(has(rest.text(), "[r0 student] RESUMED 2") && has(rest.text(), "[r1 student] RESUMED 2")) << rest.text();
+  for (int r : {0, 1}) {
+    auto expected = losses(whole.text(), r);
+    ASSERT_EQ(expected.size(), 6u) << whole.text();
+    expected.erase(expected.begin(), expected.begin() + 2);
+    EXPECT_EQ(losses(rest.text(), r), expected) << rest.text();
+  }
+  EXPECT_EQ(publishedStep(), 6);
 }
 
 }  // namespace
