@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <regex>
+#include <thread>
 
 #include "distill/distill.h"
 #include "launch.h"
@@ -81,14 +82,16 @@ int lowLevel(distill::Session& s, Net& net, torch::optim::SGD& opt) {
 }
 
 // The step API. `dryAfter` > 0: student 1's loader ends after that many
-// micro-batches. `readyAt`: print READY after that step (a stop test waits for it).
+// micro-batches. `readyAt`: after that step's optimizer step both print READY;
+// student 0 goes on at once (it reads the stop flag, still down, at once),
+// student 1 waits for distill-run's stop request before its next next(): the
+// students see the flag at different steps and must still agree.
 int withSteps(distill::Session& s, Net& net, torch::optim::SGD& opt, int64_t dryAfter, int64_t readyAt) {
   const int rank = s.topology.studentRank, G = s.config.student.grad_acc_steps;
   const int64_t inFlight = s.config.student.in_flight, steps = s.config.run.steps;
   distill::StepsOptions hooks;
   hooks.onStep = [&](const distill::StepReport& r) {
     printStep(r.step, r.loss, r.kd, r.ce);
-    if (r.step == readyAt) std::printf("READY student %d\n", rank);
   };
   distill::Steps train(s, net, opt, hooks);
   std::printf("RESUMED %lld\n", static_cast<long long>(train.resumedStep()));
@@ -107,6 +110,14 @@ int withSteps(distill::Session& s, Net& net, torch::optim::SGD& opt, int64_t dry
     DISTILL_CHECK(torch::equal(mb->inputs, microBatch(rank, mb->step, mb->accStep).inputs), "micro-batch order");
     train.backward(net.forward(mb->inputs));
     if (train.stepEnds()) opt.step(), opt.zero_grad();
+    if (train.stepEnds() && mb->step == readyAt) {
+      std::printf("READY student %d\n", rank);
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (rank == 1 && !s.client->stopRequested()) {  // the segment's flag: polled, with a deadline
+        DISTILL_CHECK(std::chrono::steady_clock::now() < deadline, "student 1: no stop request within 30 s");
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    }
   }
   std::printf("STOPPED step=%lld stopped=%d saved=%d\n", static_cast<long long>(train.step()), train.stopped() ? 1 : 0,
               train.saved() ? 1 : 0);
@@ -188,7 +199,8 @@ TEST_F(StepsTest, StopRequestStopsBothStudentsAfterTheSameStepWithAPublishedChec
       << text;
   ASSERT_TRUE(std::regex_search(text, m1, std::regex("\\[r1 student\\] STOPPED step=([0-9]+) stopped=1 saved=1")))
       << text;
-  EXPECT_EQ(m0[1].str(), m1[1].str());
+  EXPECT_EQ(m0[1].str(), "2");
+  EXPECT_EQ(m1[1].str(), "2");
   EXPECT_EQ(publishedStep(), std::stoll(m0[1].str()));
   for (const char* r : {"[r0 student] exit code 0", "[r1 student] exit code 0", "[r2 teacher] exit code 0"})
     EXPECT_TRUE(has(text, r)) << r << "\n" << text;
