@@ -16,9 +16,9 @@
 #include <distill/distill.h>
 #include <torch/torch.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 
 #include "alone.h"
 #include "data.h"
@@ -27,7 +27,6 @@
 #include "report.h"
 
 namespace ex = distill::examples;
-using SteadyClock = std::chrono::steady_clock;
 
 namespace {
 
@@ -36,6 +35,10 @@ namespace {
 std::string servedTeacher(const distill::Config& cfg, const ex::Settings& set) {
   if (cfg.teacher.kind == distill::TeacherKind::kSelf) return set.teacherWeights;
   return cfg.teacher.kind == distill::TeacherKind::kTorchscript ? cfg.teacher.path : cfg.teacher.weights;
+}
+
+void setLearningRate(torch::optim::AdamW& opt, double lr) {
+  for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
 }
 
 // One student of a distill job (run it under distill-run).
@@ -67,107 +70,57 @@ int trainStudent(distill::Session& s) {
   model->train();
   torch::optim::AdamW opt(model->parameters(),
                           torch::optim::AdamWOptions(set.lr).betas({0.9, 0.95}).weight_decay(set.weightDecay));
-  std::vector<at::Tensor> params = model->parameters();
 
-  // distill: checkpoints are taken by the students only, collectively on their group.
-  distill::CheckpointManager ckpt(*s.student, cfg.checkpoint, teacherPrint);
-  int64_t start = 0;
-  std::string note;
-  if (auto loaded = ckpt.loadLatest(*model, opt)) start = loaded->train.step, note = loaded->train.extra;
-  // distill: every student starts from student rank 0's parameters and buffers, as DDP does.
-  distill::broadcastParameters(group, model->parameters(), model->buffers());
-  run.resume(start, note);
-
-  // distill: this student's shard of micro-batch `acc` of step `step`.
-  auto shard = [&](int64_t step, int acc) { return data.sample(cfg.run.seed, step, group.rank(), acc, set.batch); };
   const ex::Batch val = data.validation(set.evalTokens);
   auto validate = [&] { // distill: evaluated on student rank 0 only, the value broadcast to all
     return distill::evaluateOnRank0(
         group, [&] { return std::vector<double>{ex::evaluate(model, val.ids, val.labels)}; }, 1)[0];
   };
+  double lastVal = NAN;
+  distill::StepsOptions hooks; // distill: the demo's bookkeeping, called by the step API
+  hooks.teacherFingerprint = teacherPrint;
+  hooks.checkpointExtra = [&] { return run.resumeNote(); };
+  hooks.onCheckpoint = [&](int64_t step, bool saved) { run.checkpointed(step, saved); };
+  hooks.onStep = [&](const distill::StepReport& r) {
+    ex::StepRecord rec;
+    rec.step = r.step, rec.hasKd = true, rec.lr = ex::learningRate(set.lr, r.step, steps, set.warmup, set.minLrRatio);
+    rec.loss = r.loss, rec.ce = r.ce, rec.kd = r.kd, rec.seconds = r.seconds, rec.tokensPerS = r.tokensPerS;
+    rec.teacherWaitShare = r.teacherWaitShare;
+    run.trained(rec);
+    if (r.step % set.evalEvery == 0 || r.step == steps) run.validated(r.step, lastVal = validate());
+  };
+  distill::Steps train(s, *model, opt, hooks); // distill: resumes from the latest checkpoint
+  const int64_t start = train.resumedStep();
+  run.resume(start, train.resumedExtra());
+
   const int students = ex::studentWorld(cfg);
   run.line("[" + run.name() + "] " + set.student.describe() + ", " + std::to_string(steps) + " steps of " +
            std::to_string(students * G * set.batch * set.student.context) + " tokens, data " + data.path() + " (" +
            std::to_string(data.trainBytes()) + " train / " + std::to_string(data.valBytes()) + " validation bytes)");
   if (start == 0) run.validated(0, validate());
 
-  // distill: one micro-batch in flight ahead: the teacher computes k+1 while this student computes k.
-  distill::Handle inFlight = s.client->submit(shard(start + 1, 0).ids, start + 1, 0);
-  double lastVal = NAN;
-  for (int64_t step = start + 1; step <= steps; ++step) {
-    const auto stepStart = SteadyClock::now();
-    const double waitedBefore = s.client->teacherWaitSeconds();
-    ex::StepRecord rec;
-    rec.step = step;
-    rec.hasKd = true;
-    rec.lr = ex::learningRate(set.lr, step, steps, set.warmup, set.minLrRatio);
-    for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(rec.lr);
-    std::vector<ex::Batch> batches;
-    std::vector<at::Tensor> labels;
-    for (int acc = 0; acc < G; ++acc) {
-      batches.push_back(shard(step, acc));
-      labels.push_back(batches.back().labels);
-    }
-    // The loss is a sum over tokens divided by the step's tokens, over all micro-batches
-    const double tokens = distill::stepTokenCount(group, labels, cfg.loss.ignore_index); // distill: and students
-    for (int acc = 0; acc < G; ++acc) {
-      const ex::Batch& b = batches[acc];
-      at::Tensor logits = model->forward(b.ids);
-      // distill: queue the next micro-batch, take the teacher's answer for this one, mix the losses.
-      const distill::Handle handle = inFlight;
-      if (acc + 1 < G)
-        inFlight = s.client->submit(shard(step, acc + 1).ids, step, acc + 1);
-      else if (step < steps)
-        inFlight = s.client->submit(shard(step + 1, 0).ids, step + 1, 0);
-      // distill: zero copy: the teacher's logits are read in place in the ring slot, freed with `reply`.
-      distill::TeacherReply reply = s.client->get(handle, distill::ReplyMode::kView);
-      distill::LossResult r = distill::distillLoss(logits, b.labels, reply.output(), cfg.loss, tokens);
-      r.loss.backward();
-      rec.loss += r.loss.item<double>();
-      rec.ce += r.ce.item<double>();
-      rec.kd += r.kd.item<double>();
-    }
-    distill::allReduceGradients(group, params, cfg.student.bucket_mb); // distill: sum the students' gradients
-    if (set.gradClip > 0) torch::nn::utils::clip_grad_norm_(params, set.gradClip);
-    opt.step();
-    opt.zero_grad();
-
-    // distill: the launcher's stop request, decided together (one all-reduce
-    // that also sums the students' loss shares): every student leaves after the same step.
-    auto stats = torch::tensor({rec.loss, rec.ce, rec.kd, s.client->stopRequested() ? 1.0 : 0.0}, torch::kDouble);
-    group.allReduce(stats, distill::ReduceOp::kSum, "demo: step stats and stop flag");
-    rec.loss = stats[0].item<double>(), rec.ce = stats[1].item<double>(), rec.kd = stats[2].item<double>();
-    const bool stop = stats[3].item<double>() > 0;
-    rec.seconds = std::chrono::duration<double>(SteadyClock::now() - stepStart).count();
-    const double myTokensPerS = static_cast<double>(G * labels[0].numel()) / rec.seconds;
-    rec.tokensPerS = myTokensPerS * students;
-    rec.teacherWaitShare = std::min(1.0, (s.client->teacherWaitSeconds() - waitedBefore) / rec.seconds);
-    distill::StudentStatus status; // distill: distill-run's live line and summary
-    status.step = step, status.loss = rec.loss, status.kd = rec.kd, status.ce = rec.ce,
-    status.tokens_per_s = myTokensPerS;
-    s.client->publishStatus(status);
-    run.trained(rec);
-    if (step % set.evalEvery == 0 || step == steps) run.validated(step, lastVal = validate());
-
-    bool saved = false;
-    if (step == steps || stop || ckpt.due(step)) {
-      distill::TrainState state; // distill: collective; with checkpoint.async it returns at once
-      state.step = step;
-      state.data.index = step;
-      state.extra = run.resumeNote();
-      saved = ckpt.save(step, *model, opt, state); // false: a save failed and checkpoint.on_error=continue
-      run.checkpointed(step, saved);
-    }
-    if (stop && step < steps) {
-      run.stopped(step, saved);
-      s.client->finish(); // distill
-      return 0;
+  // This student's shard of each micro-batch, in order from the step after the checkpoint.
+  int64_t step = start + 1, acc = 0;
+  auto loader = [&]() -> std::optional<distill::MicroBatch> {
+    ex::Batch b = data.sample(cfg.run.seed, step, group.rank(), acc, set.batch);
+    if (++acc == G) acc = 0, ++step;
+    return distill::MicroBatch{b.ids, b.labels};
+  };
+  while (auto mb = train.next(loader)) { // distill: the teacher already has the next ones
+    if (mb->accStep == 0) setLearningRate(opt, ex::learningRate(set.lr, mb->step, steps, set.warmup, set.minLrRatio));
+    train.backward(model->forward(mb->inputs)); // distill: the teacher's answer, the loss, backward
+    if (train.stepEnds()) { // distill: the students' gradients are summed by now
+      if (set.gradClip > 0) torch::nn::utils::clip_grad_norm_(model->parameters(), set.gradClip);
+      opt.step();
+      opt.zero_grad();
     }
   }
-
+  if (train.stopped()) { // a stop request (or a loader run dry): saved and published; the teacher told
+    run.stopped(train.step(), train.saved());
+    return 0;
+  }
   if (std::isnan(lastVal)) lastVal = validate(); // resumed from the last step's checkpoint
   run.finish(lastVal, set.student.parameterCount());
-  s.client->finish(); // distill: this student is done
   return 0;
 }
 

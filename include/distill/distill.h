@@ -25,3 +25,4 @@
 #include "distill/student/losses.h"
 #include "distill/teacher/model.h"
 #include "distill/teacher/server.h"
+#include "distill/train/steps.h"

@@ -1,0 +1,156 @@
+#pragma once
+
+// distill::Steps: the per-step protocol of a distill student in one object
+// (README "The step API"). The trainer hands it micro-batches in its own order
+// and keeps its forward, its optimizer and its schedule:
+//
+//   distill::Steps steps(session, *model, opt);                 // resumes from the checkpoint
+//   while (auto mb = steps.next(loader)) {                      // loader: () -> optional<MicroBatch>
+//     steps.backward(model->forward(mb->inputs));               // teacher's answer, loss, backward
+//     if (steps.stepEnds()) opt.step(), opt.zero_grad();        // gradients already summed
+//   }                                                           // saved, published, finished
+//
+// What it does for the trainer:
+// - reads the loader ahead: all grad_acc_steps micro-batches of a step (their
+//   labels give the step's global token count) and student.in_flight requests
+//   kept with the teacher, each tagged (step, acc_step) by the object itself;
+//   every answer's tag is checked against its micro-batch's;
+// - distillLoss with the step's token count, backward; after the step's last
+//   backward the students' gradients are summed (allReduceGradients);
+// - at the next next(): one all-reduce per step carrying the loss parts and
+//   the stop flag (distill-run's stop request), so every student leaves after
+//   the same step; the status to distill-run (loss, kd, ce, tokens/s, teacher
+//   wait share) and StepsOptions::onStep (metrics.jsonl);
+// - checkpoints (CheckpointManager) when checkpoint.every_steps is due, on a
+//   stop, at run.steps and when a loader runs dry; the last save is awaited
+//   (published) before next() returns nullopt, and the teacher is told this
+//   student finished.
+// A loader that runs dry on any student (fewer micro-batches than a step
+// needs) is a stop agreed at the step's start, never a hang. run.steps > 0
+// bounds the loop.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "distill/ckpt/checkpoint.h"
+#include "distill/core/status.h"
+#include "distill/student/client.h"
+#include "distill/student/init.h"
+
+namespace distill {
+
+// One micro-batch of this student: the teacher's input (also the model's)
+// and the labels (ignore_index where nothing is learnt).
+struct MicroBatch {
+  at::Tensor inputs;
+  at::Tensor labels;
+};
+
+// What next() hands the trainer: the micro-batch and where it stands.
+struct StepItem {
+  at::Tensor inputs;
+  at::Tensor labels;
+  int64_t step = 0; // 1-based optimizer step
+  int64_t accStep = 0; // 0 .. grad_acc_steps - 1
+};
+
+// One finished step, the same on every student (loss parts summed over them).
+struct StepReport {
+  int64_t step = 0;
+  double loss = 0, kd = 0, ce = 0; // over all students: the loss the step minimised
+  double tokens = 0; // the step's non-ignored tokens, all students
+  double seconds = 0; // this student's step time
+  double tokensPerS = 0; // all students (this student's x student world size)
+  double teacherWaitShare = 0; // share of this student's step spent in get()
+  bool stop = false; // the students agreed to stop after this step
+};
+
+struct StepsOptions {
+  // Names the teacher in the checkpoints (a mismatch on load is a warning).
+  std::string teacherFingerprint;
+  // Called on every student after each step (metrics, validation, logging);
+  // after the optimizer step, before the step's checkpoint.
+  std::function<void(const StepReport&)> onStep;
+  // Adds to the published status (e.g. a field a later version reports).
+  std::function<void(StudentStatus&)> onStatus;
+  // TrainState::extra of each checkpoint (the trainer's own resume bytes).
+  std::function<std::string()> checkpointExtra;
+  // After each save: its step and CheckpointManager::save()'s verdict (false:
+  // it failed and checkpoint.on_error=continue; see the log).
+  std::function<void(int64_t step, bool saved)> onCheckpoint;
+};
+
+class Steps {
+ public:
+  using Loader = std::function<std::optional<MicroBatch>()>;
+
+  // Collective (all students): builds the CheckpointManager of
+  // session.config.checkpoint and loads the latest checkpoint into `model`
+  // and `optimizer`; training goes on at resumedStep() + 1.
+  Steps(Session& session, torch::nn::Module& model, torch::optim::Optimizer& optimizer, StepsOptions options = {});
+  ~Steps();
+  Steps(const Steps&) = delete;
+  Steps& operator=(const Steps&) = delete;
+
+  // The step the checkpoint loaded had finished (0: a clean start), and its
+  // TrainState::extra.
+  int64_t resumedStep() const { return resumed_; }
+  const std::string& resumedExtra() const { return resumedExtra_; }
+
+  // The next micro-batch, or nullopt when training is over (run.steps done,
+  // a stop agreed, a loader dry): then the last checkpoint is published and
+  // the teacher told. Collective at each step's boundary.
+  std::optional<StepItem> next(const Loader& loader);
+  // The teacher's answer for the current micro-batch, distillLoss with the
+  // step's token count, backward; after the step's last micro-batch the
+  // students' gradients are summed. Returns the loss parts of this call.
+  LossResult backward(const at::Tensor& logits);
+  // True after backward() of the step's last micro-batch: step the optimizer.
+  bool stepEnds() const;
+
+  int64_t step() const { return step_; } // the current step
+  double stepTokens() const { return tokens_; } // its global token count
+  bool stopped() const { return stopped_; } // ended before run.steps by a stop or a dry loader
+  bool saved() const { return saveOk_; } // the last save and its publication succeeded
+  const StepReport& last() const { return last_; } // the last finished step
+  CheckpointManager& checkpoints() { return *ckpt_; }
+
+ private:
+  struct Pending {
+    MicroBatch mb;
+    int64_t step = 0, accStep = 0;
+    std::optional<Handle> handle;
+  };
+  bool fill(const Loader& loader, size_t count);
+  void submitAhead();
+  bool openStep(const Loader& loader);
+  void finishStep();
+  void syncGradients();
+  bool save(int64_t step);
+  void end();
+
+  Session& session_;
+  torch::nn::Module& model_;
+  torch::optim::Optimizer& optimizer_;
+  StepsOptions options_;
+  std::vector<at::Tensor> params_;
+  std::unique_ptr<CheckpointManager> ckpt_;
+  std::deque<Pending> queue_; // read ahead, in order; front: the current micro-batch once taken
+  std::optional<Pending> current_;
+  int grad_acc_ = 1;
+  int64_t resumed_ = 0, step_ = 0, accStep_ = -1, nextStep_ = 1, nextAcc_ = 0, savedStep_ = -1;
+  std::string resumedExtra_;
+  bool saveOk_ = true, dry_ = false, done_ = false, stopped_ = false, stepOpen_ = false;
+  double tokens_ = 0, loss_ = 0, kd_ = 0, ce_ = 0, wait_ = 0, myTokens_ = 0;
+  int64_t stepStartNs_ = 0;
+  StepReport last_;
+};
+
+} // namespace distill

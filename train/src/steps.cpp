@@ -1,0 +1,197 @@
+// distill::Steps: the per-step protocol of a student (README "The step API").
+#include "distill/train/steps.h"
+
+#include <torch/torch.h>
+
+#include "distill/core/clock.h"
+#include "distill/core/errors.h"
+#include "distill/core/logging.h"
+#include "distill/student/grad.h"
+#include "distill/student/losses.h"
+
+namespace distill {
+
+namespace {
+std::string mbName(int64_t step, int64_t acc) {
+  return "(step " + std::to_string(step) + ", acc_step " + std::to_string(acc) + ")";
+}
+} // namespace
+
+Steps::Steps(Session& session, torch::nn::Module& model, torch::optim::Optimizer& optimizer, StepsOptions options)
+    : session_(session), model_(model), optimizer_(optimizer), options_(std::move(options)) {
+  DISTILL_CHECK_T(ConfigError, session.student && session.client,
+                  "distill::Steps needs a student session (this rank is the teacher)");
+  grad_acc_ = session.config.student.grad_acc_steps;
+  params_ = model.parameters();
+  ckpt_ = std::make_unique<CheckpointManager>(*session.student, session.config.checkpoint, options_.teacherFingerprint);
+  if (auto loaded = ckpt_->loadLatest(model, optimizer)) {
+    resumed_ = loaded->train.step;
+    resumedExtra_ = loaded->train.extra;
+  }
+  // Every student trains student rank 0's weights, as DDP does at start.
+  broadcastParameters(session.student->group(), model.parameters(), model.buffers());
+  step_ = savedStep_ = resumed_;
+  nextStep_ = resumed_ + 1;
+}
+
+Steps::~Steps() = default;
+
+// Reads the loader until `count` micro-batches are queued; never past run.steps.
+bool Steps::fill(const Loader& loader, size_t count) {
+  const int64_t bound = session_.config.run.steps;
+  while (queue_.size() < count && !dry_ && (bound <= 0 || nextStep_ <= bound)) {
+    std::optional<MicroBatch> mb = loader();
+    if (!mb) {
+      dry_ = true;
+      break;
+    }
+    DISTILL_CHECK(mb->inputs.defined() && mb->labels.defined(), "distill::Steps: the loader's micro-batch ",
+                  mbName(nextStep_, nextAcc_), " has undefined inputs or labels");
+    queue_.push_back(Pending{std::move(*mb), nextStep_, nextAcc_, std::nullopt});
+    if (++nextAcc_ == grad_acc_) nextAcc_ = 0, ++nextStep_;
+  }
+  return queue_.size() >= count;
+}
+
+// Keeps student.in_flight requests with the teacher: the current one and those read ahead.
+void Steps::submitAhead() {
+  if (current_ && !current_->handle)
+    current_->handle = session_.client->submit(current_->mb.inputs, current_->step, current_->accStep);
+  int64_t outstanding = current_ ? 1 : 0;
+  for (Pending& p : queue_) {
+    if (outstanding >= session_.config.student.in_flight) break;
+    if (!p.handle) p.handle = session_.client->submit(p.mb.inputs, p.step, p.accStep);
+    ++outstanding;
+  }
+}
+
+// A step's start: all its micro-batches read (their labels give the token
+// count), one all-reduce carrying the token count and whether a loader ran dry.
+bool Steps::openStep(const Loader& loader) {
+  const int64_t bound = session_.config.run.steps;
+  if (bound > 0 && step_ >= bound) return false;
+  stepStartNs_ = monotonicNs();
+  const bool full = fill(loader, static_cast<size_t>(grad_acc_));
+  noteStepOpens(grad_acc_);
+  int64_t local = 0;
+  myTokens_ = 0;
+  for (size_t i = 0; full && i < static_cast<size_t>(grad_acc_); ++i) {
+    local += countTokens(queue_[i].mb.labels, session_.config.loss.ignore_index);
+    myTokens_ += static_cast<double>(queue_[i].mb.labels.numel());
+  }
+  at::Tensor t = at::tensor({static_cast<double>(local), full ? 0.0 : 1.0}, at::kDouble);
+  session_.student->group().allReduce(t, ReduceOp::kSum, "step token count and loader state");
+  const int64_t dryRanks = static_cast<int64_t>(t[1].item<double>());
+  if (dryRanks > 0) {
+    DISTILL_LOG(kWarning) << "the loader ran dry before step " << step_ + 1 << " on " << dryRanks << " of "
+                          << session_.student->worldSize() << " students (this one: " << (full ? "not dry" : "dry")
+                          << "): stopping after step " << step_;
+    stopped_ = true;
+    return false;
+  }
+  tokens_ = t[0].item<double>();
+  ++step_;
+  loss_ = kd_ = ce_ = wait_ = 0;
+  stepOpen_ = true;
+  return true;
+}
+
+std::optional<StepItem> Steps::next(const Loader& loader) {
+  if (done_) return std::nullopt;
+  DISTILL_CHECK(!current_, "distill::Steps::next() before backward() of micro-batch ",
+                mbName(current_->step, current_->accStep));
+  if (stepEnds()) finishStep();
+  if (done_) return std::nullopt;
+  if (!stepOpen_ && !openStep(loader)) {
+    end();
+    return std::nullopt;
+  }
+  current_ = std::move(queue_.front());
+  queue_.pop_front();
+  accStep_ = current_->accStep;
+  // Read ahead for the requests kept in flight (the next step's are read
+  // here too; a loader ending there is found at that step's start).
+  fill(loader, static_cast<size_t>(std::max<int64_t>(0, session_.config.student.in_flight - 1)));
+  submitAhead();
+  return StepItem{current_->mb.inputs, current_->mb.labels, current_->step, current_->accStep};
+}
+
+LossResult Steps::backward(const at::Tensor& logits) {
+  DISTILL_CHECK(current_, "distill::Steps::backward() without a micro-batch: call next() first");
+  const Pending p = std::move(*current_);
+  current_.reset();
+  const int64_t t0 = monotonicNs();
+  TeacherReply reply = session_.client->get(*p.handle, ReplyMode::kView); // zero copy, freed below
+  wait_ += static_cast<double>(monotonicNs() - t0) * 1e-9;
+  DISTILL_CHECK_T(ProtocolError, reply.handle() == *p.handle, at(p.step, p.accStep),
+                  "distill::Steps: the teacher's answer for ", mbName(p.step, p.accStep), " carries the tag ",
+                  mbName(reply.handle().step, reply.handle().accStep), " seq ", reply.handle().seq);
+  LossResult r = distillLoss(logits, p.mb.labels, reply.output(), session_.config.loss, tokens_);
+  r.loss.backward();
+  reply.release();
+  loss_ += r.loss.item<double>();
+  ce_ += r.ce.item<double>();
+  kd_ += r.kd.item<double>();
+  if (p.accStep + 1 == grad_acc_) syncGradients();
+  return r;
+}
+
+bool Steps::stepEnds() const { return stepOpen_ && !current_ && accStep_ + 1 == grad_acc_; }
+
+// The one place the students' gradients are summed (a hook-based overlapped
+// sync may take its place).
+void Steps::syncGradients() {
+  allReduceGradients(session_.student->group(), params_, session_.config.student.bucket_mb);
+}
+
+// After the optimizer step: the loss parts and the stop flag in one
+// all-reduce, the status, the trainer's callback, the checkpoint.
+void Steps::finishStep() {
+  stepOpen_ = false;
+  accStep_ = -1;
+  const bool stopAsked = session_.client->stopRequested();
+  at::Tensor t = at::tensor({loss_, ce_, kd_, stopAsked ? 1.0 : 0.0}, at::kDouble);
+  session_.student->group().allReduce(t, ReduceOp::kSum, "step losses and stop flag");
+  StepReport& rep = last_;
+  rep = StepReport{};
+  rep.step = step_;
+  rep.loss = t[0].item<double>(), rep.ce = t[1].item<double>(), rep.kd = t[2].item<double>();
+  rep.stop = t[3].item<double>() > 0;
+  rep.tokens = tokens_;
+  rep.seconds = static_cast<double>(monotonicNs() - stepStartNs_) * 1e-9;
+  const double mine = rep.seconds > 0 ? myTokens_ / rep.seconds : 0;
+  rep.tokensPerS = mine * session_.student->worldSize();
+  rep.teacherWaitShare = rep.seconds > 0 ? std::min(1.0, wait_ / rep.seconds) : 0;
+  StudentStatus status;
+  status.step = step_, status.loss = rep.loss, status.kd = rep.kd, status.ce = rep.ce;
+  status.tokens_per_s = mine, status.teacher_wait_share = rep.teacherWaitShare;
+  if (options_.onStatus) options_.onStatus(status);
+  session_.client->publishStatus(status);
+  if (options_.onStep) options_.onStep(rep);
+  const int64_t bound = session_.config.run.steps;
+  const bool last = bound > 0 && step_ >= bound;
+  if (last || rep.stop || ckpt_->due(step_)) save(step_);
+  if (rep.stop && !last) stopped_ = true;
+  if (last || rep.stop) end();
+}
+
+bool Steps::save(int64_t step) {
+  TrainState state; // collective; with checkpoint.async it returns at once
+  state.step = step;
+  state.data.index = step;
+  if (options_.checkpointExtra) state.extra = options_.checkpointExtra();
+  savedStep_ = step;
+  saveOk_ = ckpt_->save(step, model_, optimizer_, state);
+  if (options_.onCheckpoint) options_.onCheckpoint(step, saveOk_);
+  return saveOk_;
+}
+
+// Training is over: the last step saved (once), every save published, the teacher told.
+void Steps::end() {
+  if (step_ > savedStep_) save(step_);
+  if (!ckpt_->wait()) saveOk_ = false;
+  session_.client->finish();
+  done_ = true;
+}
+
+} // namespace distill
