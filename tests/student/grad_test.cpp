@@ -17,6 +17,7 @@
 #include "distill/student/losses.h"
 #include "job_fixture.h"
 #include "support/roles.h"
+#include "support/tiny_net.h"
 
 namespace dt = distill::testing;
 using namespace std::chrono;
@@ -25,13 +26,8 @@ namespace {
 
 constexpr int64_t kVocab = 48, kDim = 16, kSeq = 12, kIgnore = -100, kG = 4;
 
-struct Net : torch::nn::Module {
-  Net()
-      : emb(register_module("emb", torch::nn::Embedding(kVocab, kDim))),
-        fc(register_module("fc", torch::nn::Linear(kDim, kVocab))) {}
-  torch::Tensor forward(const torch::Tensor& ids) { return fc(torch::tanh(emb(ids))); }
-  torch::nn::Embedding emb;
-  torch::nn::Linear fc;
+struct Net : distill::testing::TinyNet {
+  Net() : TinyNet(kVocab, kDim) {}
 };
 
 std::shared_ptr<Net> makeNet() {

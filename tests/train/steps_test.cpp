@@ -14,6 +14,7 @@
 #include "launch.h"
 #include "support/process.h"
 #include "support/roles.h"
+#include "support/tiny_net.h"
 
 using namespace distill::testing;
 
@@ -21,13 +22,8 @@ namespace {
 
 constexpr int64_t kVocab = 16, kDim = 8, kSeq = 6, kRows = 3, kIgnore = -100;
 
-struct Net : torch::nn::Module {
-  Net()
-      : emb(register_module("emb", torch::nn::Embedding(kVocab, kDim))),
-        fc(register_module("fc", torch::nn::Linear(kDim, kVocab))) {}
-  torch::Tensor forward(const torch::Tensor& ids) { return fc(torch::tanh(emb(ids))); }
-  torch::nn::Embedding emb;
-  torch::nn::Linear fc;
+struct Net : distill::testing::TinyNet {
+  Net() : TinyNet(kVocab, kDim) {}
 };
 
 // Micro-batch (step, acc) of student `rank`; some labels ignored.
