@@ -36,28 +36,9 @@
 #include <vector>
 
 #include "distill/core/clock.h"
+#include "job_store_server.h"
 
 namespace distill {
-
-// "distill_store/lost/<n>" = the decimal rank of the n-th rank lost.
-constexpr const char* kLostKeyPrefix = "distill_store/lost/";
-
-class JobStoreServer {
- public:
-  // Serves on the listening socket `listenFd` (taken over, closed on
-  // destruction) until destroyed. `where` names it in log lines ("127.0.0.1:29500").
-  JobStoreServer(int listenFd, std::string secret, std::string where);
-  ~JobStoreServer();
-  JobStoreServer(const JobStoreServer&) = delete;
-  JobStoreServer& operator=(const JobStoreServer&) = delete;
-
-  // Connections refused so far (they did not prove the secret).
-  int refused() const;
-
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
-};
 
 class JobStore : public c10d::Store {
  public:

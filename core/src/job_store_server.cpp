@@ -1,5 +1,5 @@
 // The rendezvous store's server: one thread, a poll loop (job_store.h).
-#include "job_store.h"
+#include "job_store_server.h"
 
 #include <fcntl.h>
 #include <netdb.h>
@@ -16,6 +16,7 @@
 #include <set>
 #include <thread>
 
+#include "distill/core/clock.h"
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
 #include "distill/core/rendezvous.h"
