@@ -116,6 +116,14 @@ DeviceSpec parseDevice(const std::string& device) {
   return d;
 }
 
+std::string teacherDevice(const TeacherOptions& t, int teacher) {
+  if (t.devices.empty()) return t.device;
+  if (t.devices.size() == 1) return t.devices[0];
+  DISTILL_CHECK_T(ConfigError, teacher >= 0 && size_t(teacher) < t.devices.size(),
+                  "teacher.devices: no device for teacher ", teacher, " (", t.devices.size(), " given)");
+  return t.devices[size_t(teacher)];
+}
+
 std::string stringOverride(const std::string& key, const std::string& value) { return key + "=" + quote(value); }
 
 std::vector<std::string> configKeys() {

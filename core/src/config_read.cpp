@@ -203,6 +203,31 @@ YAML::Node loadDocument(const std::string& yamlText, const std::string& sourceNa
   }
 }
 
+// teacher.procs against run.nproc_per_node, teacher.devices against teacher.procs.
+template <typename Ok, typename Suffix>
+void checkTeacherPool(const Config& config, const Ok& ok, const Suffix& suffix, std::vector<std::string>& problems) {
+  const int k = config.teacher.procs;
+  if (ok("teacher.procs") && ok("run.nproc_per_node") && k >= config.run.nproc_per_node) {
+    problems.push_back("teacher.procs: must leave a student on each node: below run.nproc_per_node (" +
+                       std::to_string(config.run.nproc_per_node) + "), found " + std::to_string(k) +
+                       suffix("teacher.procs"));
+  }
+  if (!ok("teacher.devices")) return;
+  const auto& devices = config.teacher.devices;
+  if (ok("teacher.procs") && devices.size() > 1 && int(devices.size()) != k) {
+    problems.push_back("teacher.devices: names " + std::to_string(devices.size()) +
+                       " devices; give one per teacher (teacher.procs " + std::to_string(k) +
+                       "), one for all, or none (teacher.device)" + suffix("teacher.devices"));
+  }
+  for (const std::string& d : devices) {
+    try {
+      parseDevice(d);
+    } catch (const Error& e) {
+      problems.push_back("teacher.devices: " + e.message() + suffix("teacher.devices"));
+    }
+  }
+}
+
 // The rules between keys, only between values that are valid on their own.
 void checkAcrossFields(const Config& config, const std::vector<std::optional<Setting>>& values,
                        const std::vector<bool>& valid, std::vector<std::string>& problems) {
@@ -239,6 +264,7 @@ void checkAcrossFields(const Config& config, const std::vector<std::optional<Set
                        " (every rank of the job is an int), found " + std::to_string(config.run.nnodes) + " x " +
                        std::to_string(config.run.nproc_per_node) + suffix("run.nnodes"));
   }
+  checkTeacherPool(config, ok, suffix, problems);
   if (ok("run.node_rank") && ok("run.nnodes") && config.run.node_rank >= config.run.nnodes) {
     problems.push_back("run.node_rank: must be < run.nnodes (" + std::to_string(config.run.nnodes) + "), found " +
                        std::to_string(config.run.node_rank) + suffix("run.node_rank"));

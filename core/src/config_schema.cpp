@@ -49,6 +49,10 @@ const std::vector<KeySpec>& schema() {
       DISTILL_KEY(teacher, output).nonEmpty(),
       DISTILL_KEY(teacher, hidden_states),
       DISTILL_KEY(teacher, device).oneOf({"cpu", "cuda", "cuda:N"}),
+      // Runtime: how many processes serve the students changes how fast a job
+      // runs, not what any student gets back.
+      DISTILL_KEY(teacher, procs).min(1).max(kMaxTeachersPerNode).runtime(), // and < run.nproc_per_node, across fields
+      DISTILL_KEY(teacher, devices).runtime(), // each a device; 0, 1 or teacher.procs of them, across fields
       DISTILL_KEY(teacher, autocast),
       DISTILL_KEY(teacher, max_batch_tokens).min(1).runtime(),
       DISTILL_KEY(teacher, topk).min(0),

@@ -68,23 +68,27 @@ std::string Topology::describe() const {
   os << roleName(role) << " node " << nodeRank << "/" << nnodes << " local " << localRank << "/" << localWorldSize
      << " global " << globalRank << "/" << globalWorldSize;
   if (isStudent()) os << " student " << studentRank << "/" << studentWorldSize;
+  if (isTeacher() && teachersPerNode > 1) os << " teacher " << teacherIndex << "/" << teachersPerNode;
   if (!segment.empty()) os << " segment " << segment;
   return os.str();
 }
 
-Topology Topology::forLocalRank(int nodeRank, int nnodes, int localRank, int localWorldSize) {
+Topology Topology::forLocalRank(int nodeRank, int nnodes, int localRank, int localWorldSize, int teachers) {
   Topology t;
-  t.role = localRank == localWorldSize - 1 ? Role::kTeacher : Role::kStudent;
+  t.teachersPerNode = teachers;
+  t.role = localRank >= localWorldSize - teachers ? Role::kTeacher : Role::kStudent;
   t.nodeRank = nodeRank;
   t.nnodes = nnodes;
   t.localRank = localRank;
   t.localWorldSize = localWorldSize;
   t.globalRank = nodeRank * localWorldSize + localRank;
   t.globalWorldSize = nnodes * localWorldSize;
-  t.studentWorldSize = nnodes * (localWorldSize - 1);
+  t.studentWorldSize = nnodes * t.studentsPerNode();
   if (t.isStudent()) {
     t.studentLocalRank = localRank;
     t.studentRank = t.studentRankOf(nodeRank, localRank);
+  } else {
+    t.teacherIndex = localRank - t.studentsPerNode();
   }
   return t;
 }
@@ -114,6 +118,7 @@ void readDistillRun(EnvReader& r, Topology& t) {
   t.localWorldSize = r.integer("DISTILL_LOCAL_WORLD_SIZE", 0, true, 2);
   t.nodeRank = r.integer("DISTILL_NODE_RANK", 0, true, 0);
   t.nnodes = r.integer("DISTILL_NNODES", 1, true, 1);
+  t.teachersPerNode = r.integer("DISTILL_TEACHERS", 1, false, 1);
   t.masterPort = r.integer("MASTER_PORT", 0, t.role == Role::kStudent, 1);
 }
 
@@ -136,7 +141,8 @@ void readTorchrun(EnvReader& r, Topology& t) {
     r.problem("RANK=" + std::to_string(rank) + " does not match NODE_RANK*LOCAL_WORLD_SIZE+" +
               "LOCAL_RANK=" + std::to_string(t.nodeRank * t.localWorldSize + t.localRank));
   }
-  t.role = t.localRank == t.localWorldSize - 1 ? Role::kTeacher : Role::kStudent;
+  t.teachersPerNode = r.integer("DISTILL_TEACHERS", 1, false, 1);
+  t.role = t.localRank >= t.localWorldSize - t.teachersPerNode ? Role::kTeacher : Role::kStudent;
 }
 
 // The ranks against the sizes, and the role against the local rank.
@@ -148,14 +154,22 @@ void checkRanks(EnvReader& r, const Topology& t) {
   if (t.nodeRank >= t.nnodes) {
     r.problem("node rank " + std::to_string(t.nodeRank) + " is not below the node count " + std::to_string(t.nnodes));
   }
-  bool lastLocal = t.localRank == t.localWorldSize - 1;
-  if (t.role == Role::kTeacher && !lastLocal) {
-    r.problem("the teacher must be the last local rank (" + std::to_string(t.localWorldSize - 1) +
-              "), found local rank " + std::to_string(t.localRank));
+  const int k = t.teachersPerNode;
+  if (t.localWorldSize >= 2 && k >= t.localWorldSize) {
+    r.problem("DISTILL_TEACHERS=" + std::to_string(k) + " leaves no student among the " +
+              std::to_string(t.localWorldSize) + " processes of a node");
+    return;
   }
-  if (t.role == Role::kStudent && lastLocal) {
-    r.problem("local rank " + std::to_string(t.localRank) +
-              " is the last local rank, which is the teacher's, but DISTILL_ROLE=student");
+  const bool teacherRank = t.localRank >= t.localWorldSize - k;
+  const std::string teachers = k == 1 ? "the last local rank (" + std::to_string(t.localWorldSize - 1) + ")"
+                                      : "the last " + std::to_string(k) + " local ranks (" +
+          std::to_string(t.localWorldSize - k) + ".." + std::to_string(t.localWorldSize - 1) + ")";
+  if (t.role == Role::kTeacher && !teacherRank) {
+    r.problem("a teacher must be " + teachers + ", found local rank " + std::to_string(t.localRank));
+  }
+  if (t.role == Role::kStudent && teacherRank) {
+    r.problem("local rank " + std::to_string(t.localRank) + " is a teacher's (" + teachers +
+              ") but DISTILL_ROLE=student");
   }
 }
 
@@ -167,7 +181,7 @@ void checkStudentWorld(EnvReader& r, const Topology& t) {
   } checks[] = {{"RANK", t.studentRank},
                 {"WORLD_SIZE", t.studentWorldSize},
                 {"LOCAL_RANK", t.studentLocalRank},
-                {"LOCAL_WORLD_SIZE", t.localWorldSize - 1}};
+                {"LOCAL_WORLD_SIZE", t.studentsPerNode()}};
   for (auto& c : checks) {
     int v = r.integer(c.key, c.expected, true, 0);
     if (r.has(c.key) && v != c.expected) {
@@ -195,11 +209,13 @@ Topology Topology::fromEnv(const std::map<std::string, std::string>& env) {
 
   t.globalWorldSize = t.nnodes * t.localWorldSize;
   t.globalRank = t.nodeRank * t.localWorldSize + t.localRank;
-  t.studentWorldSize = t.nnodes * (t.localWorldSize - 1);
+  t.studentWorldSize = t.nnodes * t.studentsPerNode();
   if (t.role == Role::kStudent) {
     t.studentLocalRank = t.localRank;
     t.studentRank = t.studentRankOf(t.nodeRank, t.localRank);
     if (r.has("DISTILL_ROLE")) checkStudentWorld(r, t);
+  } else if (t.role == Role::kTeacher) {
+    t.teacherIndex = t.localRank - t.studentsPerNode();
   }
 
   if (!r.problems().empty()) {
@@ -219,6 +235,7 @@ std::map<std::string, std::string> topologyEnv(const Topology& t) {
       {"DISTILL_LOCAL_WORLD_SIZE", std::to_string(t.localWorldSize)},
       {"DISTILL_NODE_RANK", std::to_string(t.nodeRank)},
       {"DISTILL_NNODES", std::to_string(t.nnodes)},
+      {"DISTILL_TEACHERS", std::to_string(t.teachersPerNode)},
       {"DISTILL_GLOBAL_RANK", std::to_string(t.globalRank)},
       {"DISTILL_GLOBAL_WORLD_SIZE", std::to_string(t.globalWorldSize)},
       {"MASTER_ADDR", t.masterAddr},
@@ -231,10 +248,19 @@ std::map<std::string, std::string> topologyEnv(const Topology& t) {
     env["RANK"] = std::to_string(t.studentRank);
     env["WORLD_SIZE"] = std::to_string(t.studentWorldSize);
     env["LOCAL_RANK"] = std::to_string(t.studentLocalRank);
-    env["LOCAL_WORLD_SIZE"] = std::to_string(t.localWorldSize - 1);
+    env["LOCAL_WORLD_SIZE"] = std::to_string(t.studentsPerNode());
     env["NODE_RANK"] = std::to_string(t.nodeRank);
   }
   return env;
+}
+
+void Topology::checkTeachers(int procs) const {
+  DISTILL_CHECK_T(ConfigError, procs == teachersPerNode, "teacher.procs is ", procs,
+                  " but this process was started for ", teachersPerNode,
+                  " teacher(s) per node (DISTILL_TEACHERS=", teachersPerNode,
+                  "): distill-run sets it from the config; a process started another way (torchrun) needs "
+                  "DISTILL_TEACHERS=",
+                  procs, " in its environment on every node");
 }
 
 } // namespace distill

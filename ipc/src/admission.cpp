@@ -36,7 +36,8 @@ void ChannelCore::teacherAdmission(Deadline deadline, const AdmissionCheck& chec
     };
     // A restarted teacher also admits students that finished while no
     // teacher ran (the server then sees them done, studentDone()).
-    const bool restarted = s.control().teacherRestarts.load(std::memory_order_acquire) > 0;
+    auto& mine = s.teacherState(port_.index());
+    const bool restarted = mine.restarts.load(std::memory_order_acquire) > 0;
     auto present = [&](int i) {
       return attached(i) ||
           (restarted &&
@@ -69,14 +70,14 @@ void ChannelCore::teacherAdmission(Deadline deadline, const AdmissionCheck& chec
       std::string missing;
       for (int i : peers)
         if (!present(i)) missing += distill::detail::str(missing.empty() ? "" : ", ", "local ", i);
-      DISTILL_THROW(TimeoutError, awaiting("all local students to attach"), port_.describeSelf(), ": students [",
+      DISTILL_THROW(TimeoutError, awaiting("its local students to attach"), port_.describeSelf(), ": students [",
                     missing, "] did not attach to segment '", s.name, "' within ", toMs(Clock::now() - start), " ms");
     }
     if (!refusal.empty()) {
       publishRefusal(s, refusal);
-      DISTILL_THROW(ConfigError, awaiting("all local students to attach"), refusal);
+      DISTILL_THROW(ConfigError, awaiting("its local students to attach"), refusal);
     }
-    s.control().admitted.store(port_.self().incarnation.load(std::memory_order_relaxed), std::memory_order_release);
+    mine.admitted.store(port_.self().incarnation.load(std::memory_order_relaxed), std::memory_order_release);
     port_.recorder().complete(trace::Op::kAdmission, -1, -1, -1, 0, monotonicNs() - toNs(Clock::now() - start));
     port_.setState(wire::ProcState::kServing);
     s.notifyAll();
@@ -89,7 +90,7 @@ void ChannelCore::studentAdmission(Deadline deadline) {
     const int t = peerOf(0); // the teacher that serves this student
     auto refused = [&] { return s.control().refused.load(std::memory_order_acquire) != 0; };
     auto admitted = [&] {
-      const uint64_t a = s.control().admitted.load(std::memory_order_acquire);
+      const uint64_t a = s.teacherState(t).admitted.load(std::memory_order_acquire);
       return refused() || (a != 0 && a == s.process(t).incarnation.load(std::memory_order_relaxed));
     };
     const auto start = Clock::now();

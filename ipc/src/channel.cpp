@@ -160,8 +160,18 @@ Segment StudentEndpoint::segment() const { return core_->segment(); }
 
 // ---- TeacherEndpoint ------------------------------------------------------------------------------
 
-TeacherEndpoint::TeacherEndpoint(const Segment& segment, EndpointOptions options)
-    : core_(std::make_shared<detail::ChannelCore>(segment, segment.layout().numStudents, options)),
+namespace {
+// The process index of teacher `teacher` of the segment; IpcError naming the valid range otherwise.
+int teacherIndexOf(const Segment& segment, int teacher) {
+  const SegmentLayout l = segment.layout();
+  DISTILL_CHECK_T(IpcError, teacher >= 0 && teacher < l.numTeachers, "segment '", segment.name(), "': no teacher ",
+                  teacher, " (it has ", l.numTeachers, ", teacher.procs)");
+  return l.numStudents + teacher;
+}
+} // namespace
+
+TeacherEndpoint::TeacherEndpoint(const Segment& segment, EndpointOptions options, int teacher)
+    : core_(std::make_shared<detail::ChannelCore>(segment, teacherIndexOf(segment, teacher), options)),
       uncaught_(std::uncaught_exceptions()) {}
 TeacherEndpoint::TeacherEndpoint(TeacherEndpoint&&) noexcept = default;
 TeacherEndpoint::~TeacherEndpoint() {
@@ -179,6 +189,12 @@ int ringOf(detail::ChannelCore& core, const char* call, int student) {
 void TeacherEndpoint::waitAdmission(Deadline d, const AdmissionCheck& check) { core_->teacherAdmission(d, check); }
 bool TeacherEndpoint::studentDone(int student) { return core_->studentDone(ringOf(*core_, "studentDone", student)); }
 int TeacherEndpoint::numStudents() const { return core_->numRings(); }
+std::vector<int> TeacherEndpoint::students() const {
+  std::vector<int> out;
+  for (int r = 0; r < core_->numRings(); ++r) out.push_back(core_->studentOf(r));
+  return out;
+}
+int TeacherEndpoint::teacher() const { return core_->port().index() - core_->port().seg().layout.numStudents; }
 std::optional<ReceivedMessage> TeacherEndpoint::poll(int student) {
   return core_->tryReceive(ringOf(*core_, "poll", student));
 }

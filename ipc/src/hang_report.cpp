@@ -7,6 +7,7 @@
 #include "distill/core/clock.h"
 #include "distill/core/tag.h"
 #include "recorder.h"
+#include "ring.h"
 #include "segment_impl.h"
 #include "sys.h"
 
@@ -39,7 +40,7 @@ std::string peerName(const SegmentImpl& s, int rank) {
   for (int i = 0; i < s.numProcesses(); ++i) {
     if (s.process(i).pid.load(std::memory_order_relaxed) != 0 &&
         s.process(i).rank.load(std::memory_order_relaxed) == rank)
-      return std::string(i == s.teacherIndex() ? "teacher" : "student") + " rank " + std::to_string(rank);
+      return std::string(s.isTeacher(i) ? "teacher" : "student") + " rank " + std::to_string(rank);
   }
   return "rank " + std::to_string(rank);
 }
@@ -124,7 +125,7 @@ class ActivityScan {
     const auto& e = s_.process(i);
     ProcessActivity a;
     a.localIndex = i;
-    a.role = i == s_.teacherIndex() ? "teacher" : "student";
+    a.role = s_.isTeacher(i) ? "teacher" : "student";
     a.pid = e.pid.load(std::memory_order_acquire);
     const auto state = ProcState(e.state.load(std::memory_order_acquire));
     a.state = wire::stateName(uint32_t(state));
@@ -163,11 +164,18 @@ class ActivityScan {
       if (stopped_[size_t(j)] && s_.process(j).rank.load(std::memory_order_relaxed) == rank) return true;
     return false;
   }
+  // The local indices of the students of teacher `i`, or of the students of the node.
+  std::vector<int> studentsOf(int i) const {
+    if (s_.isTeacher(i)) return studentsServedBy(s_, i);
+    std::vector<int> all;
+    for (int j = 0; j < s_.layout.numStudents; ++j) all.push_back(j);
+    return all;
+  }
   // "; waits on a stopped peer: student rank 1 is stopped (SIGSTOP)" for the stopped
-  // processes among local indices [from, to) other than `self`; "" if none.
-  std::string stoppedAmong(int from, int to, int self) const {
+  // processes among local indices `among` other than `self`; "" if none.
+  std::string stoppedAmong(const std::vector<int>& among, int self) const {
     std::string names;
-    for (int j = from; j < to; ++j)
+    for (int j : among)
       if (j != self && stopped_[size_t(j)])
         names += (names.empty() ? "" : ", ") + peerName(s_, s_.process(j).rank.load(std::memory_order_relaxed));
     return names.empty() ? std::string() : "; waits on a stopped peer: " + names + " is stopped (SIGSTOP)";
@@ -179,9 +187,9 @@ class ActivityScan {
     const int peer = e.waitPeer.load(std::memory_order_relaxed);
     const int64_t since = e.waitSinceNs.load(std::memory_order_relaxed);
     doing << "waiting for " << wire::waitName(what);
-    if (what == uint32_t(wire::WaitWhat::kAdmission) && i == s_.teacherIndex()) {
+    if (what == uint32_t(wire::WaitWhat::kAdmission) && s_.isTeacher(i)) {
       std::string missing;
-      for (int j = 0; j < s_.teacherIndex(); ++j) {
+      for (int j : studentsOf(i)) {
         const auto st = ProcState(s_.process(j).state.load(std::memory_order_relaxed));
         if (s_.process(j).pid.load(std::memory_order_relaxed) == 0 || st == ProcState::kDead)
           missing += (missing.empty() ? "" : ", ") + std::string("local ") + std::to_string(j);
@@ -198,12 +206,12 @@ class ActivityScan {
     }
     doing << " for " << seconds(now_ - since);
     if (stopped_[size_t(i)]) return;
-    if (i == s_.teacherIndex())
-      doing << stoppedAmong(0, s_.teacherIndex(), i); // any student
+    if (s_.isTeacher(i))
+      doing << stoppedAmong(studentsOf(i), i); // any of its students
     else if (peer >= 0 && isStopped(peer))
       doing << "; waits on a stopped peer: " << peerName(s_, peer) << " is stopped (SIGSTOP)";
     else if (what == uint32_t(wire::WaitWhat::kAdmission))
-      doing << stoppedAmong(s_.teacherIndex(), s_.numProcesses(), i);
+      doing << stoppedAmong({teacherOf(s_, i)}, i);
   }
 
   // Process i is inside a distill call or the teacher's forward (`open`).
@@ -217,7 +225,7 @@ class ActivityScan {
       if (open.step >= 0) doing << " at step " << open.step << " acc_step " << open.accStep;
       doing << " for " << seconds(now_ - open.startNs);
       std::string behind;
-      for (int j = 0; j < s_.teacherIndex(); ++j) {
+      for (int j = 0; j < s_.layout.numStudents; ++j) {
         if (j == i || s_.process(j).pid.load(std::memory_order_relaxed) == 0) continue;
         const uint64_t theirs = lastCollective(history_[size_t(j)]);
         if (theirs < open.seq)
@@ -226,7 +234,7 @@ class ActivityScan {
               std::to_string(theirs) + (stopped_[size_t(j)] ? ", stopped" : "") + ")";
       }
       if (!behind.empty()) doing << "; not entered by " << behind;
-      if (!stopped_[size_t(i)]) doing << stoppedAmong(0, s_.teacherIndex(), i);
+      if (!stopped_[size_t(i)]) doing << stoppedAmong(studentsOf(-1), i);
     } else {
       doing << "in " << trace::opName(open.op);
       if (!open.label.empty()) doing << " " << open.label;

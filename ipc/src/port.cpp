@@ -7,6 +7,7 @@
 
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
+#include "ring.h"
 #include "sys.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -58,7 +59,7 @@ Port::Port(std::shared_ptr<SegmentImpl> seg, int index, int rank, int spinUs, co
   heartbeat_ = std::thread([this] { heartbeatLoop(); });
   recorder_.complete(trace::Op::kAttach, -1, -1, -1, 0);
   trace::setSink(&recorder_);
-  seg_->notify(seg_->teacherIndex());
+  if (!isTeacher()) seg_->notify(teacherOf(*seg_, index_)); // its teacher may be waiting for it to attach
 }
 
 Port::~Port() {
@@ -92,18 +93,18 @@ void Port::heartbeatLoop() {
 
 std::string Port::describeProcess(int index) const {
   const auto& e = seg_->process(index);
-  const bool teacher = index == seg_->teacherIndex();
+  const bool teacher = seg_->isTeacher(index);
   return detail::str(teacher ? "teacher" : "student", " rank ", e.rank.load(std::memory_order_relaxed), " (local ",
                      index, ", pid ", e.pid.load(std::memory_order_relaxed), ")");
 }
 
 std::string Port::describeSelf() const { return detail::str(roleName(), " rank ", rank_, " (local ", index_, ")"); }
 
-bool Port::teacherMayRestart(int pid) const {
-  const auto& c = seg_->control();
-  if (c.teacherRestarts.load(std::memory_order_acquire) < c.teacherMaxRestarts.load(std::memory_order_acquire))
+bool Port::teacherMayRestart(int index, int pid) const {
+  const auto& t = seg_->teacherState(index);
+  if (t.restarts.load(std::memory_order_acquire) < seg_->control().teacherMaxRestarts.load(std::memory_order_acquire))
     return true;
-  return pid != 0 && c.teacherReplacedPid.load(std::memory_order_relaxed) == pid; // being replaced right now
+  return pid != 0 && t.replacedPid.load(std::memory_order_relaxed) == pid; // being replaced right now
 }
 
 void Port::checkPeer(int index, const WaitDesc& desc, bool finishedIsLost) const {
@@ -114,7 +115,7 @@ void Port::checkPeer(int index, const WaitDesc& desc, bool finishedIsLost) const
   // is awaited (the requests stay in their slots; the next incarnation serves
   // them). Only the wait's own deadline or an abort ends this wait then.
   const auto state = ProcState(e.state.load(std::memory_order_acquire));
-  if (index == seg_->teacherIndex() && index != index_ && state != ProcState::kFinished && teacherMayRestart(pid))
+  if (seg_->isTeacher(index) && index != index_ && state != ProcState::kFinished && teacherMayRestart(index, pid))
     return;
   ErrorWhere where;
   if (desc.tag) where = at(desc.tag->step, desc.tag->accStep);

@@ -69,7 +69,7 @@ class Port {
   const std::shared_ptr<SegmentImpl>& segPtr() const { return seg_; }
   int index() const { return index_; }
   int rank() const { return rank_; }
-  bool isTeacher() const { return index_ == seg_->teacherIndex(); }
+  bool isTeacher() const { return seg_->isTeacher(index_); }
   const char* roleName() const { return isTeacher() ? "teacher" : "student"; }
   wire::ProcessEntry& self() const { return seg_->process(index_); }
   void setState(wire::ProcState s) { self().state.store(uint32_t(s), std::memory_order_release); }
@@ -85,10 +85,10 @@ class Port {
   bool waitUntil(const std::function<bool()>& cond, const WaitDesc& desc, const std::vector<int>& peers,
                  bool finishedIsLost, Deadline deadline);
 
-  // True if the launcher will restart the teacher `pid` should it die, or is
-  // replacing it now (segment's teacherRestarts < teacherMaxRestarts, or pid
-  // == teacherReplacedPid).
-  bool teacherMayRestart(int pid) const;
+  // True if the launcher will restart the teacher at process `index` (pid
+  // `pid`) should it die, or is replacing it now (its restarts <
+  // teacherMaxRestarts, or pid == its replacedPid).
+  bool teacherMayRestart(int index, int pid) const;
   // Throws PeerLostError if process `index` is dead, detached abnormally or
   // stalled; a teacher that may restart (above) never is.
   void checkPeer(int index, const WaitDesc& desc, bool finishedIsLost) const;

@@ -18,10 +18,12 @@
 
 namespace distill::ipc {
 
-// The process index of the teacher that serves local student `student`. Today
-// one teacher serves every student of a node; a teacher pool changes this
-// function (and studentsServedBy), not its callers.
-inline int teacherOf(const SegmentImpl& seg, int /*student*/) { return seg.teacherIndex(); }
+// The process index of the teacher that serves local student `student`: the
+// node's students dealt round robin over its teachers (teacher.procs K),
+// student i to teacher i % K, so loads differ by at most one student. The
+// same rule as Topology::teacherLocalRankOf (core), which the launcher shows
+// in --dry-run; tests check the two agree.
+inline int teacherOf(const SegmentImpl& seg, int student) { return seg.teacherIndex(student % seg.numTeachers()); }
 
 // The local students whose rings process `teacher` serves, in index order.
 inline std::vector<int> studentsServedBy(const SegmentImpl& seg, int teacher) {

@@ -25,9 +25,12 @@ namespace bip = boost::interprocess;
 
 namespace distill::ipc {
 
-SegmentLayout SegmentLayout::fromOptions(const TransportOptions& t, int numStudents) {
+static_assert(wire::kMaxTeachers == kMaxTeachersPerNode, "teacher.procs' bound is the segment's");
+
+SegmentLayout SegmentLayout::fromOptions(const TransportOptions& t, int numStudents, int numTeachers) {
   SegmentLayout l;
   l.numStudents = numStudents;
+  l.numTeachers = numTeachers;
   l.slots = t.slots;
   l.maxRequestBytes = t.max_request_bytes;
   l.maxResponseBytes = t.max_response_bytes;
@@ -37,18 +40,19 @@ SegmentLayout SegmentLayout::fromOptions(const TransportOptions& t, int numStude
 
 bool SegmentLayout::operator==(const SegmentLayout& o) const {
   return numStudents == o.numStudents && slots == o.slots && maxRequestBytes == o.maxRequestBytes &&
-      maxResponseBytes == o.maxResponseBytes && heartbeatMs == o.heartbeatMs;
+      maxResponseBytes == o.maxResponseBytes && heartbeatMs == o.heartbeatMs && numTeachers == o.numTeachers;
 }
 
 std::string SegmentLayout::describe() const {
-  return detail::str("students=", numStudents, " slots=", slots, " request_bytes=", maxRequestBytes,
-                     " response_bytes=", maxResponseBytes, " heartbeat_ms=", heartbeatMs);
+  return detail::str("students=", numStudents, " teachers=", numTeachers, " slots=", slots,
+                     " request_bytes=", maxRequestBytes, " response_bytes=", maxResponseBytes,
+                     " heartbeat_ms=", heartbeatMs);
 }
 
 LayoutOffsets computeOffsets(const SegmentLayout& l) {
   using wire::alignUp;
   LayoutOffsets o{};
-  const uint64_t procs = uint64_t(l.numStudents) + 1;
+  const uint64_t procs = uint64_t(l.numStudents) + uint64_t(l.numTeachers);
   o.processTable = wire::kControlBytes;
   o.status = alignUp(o.processTable + procs * sizeof(wire::ProcessEntry), wire::kCacheLine);
   o.recorder = alignUp(o.status + procs * sizeof(wire::StatusArea), 4096);
@@ -85,6 +89,8 @@ namespace {
 void checkLayout(const SegmentLayout& l, const std::string& name) {
   DISTILL_CHECK_T(IpcError, l.numStudents >= 1 && l.numStudents <= wire::kMaxStudents, "segment '", name,
                   "': numStudents ", l.numStudents, " outside 1..", wire::kMaxStudents);
+  DISTILL_CHECK_T(IpcError, l.numTeachers >= 1 && l.numTeachers <= wire::kMaxTeachers, "segment '", name,
+                  "': numTeachers ", l.numTeachers, " outside 1..", wire::kMaxTeachers, " (teacher.procs)");
   DISTILL_CHECK_T(IpcError, l.slots >= 1 && l.slots <= wire::kMaxSlots, "segment '", name, "': slots ", l.slots,
                   " outside 1..", wire::kMaxSlots, " (transport.slots)");
   DISTILL_CHECK_T(IpcError, l.maxRequestBytes > 0 && l.maxRequestBytes <= wire::kMaxPayloadBytes, "segment '", name,
@@ -257,6 +263,7 @@ void initControl(wire::ControlBlock* c, const SegmentLayout& layout, const std::
   c->layoutVersion = wire::kLayoutVersion;
   std::strncpy(c->jobId, jobId.c_str(), sizeof c->jobId - 1);
   c->numStudents = layout.numStudents;
+  c->numTeachers = layout.numTeachers;
   c->slots = layout.slots;
   c->maxRequestBytes = layout.maxRequestBytes;
   c->maxResponseBytes = layout.maxResponseBytes;
@@ -292,7 +299,7 @@ Segment Segment::create(const std::string& name, const SegmentLayout& layout, co
     auto& e = impl->process(i);
     new (&e) wire::ProcessEntry;
     e.rank.store(-1, std::memory_order_relaxed);
-    e.role.store(i == impl->teacherIndex() ? 1 : 0, std::memory_order_relaxed);
+    e.role.store(impl->isTeacher(i) ? 1 : 0, std::memory_order_relaxed);
   }
   // Publish: everything above happens-before an attacher's acquire load of magic.
   c->magic.store(wire::kSegmentMagic, std::memory_order_release);
@@ -328,7 +335,7 @@ Segment Segment::attach(const std::string& name, const std::string& jobId, const
   const std::string theirJob(c.jobId, strnlen(c.jobId, sizeof c.jobId));
   DISTILL_CHECK_T(IpcError, theirJob == jobId, "segment '", name, "' belongs to job '", theirJob,
                   "', not to this job '", jobId, "'");
-  SegmentLayout l{c.numStudents, c.slots, c.maxRequestBytes, c.maxResponseBytes, c.heartbeatMs};
+  SegmentLayout l{c.numStudents, c.slots, c.maxRequestBytes, c.maxResponseBytes, c.heartbeatMs, c.numTeachers};
   checkLayout(l, name);
   if (expected)
     DISTILL_CHECK_T(IpcError, *expected == l, "segment '", name, "' has layout {", l.describe(),
@@ -366,7 +373,12 @@ std::string Segment::jobId() const {
 uint64_t Segment::incarnation() const { return impl_->control().incarnation; }
 int Segment::creatorPid() const { return impl_->control().creatorPid; }
 size_t Segment::sizeBytes() const { return impl_->size; }
-bool Segment::admitted() const { return impl_->control().admitted.load(std::memory_order_acquire) != 0; }
+bool Segment::admitted() const {
+  for (int t = 0; t < impl_->numTeachers(); ++t)
+    if (impl_->control().teachers[t].admitted.load(std::memory_order_acquire) == 0) return false;
+  return true;
+}
+int Segment::numTeachers() const { return impl_->numTeachers(); }
 
 void Segment::abort() const {
   impl_->control().abort.store(1, std::memory_order_release);
@@ -375,103 +387,5 @@ void Segment::abort() const {
 bool Segment::aborted() const { return impl_->control().abort.load(std::memory_order_acquire) != 0; }
 void Segment::requestStop() const { impl_->control().stopRequested.store(1, std::memory_order_release); }
 bool Segment::stopRequested() const { return impl_->control().stopRequested.load(std::memory_order_acquire) != 0; }
-
-void Segment::setTeacherBusy(double share) const {
-  share = share < 0 ? 0 : share > 1 ? 1 : share;
-  impl_->control().teacherBusyPermille.store(static_cast<uint32_t>(share * 1000 + 0.5), std::memory_order_relaxed);
-}
-double Segment::teacherBusy() const {
-  return impl_->control().teacherBusyPermille.load(std::memory_order_relaxed) / 1000.0;
-}
-
-void Segment::publishStatus(int localIndex, const StudentStatus& st) const {
-  DISTILL_CHECK_T(IpcError, localIndex >= 0 && localIndex < impl_->numProcesses(), "segment '", impl_->name,
-                  "': no process ", localIndex, " to publish a status for");
-  wire::StatusArea& a = impl_->status(localIndex);
-  // Seqlock, one writer (the owner): odd while the fields change.
-  const uint64_t seq = a.seq.load(std::memory_order_relaxed);
-  a.seq.store(seq + 1, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
-  a.step.store(st.step, std::memory_order_relaxed);
-  const double values[wire::kStatusUsed] = {st.loss, st.kd, st.ce, st.tokens_per_s, st.teacher_wait_share};
-  for (uint32_t i = 0; i < wire::kStatusUsed; ++i) a.values[i].store(values[i], std::memory_order_relaxed);
-  a.count.store(wire::kStatusUsed, std::memory_order_relaxed);
-  a.seq.store(seq + 2, std::memory_order_release);
-}
-
-std::optional<StudentStatus> Segment::status(int localIndex) const {
-  if (localIndex < 0 || localIndex >= impl_->numProcesses()) return std::nullopt;
-  const wire::StatusArea& a = impl_->status(localIndex);
-  // A writer stopped (SIGSTOP) or killed mid-write leaves seq odd: give up
-  // after a few tries rather than spin; the caller keeps what it had.
-  for (int attempt = 0; attempt < 64; ++attempt) {
-    const uint64_t before = a.seq.load(std::memory_order_acquire);
-    if (before == 0) return std::nullopt;
-    if (before & 1) continue;
-    StudentStatus st;
-    st.step = a.step.load(std::memory_order_relaxed);
-    double v[wire::kStatusUsed];
-    const uint32_t count = std::min<uint32_t>(a.count.load(std::memory_order_relaxed), wire::kStatusUsed);
-    for (uint32_t i = 0; i < wire::kStatusUsed; ++i)
-      v[i] = i < count ? a.values[i].load(std::memory_order_relaxed) : StudentStatus::kUnset;
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (a.seq.load(std::memory_order_relaxed) != before) continue;
-    st.loss = v[wire::kStatusLoss];
-    st.kd = v[wire::kStatusKd];
-    st.ce = v[wire::kStatusCe];
-    st.tokens_per_s = v[wire::kStatusTokensPerS];
-    st.teacher_wait_share = v[wire::kStatusTeacherWait];
-    return st;
-  }
-  return std::nullopt;
-}
-
-void Segment::setTeacherCacheHits(double share) const {
-  share = share < 0 ? 0 : share > 1 ? 1 : share;
-  impl_->control().teacherCacheHitPermille.store(static_cast<uint32_t>(share * 1000 + 0.5), std::memory_order_relaxed);
-}
-double Segment::teacherCacheHits() const {
-  return impl_->control().teacherCacheHitPermille.load(std::memory_order_relaxed) / 1000.0;
-}
-
-void Segment::setTeacherMaxRestarts(int n) const {
-  impl_->control().teacherMaxRestarts.store(n, std::memory_order_release);
-}
-int Segment::teacherMaxRestarts() const { return impl_->control().teacherMaxRestarts.load(std::memory_order_acquire); }
-int Segment::noteTeacherRestart(int deadPid) const {
-  impl_->control().teacherReplacedPid.store(deadPid, std::memory_order_relaxed); // published by the increment
-  return impl_->control().teacherRestarts.fetch_add(1, std::memory_order_acq_rel) + 1;
-}
-int Segment::teacherRestarts() const { return impl_->control().teacherRestarts.load(std::memory_order_acquire); }
-
-std::vector<ProcessSnapshot> Segment::processes() const {
-  std::vector<ProcessSnapshot> out;
-  const int64_t now = monotonicNs();
-  for (int i = 0; i < impl_->numProcesses(); ++i) {
-    const auto& e = impl_->process(i);
-    ProcessSnapshot s;
-    s.localIndex = i;
-    s.pid = e.pid.load(std::memory_order_acquire);
-    s.rank = e.rank.load(std::memory_order_relaxed);
-    s.role = e.role.load(std::memory_order_relaxed) ? "teacher" : "student";
-    const uint32_t st = e.state.load(std::memory_order_acquire);
-    s.state = wire::stateName(st);
-    s.incarnation = e.incarnation.load(std::memory_order_relaxed);
-    if (s.pid) {
-      s.heartbeatNs = e.heartbeatNs.load(std::memory_order_relaxed);
-      s.heartbeatAgeMs = toMs(std::chrono::nanoseconds(now - s.heartbeatNs));
-      s.endedNs = e.endedNs.load(std::memory_order_relaxed);
-    }
-    const uint32_t what = e.waitWhat.load(std::memory_order_relaxed);
-    s.waitWhat = wire::waitName(what);
-    s.waitPeer = e.waitPeer.load(std::memory_order_relaxed);
-    s.waitStep = e.waitStep.load(std::memory_order_relaxed);
-    s.waitAccStep = e.waitAccStep.load(std::memory_order_relaxed);
-    s.waitSeq = e.waitSeq.load(std::memory_order_relaxed);
-    if (what != 0) s.waitForMs = toMs(std::chrono::nanoseconds(now - e.waitSinceNs.load(std::memory_order_relaxed)));
-    out.push_back(std::move(s));
-  }
-  return out;
-}
 
 } // namespace distill::ipc

@@ -29,8 +29,15 @@ struct SegmentImpl {
   LayoutOffsets off{};
 
   wire::ControlBlock& control() const { return *reinterpret_cast<wire::ControlBlock*>(base); }
-  int numProcesses() const { return layout.numStudents + 1; }
-  int teacherIndex() const { return layout.numStudents; }
+  int numProcesses() const { return layout.numStudents + layout.numTeachers; }
+  int numTeachers() const { return layout.numTeachers; }
+  // Process index of teacher t (0 .. numTeachers-1); whether process i is a teacher.
+  int teacherIndex(int t) const { return layout.numStudents + t; }
+  bool isTeacher(int index) const { return index >= layout.numStudents && index < numProcesses(); }
+  // The state of the teacher at process index `index` (isTeacher(index)).
+  wire::ControlBlock::TeacherState& teacherState(int index) const {
+    return control().teachers[index - layout.numStudents];
+  }
   wire::ProcessEntry& process(int index) const {
     return reinterpret_cast<wire::ProcessEntry*>(base + off.processTable)[index];
   }

@@ -9,16 +9,17 @@
 // Segment map (all offsets 64-byte aligned, recorded in the ControlBlock):
 //
 //   0                      ControlBlock            (kControlBytes)
-//   processTableOffset     ProcessEntry[numStudents + 1]   students 0..L-2, then the teacher
-//   statusOffset           (numStudents + 1) x StatusArea: what each student published of its
+//   processTableOffset     ProcessEntry[numStudents + numTeachers]   students 0..S-1, then the
+//                          teachers S..S+K-1 (the process index is the local rank)
+//   statusOffset           (numStudents + numTeachers) x StatusArea: what each student published of its
 //                          training (Client::publishStatus; distill-run's status line)
-//   recorderOffset         (numStudents + 1) x RecorderArea (kRecorderBytesPerProcess): the
+//   recorderOffset         (numStudents + numTeachers) x RecorderArea (kRecorderBytesPerProcess): the
 //                          flight recorder, one event ring per process, written only by
 //                          the owning process (ipc/src/recorder.h)
-//   configOffset           (numStudents + 1) x ConfigArea (kConfigBytesPerProcess): what each
+//   configOffset           (numStudents + numTeachers) x ConfigArea (kConfigBytesPerProcess): what each
 //                          process published of its config at attach (admission compares them)
-//   ringsOffset            per student i: request ring (i -> teacher), then response ring
-//                          (teacher -> i); each ring = RingHeader + slots x slot stride
+//   ringsOffset            per student i: request ring (i -> its teacher), then response ring
+//                          (its teacher -> i); each ring = RingHeader + slots x slot stride
 //   slot                   SlotHeader (kSlotHeaderBytes) + payload (capacity rounded up to 64)
 //
 // Any change to a struct below or to the meaning of a field bumps kLayoutVersion.
@@ -33,8 +34,9 @@ namespace distill::ipc::wire {
 constexpr uint64_t kSegmentMagic = 0x314D48534C495444ull; // "DTILSHM1", little endian
 // 3: checksum over the used prefix; 4: teacherMaxRestarts; 5: recorder; 6: config areas and
 // the teacher's admission refusal (issue 14 item 13); 7: ProcessEntry::endedNs; 8: status areas;
-// 9: ControlBlock::teacherCacheHitPermille
-constexpr uint32_t kLayoutVersion = 10;
+// 9: ControlBlock::teacherCacheHitPermille; 10: CRC32C checksums; 11: a teacher pool (numTeachers,
+// the per-teacher TeacherState array instead of one teacher's fields)
+constexpr uint32_t kLayoutVersion = 11;
 constexpr uint32_t kSlotMagic = 0x544F4C53u; // "SLOT"
 
 constexpr int kMaxTensors = 4; // tensors per message
@@ -43,6 +45,7 @@ constexpr int kNameBytes = 32; // tensor name incl. NUL
 constexpr int kJobIdBytes = 64; // job id incl. NUL
 constexpr int kErrorTextBytes = 464; // error message text incl. NUL
 constexpr int kMaxStudents = 255; // local students per node
+constexpr int kMaxTeachers = 16; // local teachers per node (teacher.procs)
 constexpr int kMaxSlots = 1024; // slots per ring
 constexpr int64_t kMaxPayloadBytes = int64_t(1) << 40;
 constexpr size_t kCacheLine = 64;
@@ -179,29 +182,35 @@ struct ControlBlock {
   uint64_t configOffset; // ConfigArea of process 0; one per process
   uint64_t configBytesPerProcess; // kConfigBytesPerProcess
   uint64_t statusOffset; // StatusArea of process 0; one per process
-  uint64_t reserved[5];
+  int32_t numTeachers; // teacher processes of the node (teacher.procs), 1..kMaxTeachers
+  int32_t reserved32;
+  uint64_t reserved[4];
 
   // Mutable.
-  alignas(kCacheLine) std::atomic<uint64_t> admitted; // teacher incarnation that admitted all students, 0 = not yet
-  std::atomic<uint32_t> abort; // nonzero: everyone stops waiting (launcher)
-  std::atomic<int32_t> teacherRestarts;
+  alignas(kCacheLine) std::atomic<uint32_t> abort; // nonzero: everyone stops waiting (launcher)
   std::atomic<uint32_t> stopRequested; // nonzero: the launcher got SIGINT/SIGTERM; students
                                        // should checkpoint and leave (launcher stores, release)
-  std::atomic<uint32_t> teacherBusyPermille; // share of the last second the teacher spent in
-                                             // forward, in 1/1000 (teacher stores, relaxed)
-  std::atomic<uint32_t> teacherCacheHitPermille; // share of rows the teacher answered from its cache
-                                                 // (teacher.cache) so far, in 1/1000 (teacher stores, relaxed)
-  std::atomic<int32_t> teacherMaxRestarts; // the launcher restarts a dead teacher this many
+  std::atomic<int32_t> teacherMaxRestarts; // the launcher restarts each dead teacher this many
                                            // times (teacher.max_restarts; launcher stores
-                                           // before spawning). While teacherRestarts is below
-                                           // it, a dead teacher is awaited, not an error.
-  std::atomic<int32_t> teacherReplacedPid; // pid of the dead teacher the launcher is replacing
-                                           // (stored before teacherRestarts is incremented):
-                                           // awaited even once the last restart is used up
+                                           // before spawning). While a teacher's restarts are
+                                           // below it, that dead teacher is awaited, not an error.
   std::atomic<uint32_t> refused; // nonzero: the teacher refused admission (a student's
                                  // config differs from its own); `refusal` says why.
                                  // Teacher writes refusal, then stores 1 (release)
   char refusal[kRefusalBytes]; // NUL-terminated; read after an acquire load of refused
+  // One per teacher of the node (index 0..numTeachers-1; process index numStudents + t).
+  struct alignas(kCacheLine) TeacherState {
+    std::atomic<uint64_t> admitted; // its incarnation that admitted all its students, 0 = not yet
+    std::atomic<int32_t> restarts; // restarts of this teacher so far (launcher, acq_rel increment)
+    std::atomic<int32_t> replacedPid; // pid of its dead incarnation the launcher is replacing (stored
+                                      // before restarts is incremented): awaited even once the last
+                                      // restart is used up
+    std::atomic<uint32_t> busyPermille; // share of the last second it spent in forward, in 1/1000
+                                        // (teacher stores, relaxed)
+    std::atomic<uint32_t> cacheHitPermille; // share of rows it answered from teacher.cache so far,
+                                            // in 1/1000 (teacher stores, relaxed)
+  };
+  TeacherState teachers[kMaxTeachers];
 };
 static_assert(sizeof(ControlBlock) <= kControlBytes, "ControlBlock too big");
 static_assert(offsetof(ControlBlock, jobId) == 16 && offsetof(ControlBlock, numStudents) == 80, "ControlBlock layout");

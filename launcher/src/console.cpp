@@ -88,7 +88,7 @@ void Console::printStatus(const std::string& text) {
   nextStatus_ = Deadline::afterSeconds(statusEveryS_);
 }
 
-std::string statusText(const std::vector<Rank>& ranks, std::optional<double> teacherBusy,
+std::string statusText(const std::vector<Rank>& ranks, const std::vector<double>& teacherBusy,
                        std::optional<double> cacheHits) {
   int64_t step = -1;
   double loss = 0, tps = 0, wait = 0;
@@ -106,7 +106,10 @@ std::string statusText(const std::vector<Rank>& ranks, std::optional<double> tea
   if (step >= 0) os << "step=" << step << " ";
   if (nLoss) os << "loss=" << loss / nLoss << " ";
   if (nTps) os << "tokens/s=" << static_cast<int64_t>(tps) << " ";
-  if (teacherBusy) os << "teacher busy=" << static_cast<int>(100 * *teacherBusy + 0.5) << "% ";
+  // One teacher: "teacher busy=93%"; a pool: "teachers busy=71%/64%", in teacher order.
+  for (size_t t = 0; t < teacherBusy.size(); ++t)
+    os << (t == 0 ? teacherBusy.size() > 1 ? "teachers busy=" : "teacher busy=" : "/")
+       << static_cast<int>(100 * teacherBusy[t] + 0.5) << (t + 1 == teacherBusy.size() ? "% " : "%");
   if (cacheHits) os << "cache hits=" << static_cast<int>(100 * *cacheHits + 0.5) << "% ";
   if (nWait) os << "teacher wait=" << static_cast<int>(100 * wait / nWait + 0.5) << "% ";
   std::string text = os.str();

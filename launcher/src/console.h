@@ -47,9 +47,10 @@ class Console {
 
 // "step=12 loss=0.53 tokens/s=12000 teacher busy=43% teacher wait=20%": the
 // slowest student's step, mean loss, summed tokens/s over the students that
-// reported; the teacher's busy share once it attached (nullopt before); the
+// reported; each teacher's busy share once one attached (empty before; a pool
+// shows "teachers busy=71%/64%"); the
 // students' mean share of a step spent waiting for the teacher. "no status yet".
-std::string statusText(const std::vector<Rank>& ranks, std::optional<double> teacherBusy,
+std::string statusText(const std::vector<Rank>& ranks, const std::vector<double>& teacherBusy,
                        std::optional<double> cacheHits = std::nullopt);
 
 } // namespace distill::launcher

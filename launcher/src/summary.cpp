@@ -61,16 +61,26 @@ FirstFailure firstFailure(const std::vector<Rank>& ranks, const ipc::Segment* se
 
 } // namespace
 
+// The teachers' deaths, "; "-separated; in a pool each named by its index
+// ("teacher 1: signal SIGKILL (Killed)").
 std::string deathsText(const std::vector<Rank>& ranks) {
   std::string how;
   for (auto& r : ranks) {
-    for (auto& d : r.deaths) how += (how.empty() ? "" : "; ") + d;
+    const std::string who =
+        r.topo.isTeacher() && r.topo.teachersPerNode > 1 ? "teacher " + std::to_string(r.topo.teacherIndex) + ": " : "";
+    for (auto& d : r.deaths) how += (how.empty() ? "" : "; ") + who + d;
   }
   return how;
 }
 
+// ", teacher restarted 1 of 2 times (...)"; in a pool the bound is per teacher:
+// ", teachers restarted 3 times, at most 2 each (...)".
 std::string restartsText(const std::vector<Rank>& ranks, int restarts, int maxRestarts) {
   if (restarts == 0) return "";
+  const bool pool = !ranks.empty() && ranks.back().topo.teachersPerNode > 1;
+  if (pool)
+    return ", teachers restarted " + std::to_string(restarts) + " time" + (restarts == 1 ? "" : "s") + ", at most " +
+        std::to_string(maxRestarts) + " each (" + deathsText(ranks) + ")";
   return ", teacher restarted " + std::to_string(restarts) + " of " + std::to_string(maxRestarts) + " times (" +
       deathsText(ranks) + ")";
 }
@@ -95,8 +105,9 @@ std::string summaryText(const std::vector<Rank>& ranks, const ipc::Segment* seg,
   }
   if (e.maxRestarts > 0) {
     const std::string deaths = deathsText(ranks);
-    os << "  teacher restarts: " << e.restarts << " of " << e.maxRestarts << (deaths.empty() ? "" : " (" + deaths + ")")
-       << "\n";
+    const bool pool = !ranks.empty() && ranks.back().topo.teachersPerNode > 1;
+    os << "  teacher restarts: " << e.restarts << " of " << e.maxRestarts << (pool ? " each" : "")
+       << (deaths.empty() ? "" : " (" + deaths + ")") << "\n";
   }
   if (tail) {
     os << "  last lines of " << tail->prefix.substr(0, tail->prefix.size() - 1) << ":\n";

@@ -32,20 +32,6 @@ std::string randomId() {
   return os.str().substr(0, 12);
 }
 
-std::string absolute(const std::string& p) {
-  char buf[PATH_MAX];
-  return ::realpath(p.c_str(), buf) ? std::string(buf) : p;
-}
-
-std::string exeDir() {
-  char buf[PATH_MAX];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-  if (n <= 0) return ".";
-  buf[n] = '\0';
-  std::string s(buf);
-  return s.substr(0, s.rfind('/'));
-}
-
 } // namespace
 
 Supervisor::Supervisor(Args args, Config cfg)
@@ -85,46 +71,6 @@ int Supervisor::run() {
   }
   removeSegment();
   return rc;
-}
-
-// Local ranks 0..N-2 run the trainer as students; local rank N-1 runs the
-// teacher (bin/distill-teacher, or the trainer itself when teacher.kind is self).
-void Supervisor::layOut(const std::string& segment, const std::string& jobId) {
-  const RunOptions& run = cfg_.run;
-  // One override per line: the config refused control characters in them.
-  std::string sets;
-  for (auto& o : a_.overrides) sets += o.setting + "\n";
-  for (int local = 0; local < run.nproc_per_node; ++local) {
-    Rank r;
-    Topology& t = r.topo;
-    t = Topology::forLocalRank(node_, run.nnodes, local, run.nproc_per_node);
-    t.masterAddr = run.master_addr;
-    t.masterPort = run.master_port;
-    t.segment = segment;
-    t.jobId = jobId;
-    t.configPath = absolute(a_.config);
-    r.env = topologyEnv(t);
-    r.env["DISTILL_CONFIG"] = t.configPath;
-    if (!sets.empty()) r.env["DISTILL_SET"] = sets;
-    const bool selfTeacher = t.isTeacher() && cfg_.teacher.kind == TeacherKind::kSelf;
-    r.argv = t.isStudent() || selfTeacher ? a_.trainer : std::vector<std::string>{exeDir() + "/distill-teacher"};
-    r.prefix = "[r" + std::to_string(t.globalRank) + " " + roleName(t.role) + "] ";
-    r.ownPrefix = "[n" + std::to_string(node_) + " r" + std::to_string(t.globalRank) + " ";
-    ranks_.push_back(std::move(r));
-  }
-}
-
-int Supervisor::printPlan(const std::string& segment) const {
-  const RunOptions& run = cfg_.run;
-  std::printf("distill-run plan: node %d/%d, %d processes, segment /dev/shm/%s, logs %s\n", node_, run.nnodes,
-              run.nproc_per_node, segment.c_str(), run.log_dir.c_str());
-  for (auto& r : ranks_) {
-    std::printf("%s%s:", r.prefix.c_str(), r.topo.describe().c_str());
-    for (auto& x : r.argv) std::printf(" %s", x.c_str());
-    std::printf("\n");
-    for (auto& [k, v] : r.env) std::printf("    %s=%s\n", k.c_str(), k == kJobSecretEnv ? "(hidden)" : v.c_str());
-  }
-  return 0;
 }
 
 // The student group's rendezvous (core/rendezvous.h): every student gets
@@ -183,19 +129,6 @@ void Supervisor::blockSignals() {
   ::sigprocmask(SIG_BLOCK, &set, &oldMask_);
   sigfd_.reset(::signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK));
   DISTILL_CHECK_T(IpcError, sigfd_.valid(), "signalfd: ", errnoString(errno));
-}
-
-void Supervisor::createSegment(const std::string& segment, const std::string& jobId) {
-  const RunOptions& run = cfg_.run;
-  const int nproc = run.nproc_per_node;
-  // A distill-run that was SIGKILLed could not remove its segment: the next run does.
-  for (auto& stale : ipc::Segment::removeStale("distill-"))
-    DISTILL_LOG(kWarning) << "removed stale segment /dev/shm/" << stale << ": its distill-run is gone";
-  seg_ = ipc::Segment::create(segment, ipc::SegmentLayout::fromOptions(cfg_.transport, nproc - 1), jobId);
-  segmentName_ = segment;
-  seg_->setTeacherMaxRestarts(cfg_.teacher.max_restarts);
-  DISTILL_LOG(kInfo) << "job " << jobId << ": " << nproc - 1 << " student(s) + 1 teacher on node " << node_ << "/"
-                     << run.nnodes << ", segment /dev/shm/" << segment << ", logs in " << run.log_dir;
 }
 
 void Supervisor::start(Rank& r) {
@@ -292,7 +225,7 @@ void Supervisor::onExit(Rank& r, int status) {
 // A failed teacher may be restarted; any other failure tears the job down.
 void Supervisor::checkRanks() {
   for (auto& r : ranks_) {
-    if (failed(r) && r.exitProblem.empty() && r.topo.isTeacher() && mayRestartTeacher()) restartTeacher(r);
+    if (failed(r) && r.exitProblem.empty() && r.topo.isTeacher() && mayRestartTeacher(r)) restartTeacher(r);
     if (failed(r) && !failedRank_ && !teardownDeadline_) {
       if (reason_.empty()) reason_ = howItEnded(r);
       failedRank_ = &r;
@@ -324,6 +257,7 @@ void Supervisor::tick() {
   if (!teacherAttached_) {
     for (auto& p : seg_->processes()) teacherAttached_ |= p.role == "teacher" && p.pid != 0;
   }
+  // The balance verdict takes the teachers' mean busy share; the status line shows each.
   console_.showStatus(status());
   if (teacherAttached_) balance_.sample(ranks_, seg_->teacherBusy(), cacheHits());
 }
@@ -345,7 +279,9 @@ bool Supervisor::readStatuses() {
 }
 
 std::string Supervisor::status() const {
-  return statusText(ranks_, teacherAttached_ ? std::optional<double>(seg_->teacherBusy()) : std::nullopt, cacheHits());
+  std::vector<double> busy;
+  for (int t = 0; teacherAttached_ && t < seg_->numTeachers(); ++t) busy.push_back(seg_->teacherBusy(t));
+  return statusText(ranks_, busy, cacheHits());
 }
 
 // After the last rank exited: its last output, the last status line, the summary.
@@ -398,12 +334,15 @@ bool Supervisor::allExited() const {
   return true;
 }
 
-// A dead teacher is restarted while restarts are left, students still run and
-// the job is neither stopping nor being torn down.
-bool Supervisor::mayRestartTeacher() const {
-  if (teardownDeadline_ || stopSignal_ || seg_->teacherRestarts() >= cfg_.teacher.max_restarts) return false;
+// A dead teacher is restarted while it has restarts left (teacher.max_restarts
+// each), one of the students it serves still runs and the job is neither
+// stopping nor being torn down. The other teachers and their students carry on.
+bool Supervisor::mayRestartTeacher(const Rank& teacher) const {
+  if (teardownDeadline_ || stopSignal_ || seg_->teacherRestarts(teacher.topo.teacherIndex) >= cfg_.teacher.max_restarts)
+    return false;
   for (auto& r : ranks_) {
-    if (r.topo.isStudent() && !r.exited) return true;
+    if (r.topo.isStudent() && !r.exited && r.topo.teacherLocalRankOf(r.topo.studentLocalRank) == teacher.topo.localRank)
+      return true;
   }
   return false;
 }
@@ -411,7 +350,8 @@ bool Supervisor::mayRestartTeacher() const {
 void Supervisor::restartTeacher(Rank& r) {
   const std::string how = describeStatus(r.status);
   r.deaths.push_back(how);
-  const int n = seg_->noteTeacherRestart(r.pid); // before the spawn: students keep waiting, not failing
+  // Before the spawn: its students keep waiting, not failing.
+  const int n = seg_->noteTeacherRestart(r.topo.teacherIndex, r.pid);
   const std::string of = std::to_string(cfg_.teacher.max_restarts);
   logLine(LogLevel::kWarning,
           r.prefix + "died (" + how + "); restarting it (" + std::to_string(n) + " of " + of + " restarts)");

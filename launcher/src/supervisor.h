@@ -8,8 +8,10 @@
 // - A rank that fails tears the job down (the segment's abort flag, SIGTERM,
 //   SIGKILL after a grace period) with a summary naming the rank that failed
 //   first (summary.h).
-// - Elastic teacher: a teacher that exits non-zero or is killed while students
-//   still run is started again, up to teacher.max_restarts times (its log
+// - Teacher pool: the last teacher.procs local ranks are teachers; local
+//   student i is served by teacher i % teacher.procs (--dry-run prints who serves whom).
+// - Elastic teacher: a teacher that exits non-zero or is killed while its students
+//   still run is started again, up to teacher.max_restarts times each (its log
 //   continues in the same file; DISTILL_TEACHER_RESTART=n tells it which start
 //   it is). The segment tells the students a restart is coming, so they wait
 //   for it instead of failing; the new incarnation serves the requests left in
@@ -65,6 +67,7 @@ class Supervisor {
  private:
   void layOut(const std::string& segment, const std::string& jobId);
   int printPlan(const std::string& segment) const;
+  std::string assignmentText() const;
   void rendezvousEnv(int nnodes);
   void bindStore();
   void blockSignals();
@@ -87,7 +90,7 @@ class Supervisor {
 
   std::string exitZeroProblem(const Rank& r) const;
   bool allExited() const;
-  bool mayRestartTeacher() const;
+  bool mayRestartTeacher(const Rank& teacher) const;
   void restartTeacher(Rank& r);
   void reportHang(const std::string& table);
   void onVerdict(const Verdict& v);

@@ -12,6 +12,7 @@ Session init(int& argc, char** argv, const InitOptions& options) {
   s.topology = Topology::fromEnvironment();
   setIdentity(s.topology.identity());
   s.config = jobConfig(argc, argv);
+  s.topology.checkTeachers(s.config.teacher.procs);
   // The trainer's section, before anything waits on a peer: a problem there
   // ends this rank now, and distill-run tears the job down with its message.
   if (options.trainerKeys) s.config.trainer.expectOnly(*options.trainerKeys);

@@ -86,41 +86,8 @@ class Server {
       : ctx_(ctx), cfg_(ctx.config()), model_(std::move(model)) {}
 
   ServeStats run() {
-    checkResponseFits(cfg_.teacher);
-    if (cfg_.teacher.cache.mode != CacheMode::kOff) openCache();
-    const Topology& topo = ctx_.topology();
-    DISTILL_CHECK_T(ConfigError, !topo.segment.empty(),
-                    "the teacher has no segment (DISTILL_SEGMENT is not set): start the job with distill-run");
-    const int students = topo.studentsPerNode();
-    DISTILL_CHECK_T(ConfigError, cfg_.teacher.autocast == Autocast::kNone || parseDevice(cfg_.teacher.device).cuda,
-                    "teacher.autocast: ", cfg_.teacher.autocast, " needs teacher.device cuda, found ",
-                    cfg_.teacher.device);
-    auto startup = Deadline::afterSeconds(cfg_.run.startup_timeout_s);
-    auto layout = ipc::SegmentLayout::fromOptions(cfg_.transport, students);
-    segment_ = ipc::Segment::attach(topo.segment, topo.jobId, layout, startup);
-    auto options = ipc::EndpointOptions::fromOptions(cfg_.transport, topo.globalRank);
-    options.config = configDescription(cfg_);
-    endpoint_.emplace(*segment_, options);
-    // Every student must run the config this teacher serves: compared key by
-    // key before it is admitted, so that a difference (a --set that reached
-    // the students only) is an error naming the keys, not a silently ignored
-    // teacher.topk or a tag-order refusal later.
-    endpoint_->waitAdmission(
-        startup, [&](int local, const std::string& theirs) { return admissionProblem(topo, local, theirs); });
-    DISTILL_LOG(kInfo) << "teacher serving " << students << " local student(s) on " << topo.segment << ", output "
-                       << (cfg_.teacher.topk > 0 ? "top-" + std::to_string(cfg_.teacher.topk) : "full logits");
-
-    stats_.perStudent.assign(students, 0);
-    last_.assign(students, std::nullopt);
-    finished_.assign(students, false);
-    if (const int restarts = segment_->teacherRestarts(); restarts > 0) {
-      // A restarted incarnation: students that finished while no teacher ran
-      // send nothing more; everything else carries on from the rings.
-      int done = 0;
-      for (int s = 0; s < students; ++s) done += (finished_[s] = endpoint_->studentDone(s)) ? 1 : 0;
-      DISTILL_LOG(kWarning) << "teacher restarted (" << restarts << " of " << segment_->teacherMaxRestarts()
-                            << " restarts): resuming with " << students - done << " active student(s)";
-    }
+    attachAndAdmit();
+    const int students = int(mine_.size());
     auto start = Clock::now();
     windowStart_ = start;
     int active = students;
@@ -138,17 +105,17 @@ class Server {
         take(std::move(*m));
       }
       // Everything else that is ready now joins the batch.
-      for (int i = 0; i < students; ++i) {
+      for (int i : mine_) {
         while (auto m = endpoint_->poll(i)) take(std::move(*m));
       }
       serveOneBatch();
       active = 0;
-      for (int i = 0; i < students; ++i) active += finished_[i] ? 0 : 1;
+      for (int i : mine_) active += finished_[i] ? 0 : 1;
       if (!pending_.empty()) active = std::max(active, 1);
     }
     stats_.wallSeconds = std::chrono::duration<double>(Clock::now() - start).count();
     double window = std::chrono::duration<double>(Clock::now() - windowStart_).count();
-    if (window > 0) segment_->setTeacherBusy(windowBusy_ / window); // the last, partial window
+    if (window > 0) segment_->setTeacherBusy(teacher_, windowBusy_ / window); // the last, partial window
     DISTILL_LOG(kInfo) << "teacher done: " << stats_.requests << " requests in " << stats_.batches << " batches, "
                        << stats_.errors << " errors, forward " << stats_.forwardSeconds << " s of "
                        << stats_.wallSeconds << " s";
@@ -157,6 +124,49 @@ class Server {
   }
 
  private:
+  // Attaches to the node's segment as teacher topo.teacherIndex, admits the
+  // students it serves and, in a restarted incarnation, notes which of them
+  // finished while no teacher ran.
+  void attachAndAdmit() {
+    checkResponseFits(cfg_.teacher);
+    if (cfg_.teacher.cache.mode != CacheMode::kOff) openCache();
+    const Topology& topo = ctx_.topology();
+    DISTILL_CHECK_T(ConfigError, !topo.segment.empty(),
+                    "the teacher has no segment (DISTILL_SEGMENT is not set): start the job with distill-run");
+    teacher_ = topo.teacherIndex;
+    device_ = teacherDevice(cfg_.teacher, teacher_);
+    DISTILL_CHECK_T(ConfigError, cfg_.teacher.autocast == Autocast::kNone || parseDevice(device_).cuda,
+                    "teacher.autocast: ", cfg_.teacher.autocast, " needs a cuda teacher device, found ", device_);
+    auto startup = Deadline::afterSeconds(cfg_.run.startup_timeout_s);
+    auto layout = ipc::SegmentLayout::fromOptions(cfg_.transport, topo.studentsPerNode(), topo.teachersPerNode);
+    segment_ = ipc::Segment::attach(topo.segment, topo.jobId, layout, startup);
+    auto options = ipc::EndpointOptions::fromOptions(cfg_.transport, topo.globalRank);
+    options.config = configDescription(cfg_);
+    endpoint_.emplace(*segment_, options, teacher_);
+    mine_ = endpoint_->students();
+    // Every student must run the config this teacher serves: compared key by
+    // key before it is admitted, so that a difference (a --set that reached
+    // the students only) is an error naming the keys, not a silently ignored
+    // teacher.topk or a tag-order refusal later.
+    endpoint_->waitAdmission(
+        startup, [&](int local, const std::string& theirs) { return admissionProblem(topo, local, theirs); });
+    DISTILL_LOG(kInfo) << "teacher " << teacher_ << " of " << topo.teachersPerNode << " serving " << mine_.size()
+                       << " local student(s) on " << topo.segment << " (device " << device_ << "), output "
+                       << (cfg_.teacher.topk > 0 ? "top-" + std::to_string(cfg_.teacher.topk) : "full logits");
+    const int perNode = topo.studentsPerNode();
+    stats_.perStudent.assign(perNode, 0);
+    last_.assign(perNode, std::nullopt);
+    finished_.assign(perNode, false);
+    if (const int restarts = segment_->teacherRestarts(teacher_); restarts > 0) {
+      // A restarted incarnation: students that finished while no teacher ran
+      // send nothing more; everything else carries on from the rings.
+      int done = 0;
+      for (int s : mine_) done += (finished_[s] = endpoint_->studentDone(s)) ? 1 : 0;
+      DISTILL_LOG(kWarning) << "teacher restarted (" << restarts << " of " << segment_->teacherMaxRestarts()
+                            << " restarts): resuming with " << int(mine_.size()) - done << " active student(s)";
+    }
+  }
+
   // "" if local student `local`, which published `theirs` at attach, runs the
   // config this teacher serves; otherwise the refusal, naming each differing key.
   std::string admissionProblem(const Topology& topo, int local, const std::string& theirs) const {
@@ -287,7 +297,7 @@ class Server {
         for (auto& p : batch) requests.push_back(p.inputs);
         cached = cache_->answer(
             requests, [&](const std::vector<at::Tensor>& rows) { return compute(rows, label); },
-            cfg_.transport.cuda_ipc == CudaIpc::kOff ? at::Device(at::kCPU) : at::Device(cfg_.teacher.device));
+            cfg_.transport.cuda_ipc == CudaIpc::kOff ? at::Device(at::kCPU) : at::Device(device_));
       }
       std::vector<at::Tensor> inputs;
       for (size_t i = 0; !cache_ && i < batch[0].inputs.size(); ++i) {
@@ -316,7 +326,7 @@ class Server {
     noteBusy(t0, Clock::now());
     if (cache_) {
       const CacheStats& c = cache_->stats();
-      segment_->setTeacherCacheHits(c.rows > 0 ? double(c.hits) / double(c.rows) : 0.0);
+      segment_->setTeacherCacheHits(teacher_, c.rows > 0 ? double(c.hits) / double(c.rows) : 0.0);
     }
 
     int64_t offset = 0;
@@ -369,7 +379,7 @@ class Server {
   // The model's shaped answer for batched inputs (one forward call).
   TeacherCache::Computed compute(const std::vector<at::Tensor>& rows, const std::string& label) {
     std::vector<at::Tensor> inputs;
-    for (const at::Tensor& t : rows) inputs.push_back(t.to(at::Device(cfg_.teacher.device)));
+    for (const at::Tensor& t : rows) inputs.push_back(t.to(at::Device(device_)));
     AutocastScope autocast(cfg_.teacher);
     trace::Event ev; // the model is user code: a stall here shows as "busy in the model's forward"
     ev.op = trace::Op::kForward;
@@ -427,7 +437,7 @@ class Server {
     double window = std::chrono::duration<double>(t1 - windowStart_).count();
     if (window >= 1.0) {
       lastBusy_ = windowBusy_ / window;
-      segment_->setTeacherBusy(lastBusy_);
+      segment_->setTeacherBusy(teacher_, lastBusy_);
       DISTILL_LOG(kDebug) << "teacher busy " << static_cast<int>(lastBusy_ * 100) << "%";
       windowBusy_ = 0;
       windowStart_ = t1;
@@ -441,7 +451,10 @@ class Server {
   std::optional<ipc::TeacherEndpoint> endpoint_;
   std::deque<Pending> pending_;
   std::vector<std::optional<Tag>> last_;
-  std::vector<bool> finished_;
+  std::vector<bool> finished_; // by local student index (only those in mine_ are used)
+  std::vector<int> mine_; // the local students this teacher serves (teacher i % K)
+  int teacher_ = 0; // its index among the node's teachers
+  std::string device_; // teacherDevice(teacher.*, teacher_)
   InputSignature signature_;
   std::unique_ptr<TeacherCache> cache_; // teacher.cache, mode not off
   ServeStats stats_;
@@ -462,9 +475,14 @@ int teacherMain(int argc, char** argv) {
     Topology topo = Topology::fromEnvironment();
     setIdentity(topo.identity());
     Config config = jobConfig(argc, argv);
+    topo.checkTeachers(config.teacher.procs);
     TeacherContext ctx(topo, config);
     if (config.teacher.threads > 0) at::set_num_threads(config.teacher.threads);
-    auto model = loadTeacherModel(config.teacher);
+    // A teacher of a pool runs on its own device (teacher.devices); the
+    // config itself stays as written: admission compares it with the students'.
+    TeacherOptions mine = config.teacher;
+    mine.device = teacherDevice(config.teacher, topo.teacherIndex);
+    auto model = loadTeacherModel(mine);
     serve(ctx, model);
     return 0;
   } catch (const std::exception& e) {

@@ -107,6 +107,15 @@ const std::vector<BadCase>& badCases() {
        "run.nnodes: run.nnodes x run.nproc_per_node must be <= 2147483647 (every rank of the job is an int), "
        "found 2147483647 x 3"},
       {kSelf + "run:\n  master_port: 70000\n", "run.master_port: must be in [0, 65535], found 70000"},
+      // the teacher pool
+      {"teacher:\n  kind: self\n  procs: 0\n", "teacher.procs: must be in [1, 16], found 0"},
+      {"teacher:\n  kind: self\n  procs: 3\n",
+       "teacher.procs: must leave a student on each node: below run.nproc_per_node (3), found 3"},
+      {"run:\n  nproc_per_node: 5\nteacher:\n  kind: self\n  procs: 2\n  devices: [cpu, cpu, cpu]\n",
+       "teacher.devices: names 3 devices; give one per teacher (teacher.procs 2), one for all, or none "
+       "(teacher.device)"},
+      {"teacher:\n  kind: self\n  devices: [gpu]\n",
+       "teacher.devices: device \"gpu\": must be one of cpu, cuda, cuda:N"},
       {kSelf + "run:\n  startup_timeout_s: -1\n", "run.startup_timeout_s: must be in [0.001, 2592000], found -1"},
       // every duration has a range: none overflows a deadline, none is a denormal
       {kSelf + "run:\n  hang_timeout_s: 1e300\n", "run.hang_timeout_s: must be in [0.001, 2592000], found 1e300"},
@@ -381,7 +390,7 @@ TEST(Config, DumpAndHashAreStableAndSensitive) {
 
 TEST(Config, KeysInSchemaOrder) {
   const auto keys = configKeys();
-  EXPECT_EQ(keys.size(), 57u);
+  EXPECT_EQ(keys.size(), 59u);
   EXPECT_EQ(keys.front(), "run.name");
   EXPECT_EQ(keys.back(), "checkpoint.on_corrupt");
   EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()).size(), keys.size());

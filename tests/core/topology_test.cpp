@@ -123,9 +123,9 @@ TEST(Topology, BadEnvironments) {
   std::vector<Case> cases = {
       {"bad role", with(good, "DISTILL_ROLE", "teach"), "DISTILL_ROLE=\"teach\" is neither student nor teacher"},
       {"teacher not last", with(good, "DISTILL_ROLE", "teacher"),
-       "the teacher must be the last local rank (2), found local rank 1"},
+       "a teacher must be the last local rank (2), found local rank 1"},
       {"student on teacher slot", with(with(good, "DISTILL_LOCAL_RANK", "2"), "LOCAL_RANK", "2"),
-       "is the last local rank, which is the teacher's, but DISTILL_ROLE=student"},
+       "local rank 2 is a teacher's (the last local rank (2)) but DISTILL_ROLE=student"},
       {"not a number", with(good, "DISTILL_LOCAL_WORLD_SIZE", "three"),
        "DISTILL_LOCAL_WORLD_SIZE=\"three\" is not an integer >= 2"},
       {"one process per node", with(good, "DISTILL_LOCAL_WORLD_SIZE", "1"),
@@ -150,5 +150,40 @@ TEST(Topology, BadEnvironments) {
   for (auto& c : cases) {
     std::string msg = errorOf(c.env);
     EXPECT_NE(msg.find(c.expected), std::string::npos) << c.what << ": expected \"" << c.expected << "\" in:\n" << msg;
+  }
+}
+
+// A pool of 2 teachers on 2 nodes of 6: 4 students per node, student local i
+// served by local rank 4 + i % 2; the environment round-trips it; a process
+// started for another pool size than the config's is refused, naming both.
+TEST(Topology, PoolOfTwoTeachersPerNode) {
+  Topology s = Topology::forLocalRank(1, 2, 3, 6, 2);
+  EXPECT_TRUE(s.isStudent());
+  EXPECT_EQ(s.studentsPerNode(), 4);
+  EXPECT_EQ(s.studentRank, 7);
+  EXPECT_EQ(s.studentWorldSize, 8);
+  EXPECT_EQ(s.teacherLocalRankOf(3), 5);
+  EXPECT_EQ(s.teacherGlobalRank(), 11);
+  Topology t = Topology::forLocalRank(1, 2, 4, 6, 2);
+  EXPECT_TRUE(t.isTeacher());
+  EXPECT_EQ(t.teacherIndex, 0);
+  EXPECT_EQ(t.studentRank, -1);
+  for (int local = 0; local < 6; ++local) {
+    Topology a = Topology::forLocalRank(0, 1, local, 6, 2);
+    a.masterPort = 29555, a.segment = "distill-abc", a.jobId = "abc";
+    Topology b = Topology::fromEnv(distill::topologyEnv(a));
+    EXPECT_EQ(b.role, a.role) << local;
+    EXPECT_EQ(b.teachersPerNode, 2) << local;
+    EXPECT_EQ(b.teacherIndex, a.teacherIndex) << local;
+    EXPECT_EQ(b.studentRank, a.studentRank) << local;
+  }
+  EXPECT_NO_THROW(s.checkTeachers(2));
+  try {
+    s.checkTeachers(3);
+    FAIL() << "no ConfigError";
+  } catch (const distill::ConfigError& e) {
+    EXPECT_NE(e.message().find("teacher.procs is 3 but this process was started for 2 teacher(s) per node"),
+              std::string::npos)
+        << e.message();
   }
 }

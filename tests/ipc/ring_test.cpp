@@ -15,7 +15,10 @@
 #include <thread>
 #include <vector>
 
+#include <map>
+
 #include "distill/core/errors.h"
+#include "distill/core/topology.h"
 #include "distill/ipc/channel.h"
 #include "ipc_test_util.h"
 #include "wire.h"
@@ -485,4 +488,50 @@ TEST(IpcSegment, StatusIsReadWholeWhileAnotherProcessRewritesIt) {
     ::munmap(p, bytes);
   }
   Segment::remove(sn.name);
+}
+
+// A pool of two teachers over three students: student i's ring is read by
+// teacher i % 2 and by no other, and the launcher's layout (Topology) places
+// that teacher at the local rank the ring says.
+TEST(IpcRing, PoolOfTwoTeachersEachReadsOnlyItsStudentsRings) {
+  ScopedName sn;
+  SegmentLayout l = smallLayout(3);
+  l.numTeachers = 2;
+  auto seg = Segment::create(sn.name, l, kJob);
+  EXPECT_EQ(seg.numTeachers(), 2);
+  std::vector<StudentEndpoint> students;
+  for (int i = 0; i < 3; ++i) students.emplace_back(seg, i, opts(i));
+  TeacherEndpoint t0(seg, opts(3), 0), t1(seg, opts(4), 1);
+  EXPECT_EQ(t0.students(), (std::vector<int>{0, 2}));
+  EXPECT_EQ(t1.students(), (std::vector<int>{1}));
+  for (int i = 0; i < 3; ++i) {
+    const auto topo = Topology::forLocalRank(0, 1, i, 5, 2);
+    EXPECT_EQ(topo.teacherLocalRankOf(i), 3 + i % 2) << "student " << i;
+  }
+  EXPECT_TRUE(Topology::forLocalRank(0, 1, 4, 5, 2).isTeacher());
+  EXPECT_EQ(Topology::forLocalRank(0, 1, 4, 5, 2).teacherIndex, 1);
+  t0.waitAdmission(Deadline::after(10s));
+  t1.waitAdmission(Deadline::after(10s));
+  EXPECT_TRUE(seg.admitted());
+  for (auto& s : students) s.waitAdmission(Deadline::after(10s));
+  for (int i = 0; i < 3; ++i) students[size_t(i)].send(msgWith(uint64_t(10 + i)), Deadline::after(10s));
+  // Teacher 0 gets students 0 and 2, each its own request; teacher 1 student 1's.
+  std::map<int, uint64_t> got0;
+  for (int n = 0; n < 2; ++n) {
+    auto m = t0.waitAny(Deadline::after(10s));
+    got0[m.student()] = m.tag().seq;
+  }
+  EXPECT_EQ(got0, (std::map<int, uint64_t>{{0, 10}, {2, 12}}));
+  auto m1 = t1.waitAny(Deadline::after(10s));
+  EXPECT_EQ(m1.student(), 1);
+  EXPECT_EQ(m1.tag().seq, 11u);
+  EXPECT_FALSE(t1.tryWaitAny(Deadline::after(20ms)).has_value());
+  EXPECT_FALSE(t0.tryWaitAny(Deadline::after(20ms)).has_value());
+  // A teacher index the segment does not have is refused, naming the range.
+  try {
+    TeacherEndpoint t2(seg, opts(5), 2);
+    FAIL() << "teacher 2 of 2 attached";
+  } catch (const IpcError& e) {
+    EXPECT_TRUE(contains(e.what(), "no teacher 2")) << e.what();
+  }
 }

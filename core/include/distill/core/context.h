@@ -46,6 +46,9 @@ class TeacherContext {
 
   const Topology& topology() const { return topo_; }
   const Config& config() const { return config_; }
+  // The device this teacher runs on: teacher.devices[its index] in a pool
+  // (teacher.procs > 1), else teacher.device. A `self` teacher loads its model there.
+  std::string device() const { return teacherDevice(config_.teacher, topo_.teacherIndex); }
 
  private:
   Topology topo_;

@@ -84,9 +84,10 @@ DeviceSpec parseDevice(const std::string& device);
 // Every duration has one, so that no deadline computed from a config overflows.
 constexpr double kMinTimeoutS = 0.001; // 1 ms
 constexpr double kMaxTimeoutS = 30 * 24 * 3600; // 30 days: 2592000 s
-// Processes on one node, students + teacher: the segment's process table holds
-// at most 255 students (ipc/src/wire.h kMaxStudents) and the teacher.
+// Processes on one node, students + teachers: the segment's process table holds
+// at most 255 students (ipc/src/wire.h kMaxStudents) and 16 teachers (kMaxTeachers).
 constexpr int kMaxProcsPerNode = 256;
+constexpr int kMaxTeachersPerNode = 16; // teacher.procs (== ipc's wire::kMaxTeachers)
 
 // run: how the job is laid out and how long anything may wait.
 struct RunOptions {
@@ -125,10 +126,12 @@ struct TeacherOptions {
   std::string output = "logits"; // name of the output tensor (first element if a tuple)
   std::vector<std::string> hidden_states; // extra named outputs to return (dict outputs only)
   std::string device = "cpu"; // cpu | cuda | cuda:N
+  int procs = 1; // teacher processes per node: the last `procs` local ranks (>= 1, < run.nproc_per_node)
+  std::vector<std::string> devices; // one device per teacher, or one for all ([] = `device`); see teacherDevice
   Autocast autocast = Autocast::kNone; // none | float16 | bfloat16 (GPU only)
   int64_t max_batch_tokens = 16384; // batch requests of several students up to this many tokens
   int64_t topk = 0; // 0: full logits; k > 0: top-k values + int32 indices
-  int max_restarts = 0; // distill-run restarts a dead teacher this many times
+  int max_restarts = 0; // distill-run restarts each dead teacher this many times
   int threads = 0; // torch intra-op threads (0: torch's default)
   // The teacher-output cache (teacher/src/cache.h): rows answered before are
   // answered from an LMDB store at `path` without a forward.
@@ -139,6 +142,10 @@ struct TeacherOptions {
   };
   CacheOptions cache;
 };
+
+// The device teacher `teacher` (0 .. procs-1) of a node runs on: devices[teacher]
+// when `devices` names one per teacher, devices[0] when it names one, else `device`.
+std::string teacherDevice(const TeacherOptions& t, int teacher);
 
 // student: the trainer side.
 struct StudentOptions {

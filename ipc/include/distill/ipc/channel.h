@@ -1,10 +1,13 @@
 #pragma once
 
-// Messages between the local students and the teacher of a node, over the
+// Messages between the local students and the teachers of a node, over the
 // shared-memory rings of a Segment (DESIGN.md, "Shared memory").
 //
-//   student i ── request ring i ──▶ teacher
-//   student i ◀── response ring i ── teacher
+//   student i ── request ring i ──▶ its teacher
+//   student i ◀── response ring i ── its teacher
+//
+// With teacher.procs K teachers per node, student i is served by teacher
+// i % K (TeacherEndpoint::students() lists a teacher's).
 //
 // Each ring is single-producer single-consumer with `slots` slots; a producer
 // that finds every slot taken waits (with its deadline) — nothing is dropped.
@@ -168,22 +171,25 @@ class StudentEndpoint {
   int uncaught_;
 };
 
-// The teacher (local index numStudents) of the segment.
+// Teacher `teacher` (0 .. numTeachers-1; local index numStudents + teacher) of
+// the segment, serving the rings of its students only.
 class TeacherEndpoint {
  public:
-  explicit TeacherEndpoint(const Segment& segment, EndpointOptions options = {});
+  explicit TeacherEndpoint(const Segment& segment, EndpointOptions options = {}, int teacher = 0);
   ~TeacherEndpoint();
   TeacherEndpoint(TeacherEndpoint&&) noexcept;
   TeacherEndpoint& operator=(TeacherEndpoint&&) = delete;
 
-  // Waits until every local student attached, then admits them (students'
+  // Waits until every local student it serves attached, then admits them (students'
   // waitAdmission returns). TimeoutError names the students that never came.
   // With `check`, each student is checked as soon as it attached: the first
   // refusal is written to the segment (every student's waitAdmission throws
   // ConfigError with it, those still to attach too) and thrown here as
   // ConfigError, without waiting for the others.
   void waitAdmission(Deadline deadline, const AdmissionCheck& check = {});
-  int numStudents() const;
+  int numStudents() const; // the students it serves
+  std::vector<int> students() const; // their local indices, ascending
+  int teacher() const; // its index among the node's teachers
   // True if local student `student` detached cleanly and left nothing unread:
   // it will send nothing more (a restarted teacher uses this for students whose
   // finish message the previous incarnation consumed).

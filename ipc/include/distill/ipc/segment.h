@@ -24,21 +24,23 @@ struct SegmentImpl; // internal (src/segment_impl.h)
 
 // Sizes that fix the segment layout; creator and attachers must agree.
 struct SegmentLayout {
-  int numStudents = 1; // local students (local ranks 0 .. numStudents-1); teacher is numStudents
+  int numStudents = 1; // local students (local ranks 0 .. numStudents-1)
   int slots = 4; // slots per ring (transport.slots)
   int64_t maxRequestBytes = 4 << 20; // payload bytes per request slot (transport.max_request_bytes)
   int64_t maxResponseBytes = 64 << 20; // payload bytes per response slot (transport.max_response_bytes)
   int heartbeatMs = 100; // heartbeat period (transport.heartbeat_ms)
+  int numTeachers = 1; // local teachers (teacher.procs): local ranks numStudents .. numStudents+numTeachers-1
 
-  static SegmentLayout fromOptions(const TransportOptions& t, int numStudents);
+  static SegmentLayout fromOptions(const TransportOptions& t, int numStudents, int numTeachers = 1);
   bool operator==(const SegmentLayout& o) const;
   bool operator!=(const SegmentLayout& o) const { return !(*this == o); }
-  std::string describe() const; // "students=3 slots=4 request=4194304 response=67108864 heartbeat_ms=100"
+  // "students=3 teachers=1 slots=4 request_bytes=4194304 response_bytes=67108864 heartbeat_ms=100"
+  std::string describe() const;
 };
 
 // A snapshot of one process-table entry (for hang tables and tests).
 struct ProcessSnapshot {
-  int localIndex = -1; // 0 .. numStudents (teacher)
+  int localIndex = -1; // the local rank: 0 .. numStudents-1 students, then the teachers
   int pid = 0; // 0 = never attached
   int rank = -1; // global rank
   std::string role; // "student" | "teacher"
@@ -88,7 +90,8 @@ class Segment {
   uint64_t incarnation() const; // random per creation
   int creatorPid() const;
   size_t sizeBytes() const;
-  bool admitted() const; // the teacher has admitted every student
+  bool admitted() const; // every teacher has admitted its students
+  int numTeachers() const; // teacher.procs of the node
 
   // Any process: makes every wait on the segment fail with IpcError("aborted"),
   // now and later. Used by the launcher on teardown.
@@ -101,12 +104,17 @@ class Segment {
   void requestStop() const;
   bool stopRequested() const;
 
-  // Teacher: publishes the share (0..1) of the last second it spent in forward;
-  // anyone (launcher status line, hang table) reads it. Relaxed: a gauge.
-  void setTeacherBusy(double share) const;
+  // Teacher `teacher` (0 .. numTeachers()-1): publishes the share (0..1) of the
+  // last second it spent in forward; anyone (launcher status line, hang table)
+  // reads it. Relaxed: a gauge. teacherBusy() without an index: the mean over
+  // the teachers.
+  void setTeacherBusy(int teacher, double share) const;
+  double teacherBusy(int teacher) const;
   double teacherBusy() const;
-  // Share of rows the teacher answered from teacher.cache so far, 0..1 (0 without a cache).
-  void setTeacherCacheHits(double share) const;
+  // Share of rows teacher `teacher` answered from teacher.cache so far, 0..1
+  // (0 without a cache); without an index: the mean over the teachers.
+  void setTeacherCacheHits(int teacher, double share) const;
+  double teacherCacheHits(int teacher) const;
   double teacherCacheHits() const;
 
   // Student `localIndex` (its owner only): publishes its training status in
@@ -116,14 +124,16 @@ class Segment {
   void publishStatus(int localIndex, const StudentStatus& status) const;
   std::optional<StudentStatus> status(int localIndex) const;
 
-  // Elastic teacher. Launcher: setTeacherMaxRestarts(teacher.max_restarts)
-  // before spawning, noteTeacherRestart(pid of the dead one) before each
-  // respawn (returns the new count). Students and their waits treat a dead
-  // teacher as one being restarted, not as lost, while teacherRestarts() <
-  // teacherMaxRestarts() or while it is the one being replaced.
+  // Elastic teachers, each on its own. Launcher: setTeacherMaxRestarts(
+  // teacher.max_restarts) before spawning, noteTeacherRestart(teacher, pid of
+  // the dead one) before each respawn of that teacher (returns its new count).
+  // Its students and their waits treat it, dead, as one being restarted, not
+  // as lost, while teacherRestarts(teacher) < teacherMaxRestarts() or while it
+  // is the one being replaced. teacherRestarts() without an index: the sum.
   void setTeacherMaxRestarts(int n) const;
   int teacherMaxRestarts() const;
-  int noteTeacherRestart(int deadPid) const;
+  int noteTeacherRestart(int teacher, int deadPid) const;
+  int teacherRestarts(int teacher) const;
   int teacherRestarts() const;
 
   std::vector<ProcessSnapshot> processes() const;
