@@ -1,5 +1,6 @@
 #include "balance.h"
 
+#include <algorithm>
 #include <cmath>
 #include <iomanip>
 #include <sstream>
@@ -13,18 +14,34 @@ constexpr double kTeacherBound = 0.15;
 
 int percent(double share) { return static_cast<int>(std::lround(100 * share)); }
 
+// "teacher.procs: 3, ": how many teacher processes would keep up, when the
+// busy share is known. At the students' own pace a step takes (1 - wait) of
+// today's, so the teachers' work per step fills teachers x busy / (1 - wait)
+// teachers; kept below 90 % busy each.
+std::string poolAdvice(double wait, std::optional<double> busy, int teachers) {
+  if (!busy) return "more teacher processes (teacher.procs), ";
+  const double need = teachers * *busy / (1 - std::min(wait, 0.99));
+  const int procs = std::max(teachers + 1, static_cast<int>(std::ceil(need / 0.9)));
+  std::ostringstream os;
+  os << "teacher.procs: " << procs << " (their work at the students' pace is " << std::setprecision(2) << need
+     << " teachers' worth), ";
+  return os.str();
+}
+
 } // namespace
 
-std::string balanceVerdict(double wait, std::optional<double> busy, std::optional<double> hits) {
+std::string balanceVerdict(double wait, std::optional<double> busy, std::optional<double> hits, int teachers) {
   std::ostringstream os;
-  const std::string busyText = busy ? ", the teacher " + std::to_string(percent(*busy)) + " % busy" : "";
+  const std::string who = teachers > 1 ? "the " + std::to_string(teachers) + " teachers " : "the teacher ";
+  const std::string busyText = busy ? ", " + who + std::to_string(percent(*busy)) + " % busy" : "";
   const std::string hitText =
       hits ? ", " + std::to_string(percent(*hits)) + " % of its rows answered from its cache" : "";
   if (wait >= kTeacherBound) {
     // Were the wait gone, a step would take (1 - wait) of its time.
     os << "teacher-bound: students waited " << percent(wait) << " % of each step" << busyText << hitText
        << "; a teacher that kept up would make each step " << percent(wait) << " % shorter (" << std::setprecision(3)
-       << 1 / (1 - std::min(wait, 0.99)) << "x the throughput): a smaller or faster teacher, "
+       << 1 / (1 - std::min(wait, 0.99)) << "x the throughput): " << poolAdvice(wait, busy, teachers)
+       << "a smaller or faster teacher, "
        << (hits ? "more cache hits (a later epoch over the same rows)"
                 : "the teacher-output cache (teacher.cache.mode: "
                   "readwrite) from the second epoch on")
@@ -51,10 +68,10 @@ void Balance::sample(const std::vector<Rank>& ranks, std::optional<double> busy,
   if (hits) hits_ += *hits, ++hitSamples_;
 }
 
-std::string Balance::verdict() const {
+std::string Balance::verdict(int teachers) const {
   if (samples_ == 0) return "";
   return balanceVerdict(wait_ / samples_, busySamples_ ? std::optional<double>(busy_ / busySamples_) : std::nullopt,
-                        hitSamples_ ? std::optional<double>(hits_ / hitSamples_) : std::nullopt);
+                        hitSamples_ ? std::optional<double>(hits_ / hitSamples_) : std::nullopt, teachers);
 }
 
 } // namespace distill::launcher

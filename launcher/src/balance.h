@@ -17,14 +17,17 @@ namespace distill::launcher {
 //   wait   the students' mean share of a step spent waiting for the teacher (0..1)
 //   busy   the teacher's busy share (0..1), when known
 //   hits   the teacher's cache hit share (0..1), when its cache is on
-std::string balanceVerdict(double wait, std::optional<double> busy, std::optional<double> hits);
+//   teachers  teacher processes per node (teacher.procs); busy is their mean
+// Teacher-bound, it names what would help: how many teacher processes would
+// keep up (from busy and wait), the cache, a smaller teacher, teacher.topk.
+std::string balanceVerdict(double wait, std::optional<double> busy, std::optional<double> hits, int teachers = 1);
 
 // Means over the status ticks on which the students had published a wait share.
 class Balance {
  public:
   void sample(const std::vector<Rank>& ranks, std::optional<double> busy, std::optional<double> hits);
   // "" when nothing was sampled.
-  std::string verdict() const;
+  std::string verdict(int teachers = 1) const;
 
  private:
   int samples_ = 0, busySamples_ = 0, hitSamples_ = 0;

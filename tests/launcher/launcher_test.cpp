@@ -1038,6 +1038,11 @@ TEST(BalanceVerdict, NamesTheBoundAndWhatAKeptUpTeacherWouldGive) {
             0u)
       << bound;
   EXPECT_TRUE(has(bound, "teacher.cache.mode: readwrite")) << bound;
+  // 0.95 busy at 0.59 of today's step: 1.6 teachers' worth, 2 teachers below 90 % each.
+  EXPECT_TRUE(has(bound, "teacher.procs: 2 (their work at the students' pace is 1.6 teachers' worth)")) << bound;
+  const std::string pool = balanceVerdict(0.5, 0.9, std::nullopt, 2);
+  EXPECT_TRUE(has(pool, "the 2 teachers 90 % busy")) << pool;
+  EXPECT_TRUE(has(pool, "teacher.procs: 4 (their work at the students' pace is 3.6 teachers' worth)")) << pool;
   const std::string cached = balanceVerdict(0.2, std::nullopt, 0.5);
   EXPECT_TRUE(has(cached, "students waited 20 % of each step, 50 % of its rows answered from its cache")) << cached;
   EXPECT_TRUE(has(cached, "more cache hits")) << cached;
