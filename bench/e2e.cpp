@@ -12,10 +12,15 @@
 //                    cache (teacher.cache, readwrite): a pass over the round's
 //                    micro-batches fills it, the measured pass over the same
 //                    micro-batches is answered from it (every row a hit)
+//   teacher_pool     S students (--pool-students, 2) distilled through K teacher
+//                    processes (--pool-teachers, 2; teacher.procs) in a third job;
+//                    run only where the machine has a core for each of the S + K
+//                    processes (else a line says it was skipped and why)
 //
 // teacher_cache runs in a second job (the cache is a setting of the teacher
 // process) with its own student_only rounds interleaved, and its ratio is to
-// that job's student_only.
+// that job's student_only; teacher_pool likewise in a third (S students all
+// stepping together, student rank 0 reports).
 // One student + the teacher process, one torch thread each: on a 2-core
 // machine, a core each. Prints JSON lines:
 //   {"bench":"e2e","job":"teacher|cache","mode":"student_only|teacher_process|in_process|teacher_cache",
@@ -24,6 +29,7 @@
 //   {"bench":"e2e","summary":…,"teacher_cache_vs_student_only":…,"target_vs_student_only":1.08,…}
 //
 //   build/bin/bench_e2e [--config configs/demo.yaml] [--steps 30] [--warmup 5] [--rounds 3]
+//                       [--jobs teacher,cache,pool] [--pool-students 2] [--pool-teachers 2]
 //                       [--set section.key=value]...
 //
 // It starts itself under distill-run (bin/distill-run, nproc 2) with a teacher
@@ -46,6 +52,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "data.h"
@@ -62,7 +69,9 @@ struct Args {
   std::vector<std::string> sets;
   int steps = 30, warmup = 5, rounds = 3, timeoutS = 600;
   std::string inner; // the student's output file: set when running under distill-run
-  std::string job = "teacher"; // inner: "teacher" (student_only, teacher_process, in_process) or "cache"
+  std::string job = "teacher"; // inner: "teacher" (student_only, teacher_process, in_process), "cache" or "pool"
+  std::string jobs = "teacher,cache,pool"; // outer: the jobs to run
+  int poolStudents = 2, poolTeachers = 2;
 };
 
 Args parseArgs(int argc, char** argv) {
@@ -89,12 +98,21 @@ Args parseArgs(int argc, char** argv) {
       a.inner = value();
     else if (f == "--job")
       a.job = value();
+    else if (f == "--jobs")
+      a.jobs = value();
+    else if (f == "--pool-students")
+      a.poolStudents = std::stoi(value());
+    else if (f == "--pool-teachers")
+      a.poolTeachers = std::stoi(value());
     else
       throw std::runtime_error("unknown option " + f +
                                "; usage: bench_e2e [--config F] [--steps N] [--warmup N] [--rounds N] "
-                               "[--timeout-s S] [--set k=v]...");
+                               "[--timeout-s S] [--jobs teacher,cache,pool] [--pool-students S] [--pool-teachers K] "
+                               "[--set k=v]...");
   }
   if (a.steps < 1 || a.rounds < 1 || a.warmup < 0) throw std::runtime_error("--steps, --rounds >= 1, --warmup >= 0");
+  if (a.poolStudents < 1 || a.poolTeachers < 1 || a.poolTeachers > a.poolStudents)
+    throw std::runtime_error("--pool-students >= 1, 1 <= --pool-teachers <= --pool-students");
   return a;
 }
 
@@ -148,12 +166,14 @@ int inner(const Args& a, int argc, char** argv) {
     return o;
   };
 
-  enum Mode { kStudentOnly, kTeacherProcess, kInProcess, kTeacherCache };
-  const char* names[] = {"student_only", "teacher_process", "in_process", "teacher_cache"};
-  const bool cacheJob = a.job == "cache";
+  enum Mode { kStudentOnly, kTeacherProcess, kInProcess, kTeacherCache, kTeacherPool };
+  const char* names[] = {"student_only", "teacher_process", "in_process", "teacher_cache", "teacher_pool"};
+  const bool cacheJob = a.job == "cache", poolJob = a.job == "pool";
   const std::vector<Mode> modes = cacheJob ? std::vector<Mode>{kStudentOnly, kTeacherCache}
+      : poolJob                            ? std::vector<Mode>{kStudentOnly, kTeacherPool}
                                            : std::vector<Mode>{kStudentOnly, kTeacherProcess, kInProcess};
-  std::vector<double> times[4], teacherMs;
+  auto viaTeacher = [](Mode m) { return m == kTeacherProcess || m == kTeacherCache || m == kTeacherPool; };
+  std::vector<double> times[5], teacherMs;
   int64_t tag = 0; // request tags only ever advance
   int64_t dataStep = 0;
   const double tokens = static_cast<double>(st.batch * st.student.context);
@@ -163,7 +183,7 @@ int inner(const Args& a, int argc, char** argv) {
     at::Tensor loss;
     if (m == kStudentOnly) {
       loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), b.labels.reshape({-1}));
-    } else if (m == kTeacherProcess || m == kTeacherCache) {
+    } else if (viaTeacher(m)) {
       const distill::Handle h = *inFlight;
       inFlight.reset();
       if (next) inFlight = s.client->submit(next->ids, ++tag, 0);
@@ -190,7 +210,7 @@ int inner(const Args& a, int argc, char** argv) {
   auto pass = [&](Mode m, const std::vector<ex::Batch>& batches, bool timed) {
     const int n = static_cast<int>(batches.size());
     std::optional<distill::Handle> inFlight;
-    if (m == kTeacherProcess || m == kTeacherCache) inFlight = s.client->submit(batches[0].ids, ++tag, 0);
+    if (viaTeacher(m)) inFlight = s.client->submit(batches[0].ids, ++tag, 0);
     for (int i = 0; i < n; ++i) {
       const auto t0 = SteadyClock::now();
       step(m, batches[i], inFlight, i + 1 < n ? &batches[i + 1] : nullptr);
@@ -202,15 +222,16 @@ int inner(const Args& a, int argc, char** argv) {
     for (Mode m : modes) {
       const int n = a.warmup + a.steps;
       std::vector<ex::Batch> batches;
-      for (int i = 0; i < n; ++i) batches.push_back(data.sample(cfg.run.seed, ++dataStep, 0, 0, st.batch));
+      for (int i = 0; i < n; ++i) batches.push_back(data.sample(cfg.run.seed, ++dataStep, group.rank(), 0, st.batch));
       if (m == kTeacherCache) pass(m, batches, false); // fills the cache with these rows
       pass(m, batches, true);
     }
   }
   s.client->finish();
+  if (group.rank() != 0) return 0; // the students stepped together: rank 0 reports
 
   std::ofstream out(a.inner);
-  double p50[4] = {0, 0, 0, 0};
+  double p50[5] = {0, 0, 0, 0, 0};
   for (Mode m : modes) p50[m] = percentile(times[m], 0.5);
   for (Mode m : modes) {
     ex::JsonLine l;
@@ -224,7 +245,20 @@ int inner(const Args& a, int argc, char** argv) {
         .add("steps", static_cast<int64_t>(times[m].size()))
         .add("ratio_to_student_only", p50[m] / p50[kStudentOnly]);
     if (m == kInProcess) l.add("teacher_forward_ms_p50", percentile(teacherMs, 0.5));
+    if (poolJob) l.add("students", group.size()).add("teachers", cfg.teacher.procs);
     out << l.str() << "\n";
+  }
+  if (poolJob) {
+    out << ex::JsonLine()
+               .add("bench", "e2e")
+               .add("summary", "ratios of step_ms_p50, pool job")
+               .add("teacher_pool_vs_student_only", p50[kTeacherPool] / p50[kStudentOnly])
+               .add("students", group.size())
+               .add("teachers", cfg.teacher.procs)
+               .add("rounds", a.rounds)
+               .str()
+        << "\n";
+    return out.good() ? 0 : 1;
   }
   if (cacheJob) {
     const double vs = p50[kTeacherCache] / p50[kStudentOnly];
@@ -263,13 +297,14 @@ int inner(const Args& a, int argc, char** argv) {
 
 // One distill-run job of the bench; returns what its student wrote ("" on failure).
 std::string runJob(const Args& a, const std::string& dir, const std::string& weights, const std::string& job,
-                   const std::vector<std::string>& extraSets) {
+                   const std::vector<std::string>& extraSets, int nproc = 2) {
   const std::string results = dir + "/results-" + job + ".jsonl";
   const std::string bin = exeDir();
   std::vector<std::string> argv = {bin + "/distill-run", "--config", a.config, "--log-dir", dir + "/logs-" + job};
   for (const auto& s : a.sets) argv.insert(argv.end(), {"--set", s});
-  for (const std::string s : {"run.nproc_per_node=2", "teacher.kind=registered", "teacher.module=gpt",
-                              "teacher.threads=1", "checkpoint.dir=\"\"", "student.in_flight=2"}) {
+  argv.insert(argv.end(), {"--set", "run.nproc_per_node=" + std::to_string(nproc)});
+  for (const std::string s : {"teacher.kind=registered", "teacher.module=gpt", "teacher.threads=1",
+                              "checkpoint.dir=\"\"", "student.in_flight=2"}) {
     argv.insert(argv.end(), {"--set", s});
   }
   for (const auto& s : extraSets) argv.insert(argv.end(), {"--set", s});
@@ -325,15 +360,35 @@ int outer(const Args& a) {
     ex::Gpt teacher(t);
     ex::saveGpt(teacher, weights);
   }
-  const std::string teacherJob = runJob(a, dir, weights, "teacher", {});
-  std::fputs(teacherJob.c_str(), stdout);
-  std::fflush(stdout);
-  const std::string cacheJob = teacherJob.empty()
-      ? std::string()
-      : runJob(a, dir, weights, "cache", {"teacher.cache.mode=readwrite", "teacher.cache.path=" + dir + "/cache"});
-  std::fputs(cacheJob.c_str(), stdout);
+  auto wanted = [&](const std::string& job) { return ("," + a.jobs + ",").find("," + job + ",") != std::string::npos; };
+  bool ok = true;
+  auto run = [&](const std::string& job, const std::vector<std::string>& sets, int nproc) {
+    const std::string out = runJob(a, dir, weights, job, sets, nproc);
+    std::fputs(out.c_str(), stdout);
+    std::fflush(stdout);
+    ok = ok && !out.empty();
+  };
+  if (wanted("teacher")) run("teacher", {}, 2);
+  if (ok && wanted("cache")) run("cache", {"teacher.cache.mode=readwrite", "teacher.cache.path=" + dir + "/cache"}, 2);
+  const int procs = a.poolStudents + a.poolTeachers;
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  if (ok && wanted("pool") && procs > cores) {
+    // Timing S + K busy processes on fewer cores measures the scheduler, not the pool.
+    std::printf("%s\n",
+                ex::JsonLine()
+                    .add("bench", "e2e")
+                    .add("job", "pool")
+                    .add("mode", "teacher_pool")
+                    .add("skipped",
+                         "needs a core for each of its " + std::to_string(procs) +
+                             " processes (students + teachers), this machine has " + std::to_string(cores))
+                    .str()
+                    .c_str());
+  } else if (ok && wanted("pool")) {
+    run("pool", {"teacher.procs=" + std::to_string(a.poolTeachers)}, procs);
+  }
   ex::removeTree(dir);
-  return !teacherJob.empty() && !cacheJob.empty() ? 0 : 1;
+  return ok ? 0 : 1;
 }
 
 } // namespace
