@@ -118,6 +118,11 @@ if want bench; then
   cp "$OUT/bench_ring_cuda.log" "$OUT/bench_ring_cuda.jsonl" 2>/dev/null
   run_step bench_loss "$BUILD/bin/bench_loss"
   run_step bench_ring "$BUILD/bin/bench_ring"
+  # The teacher pool's K-scaling on CPU (issue 16): 4 students, K = 1, 2, 4 teacher
+  # processes, one core each, the demo pair; the README's table comes from these lines.
+  for k in 1 2 4; do
+    run_step "bench_e2e_pool_k$k" "$BUILD/bin/bench_e2e" --jobs pool --pool-students 4 --pool-teachers $k --rounds 3
+  done
 fi
 
 if want demo; then
