@@ -21,6 +21,8 @@ const char* phaseName(PhaseKind kind) {
       return "label_only";
     case PhaseKind::kDistilled:
       return "distilled";
+    case PhaseKind::kDistilledCached:
+      return "distilled_cached";
   }
   return "?";
 }
@@ -40,9 +42,12 @@ std::string phaseKey(PhaseKind kind, const Config& cfg, const Settings& s, const
   }
   k << " student=" << s.student.describe() << " batch=" << s.batch << "x" << studentWorld(cfg) << "x"
     << cfg.student.grad_acc_steps << " lr=" << s.lr << " eval=" << s.evalEvery << "/" << s.evalTokens;
-  if (kind == PhaseKind::kDistilled) {
+  if (kind == PhaseKind::kDistilled || kind == PhaseKind::kDistilledCached) {
     k << " loss=" << cfg.loss.kind << " T=" << cfg.loss.temperature << " alpha=" << cfg.loss.alpha
       << " beta=" << cfg.loss.jsd_beta << " topk=" << cfg.teacher.topk << " teacher=" << teacherServed;
+    // A run that wrote no cache is redone once the cache is asked for, so the cached phase finds it.
+    if (cfg.teacher.cache.mode != CacheMode::kOff)
+      k << " cache=" << toString(cfg.teacher.cache.mode) << ":" << cfg.teacher.cache.path;
   }
   return k.str();
 }

@@ -15,7 +15,9 @@
 namespace distill::examples {
 
 // The three phases of the demo.
-enum class PhaseKind { kTeacher, kLabelOnly, kDistilled };
+// kDistilledCached: a second distilled student (other loss settings) whose
+// teacher answers come from the output cache kDistilled wrote (trainer.phase).
+enum class PhaseKind { kTeacher, kLabelOnly, kDistilled, kDistilledCached };
 
 // Every setting a phase's result depends on except the number of steps (a run
 // may be extended and resumes). `teacherServed`: the distilled phase's teacher

@@ -62,7 +62,8 @@ std::vector<std::string> Settings::keys() {
           "teacher_steps",
           "teacher_batch",
           "teacher_lr",
-          "teacher_weights"};
+          "teacher_weights",
+          "phase"};
 }
 
 Settings Settings::fromConfig(const Config& cfg) {
@@ -95,6 +96,7 @@ Settings Settings::fromConfig(const Config& cfg) {
   s.teacherBatch = t.getInt("teacher_batch", s.teacherBatch);
   s.teacherLr = t.getDouble("teacher_lr", s.teacherLr);
   s.teacherWeights = t.getString("teacher_weights", s.teacherWeights);
+  s.phase = t.getString("phase", s.phase);
 
   // Ranges: the trainer's own checks, reported like distill's.
   std::vector<std::string> bad;
@@ -103,6 +105,8 @@ Settings Settings::fromConfig(const Config& cfg) {
   };
   need(s.valFraction > 0 && s.valFraction < 1, "val_fraction: must be in (0, 1)");
   need(context >= 2, "context: must be >= 2");
+  need(s.phase == "distilled" || s.phase == "distilled_cached",
+       "phase: must be distilled or distilled_cached, found \"" + s.phase + "\"");
   need(s.batch >= 1, "batch: must be >= 1");
   need(s.lr > 0 && s.teacherLr > 0, "lr, teacher_lr: must be > 0");
   need(s.warmup >= 0, "warmup: must be >= 0");

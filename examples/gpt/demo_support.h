@@ -45,6 +45,9 @@ struct Settings {
   int64_t teacherBatch = 32; // sequences per teacher training step
   double teacherLr = 2e-3;
   std::string teacherWeights = "logs/demo/teacher/teacher.pt"; // what train-teacher writes
+  // A distill job's phase folder: distilled, or distilled_cached (the demo's
+  // second student, taught from the teacher cache the first one wrote).
+  std::string phase = "distilled";
 
   // Reads cfg.trainer (ConfigError on an unknown key or a bad value, naming it).
   static Settings fromConfig(const Config& cfg);

@@ -5,7 +5,7 @@ label-only student, the teacher's final validation loss as a dashed line.
     python3 examples/gpt/plot.py LOG_DIR    (distill-gpt report runs it)
 
 Reads LOG_DIR/{teacher,label_only,distilled}/metrics.jsonl and done.json (the
-files distill-gpt writes) and writes LOG_DIR/val_loss.png (900 x 560 pixels),
+files distill-gpt writes; distilled_cached/metrics.jsonl too when it exists) and writes LOG_DIR/val_loss.png (900 x 560 pixels),
 replacing it atomically. Exit status 1 with a message naming the file when one
 is missing or unreadable.
 """
@@ -59,6 +59,11 @@ def main():
                                 ("label_only", "label-only student", "tab:orange")):
         x, y = val_curve(os.path.join(log_dir, phase, "metrics.jsonl"))
         ax.plot(x, y, marker="o", markersize=3, color=color, label=label)
+    cached = os.path.join(log_dir, "distilled_cached", "metrics.jsonl")
+    if os.path.exists(cached):
+        x, y = val_curve(cached)
+        ax.plot(x, y, marker="o", markersize=3, color="tab:green",
+                label="2nd distilled student, teacher from the cache")
     ax.axhline(teacher["val_loss"], linestyle="--", color="0.35",
                label=f"teacher ({teacher['val_loss']:.4f})")
     ax.set_title(f"validation loss, {steps} steps, same data and seed")

@@ -1,6 +1,7 @@
 #include "report.h"
 
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -52,6 +53,28 @@ int drawPlot(const std::string& logDir) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+struct CacheFigures {
+  double hitShare = 0, bytes = 0, bytesPerToken = 0, temperature = 0;
+  std::string file;
+};
+
+// The cached phase's hit share (its done.json) and what the cache costs on
+// disk: the blocks data.mdb occupies (LMDB's map is sparse) over the tokens
+// the distilled phase had the teacher answer.
+CacheFigures cacheFigures(const Config& cfg, int64_t steps, const PhaseResult& cached) {
+  CacheFigures f;
+  f.hitShare = jsonNumber(cached.done, "teacher_cache_hit_share", NAN);
+  f.temperature = jsonNumber(cached.done, "temperature", NAN);
+  f.file = cfg.teacher.cache.path + "/data.mdb";
+  struct stat st {};
+  if (::stat(f.file.c_str(), &st) == 0) f.bytes = static_cast<double>(st.st_blocks) * 512.0;
+  const Settings s = Settings::fromConfig(cfg);
+  const double tokens = static_cast<double>(steps) * studentWorld(cfg) * cfg.student.grad_acc_steps * s.batch *
+      static_cast<double>(s.student.context);
+  f.bytesPerToken = tokens > 0 ? f.bytes / tokens : NAN;
+  return f;
+}
+
 } // namespace
 
 int report(const Config& cfg) {
@@ -73,15 +96,28 @@ int report(const Config& cfg) {
     return 1;
   }
 
-  const double seconds = teacher.seconds() + labelOnly.seconds() + distilled.seconds();
-  const std::string summary = JsonLine()
-                                  .add("teacher_val_loss", teacher.valLoss())
-                                  .add("label_only_val_loss", labelOnly.valLoss())
-                                  .add("distilled_val_loss", distilled.valLoss())
-                                  .add("steps", steps)
-                                  .add("seconds", seconds)
-                                  .str();
-  writeTextAtomic(logDir + "/summary.json", summary + "\n");
+  // The demo's second student (demo.sh phase 4), taught from the teacher cache: optional.
+  PhaseResult cached = readPhase(logDir, "distilled_cached");
+  const bool hasCached = !cached.done.empty();
+  const double seconds =
+      teacher.seconds() + labelOnly.seconds() + distilled.seconds() + (hasCached ? cached.seconds() : 0);
+  JsonLine summary;
+  summary.add("teacher_val_loss", teacher.valLoss())
+      .add("label_only_val_loss", labelOnly.valLoss())
+      .add("distilled_val_loss", distilled.valLoss())
+      .add("steps", steps)
+      .add("seconds", seconds);
+  CacheFigures cache;
+  if (hasCached) {
+    cache = cacheFigures(cfg, steps, cached);
+    summary.add("distilled_cached_val_loss", cached.valLoss())
+        .add("teacher_cache_hit_share", cache.hitShare)
+        .add("label_only_seconds", labelOnly.seconds())
+        .add("distilled_seconds", distilled.seconds())
+        .add("distilled_cached_seconds", cached.seconds())
+        .add("cache_bytes_per_token", cache.bytesPerToken);
+  }
+  writeTextAtomic(logDir + "/summary.json", summary.str() + "\n");
 
   auto params = [](const PhaseResult& p) { return jsonNumber(p.done, "parameters", 0) / 1e6; };
   std::printf("\n%-22s %12s %12s %10s\n", "model", "parameters", "val loss", "train s");
@@ -90,6 +126,10 @@ int report(const Config& cfg) {
               labelOnly.seconds());
   std::printf("%-22s %11.2fM %12.4f %10.1f\n", "distilled student", params(distilled), distilled.valLoss(),
               distilled.seconds());
+  if (hasCached) {
+    std::printf("%-22s %11.2fM %12.4f %10.1f\n", "2nd distilled, cached", params(cached), cached.valLoss(),
+                cached.seconds());
+  }
   const double gain = labelOnly.valLoss() - distilled.valLoss();
   std::printf("\nvalidation loss in nats per byte on the held-out %s; %lld student steps.\n", "tail of the data",
               static_cast<long long>(steps));
@@ -98,6 +138,14 @@ int report(const Config& cfg) {
                 100 * gain / labelOnly.valLoss());
   } else {
     std::printf("the distilled student does NOT beat the label-only one (%+.4f nats/byte).\n", -gain);
+  }
+  if (hasCached) {
+    std::printf(
+        "the 2nd distilled student (loss.temperature %g) took %.1f%% of its teacher answers from the cache "
+        "the 1st wrote: %.1f s, %.2fx the label-only student's time for the same tokens (the 1st, through "
+        "the teacher: %.2fx); the cache holds %.0f bytes per token taught (%s, %.1f MiB).\n",
+        cache.temperature, 100 * cache.hitShare, cached.seconds(), cached.seconds() / labelOnly.seconds(),
+        distilled.seconds() / labelOnly.seconds(), cache.bytesPerToken, cache.file.c_str(), cache.bytes / 1048576.0);
   }
   // Last: the table and summary.json stand even when the plot cannot be drawn.
   const std::string png = logDir + "/val_loss.png";

@@ -52,9 +52,10 @@ int trainStudent(distill::Session& s) {
   const std::string teacherFile = servedTeacher(cfg, set);
   const std::string teacherPrint = distill::fileFingerprint(teacherFile);
   ex::TextData data(set.data, set.valFraction, set.student.context);
+  const ex::PhaseKind kind = set.phase == "distilled" ? ex::PhaseKind::kDistilled : ex::PhaseKind::kDistilledCached;
   ex::DemoRun run(
-      cfg, ex::PhaseKind::kDistilled,
-      ex::phaseKey(ex::PhaseKind::kDistilled, cfg, set, data.path(), data.hash(),
+      cfg, kind,
+      ex::phaseKey(kind, cfg, set, data.path(), data.hash(),
                    std::string(distill::toString(cfg.teacher.kind)) + ":" + teacherFile + "@" + teacherPrint),
       steps, set.logEvery, group.rank() == 0);
   torch::set_num_threads(std::max(1, set.threads));
@@ -120,7 +121,11 @@ int trainStudent(distill::Session& s) {
     return 0;
   }
   if (std::isnan(lastVal)) lastVal = validate(); // resumed from the last step's checkpoint
-  run.finish(lastVal, set.student.parameterCount());
+  // The share of this student's rows its teacher answered from teacher.cache (0 with it off).
+  run.finish(lastVal, set.student.parameterCount(),
+             ex::JsonLine()
+                 .add("teacher_cache_hit_share", s.client->teacherCacheHitShare())
+                 .add("temperature", cfg.loss.temperature));
   return 0;
 }
 

@@ -202,6 +202,11 @@ void Client::publishStatus(const StudentStatus& status) {
 
 double Client::teacherWaitSeconds() const { return std::chrono::duration<double>(impl_->waited).count(); }
 
+double Client::teacherCacheHitShare() const {
+  return impl_->segment ? impl_->segment->teacherCacheHits(impl_->topo.studentLocalRank % impl_->topo.teachersPerNode)
+                        : 0.0;
+}
+
 bool Client::stopRequested() const { return impl_->segment && impl_->segment->stopRequested(); }
 int64_t Client::outstanding() const { return static_cast<int64_t>(impl_->inFlight.size()); }
 const Config& Client::config() const { return impl_->cfg; }

@@ -40,10 +40,11 @@ struct TinyDemo {
     y << "run: {name: demo-test, nproc_per_node: 3, steps: 20, seed: 3, log_dir: " << logDir
       << ", master_port: " << freePort() << ", startup_timeout_s: 30, collective_timeout_s: 30, hang_timeout_s: 30}\n"
       << (teacherSection.empty() ? "teacher: {kind: registered, module: gpt, weights: " + weights +
-                  ", threads: 1, library: " + binPath("../lib/libdistill_gpt_teacher.so") + "}\n"
+                  ", threads: 1, library: " + binPath("../lib/libdistill_gpt_teacher.so") +
+                  ", cache: {path: " + logDir + "/teacher_cache, mode: write, max_bytes: 64MiB}}\n"
                                  : teacherSection)
       << "transport: {heartbeat_ms: 500}\n" // no false "stalled" on a loaded 2-core machine
-      << "loss: {kind: forward_kl, temperature: 2.0, alpha: 0.5}\n"
+      << "loss: {kind: forward_kl, temperature: 1.0, alpha: 0.5}\n" // demo.sh's 2nd student: 2.0
       << "checkpoint: {dir: " << logDir << "/distilled/checkpoints, every_steps: 5, keep_last: 2}\n"
       << "trainer:\n"
       << "  data: " << sourcePath("README.md") << "\n"

@@ -188,18 +188,28 @@ TEST(Demo, InterruptedDistilledRunResumesAndTheDemoFinishes) {
     EXPECT_TRUE(valSteps.count(0) && valSteps.count(10) && valSteps.count(steps)) << valSteps.size();
   }
 
-  // summary.json: exactly the five keys, numbers.
+  // summary.json: exactly these keys, numbers. The second distilled student
+  // (phase 4, loss.temperature 2) was answered from the cache the first one
+  // wrote across its two launches: every row it asked for was stored (the
+  // share is the teacher's, published after each batch).
   auto summary = ex::parseJson(readFile(demo.logDir + "/summary.json"));
   std::set<std::string> keys;
   for (auto& kv : summary) keys.insert(kv.first);
-  EXPECT_EQ(
-      keys,
-      (std::set<std::string>{"teacher_val_loss", "label_only_val_loss", "distilled_val_loss", "steps", "seconds"}));
+  EXPECT_EQ(keys,
+            (std::set<std::string>{"teacher_val_loss", "label_only_val_loss", "distilled_val_loss", "steps", "seconds",
+                                   "distilled_cached_val_loss", "teacher_cache_hit_share", "label_only_seconds",
+                                   "distilled_seconds", "distilled_cached_seconds", "cache_bytes_per_token"}));
   EXPECT_EQ(ex::jsonNumber(summary, "steps", -1), steps);
-  for (const char* k : {"teacher_val_loss", "label_only_val_loss", "distilled_val_loss", "seconds"}) {
+  for (const char* k : {"teacher_val_loss", "label_only_val_loss", "distilled_val_loss", "seconds",
+                        "distilled_cached_val_loss", "distilled_cached_seconds", "cache_bytes_per_token"}) {
     const double v = ex::jsonNumber(summary, k, NAN);
     EXPECT_TRUE(std::isfinite(v) && v > 0) << k << " = " << v;
   }
+  EXPECT_GE(ex::jsonNumber(summary, "teacher_cache_hit_share", NAN), 0.9) << readFile(demo.logDir + "/summary.json");
+  // Another temperature, the same teacher answers: another loss.
+  EXPECT_NE(ex::jsonNumber(summary, "distilled_cached_val_loss", NAN),
+            ex::jsonNumber(summary, "distilled_val_loss", NAN));
+  EXPECT_NE(text.find("took "), std::string::npos) << text;
   EXPECT_NE(text.find("distilled student"), std::string::npos) << text; // the closing table
   EXPECT_EQ(checkPng(readFile(demo.logDir + "/val_loss.png")), "900x560");
 
@@ -208,7 +218,7 @@ TEST(Demo, InterruptedDistilledRunResumesAndTheDemoFinishes) {
                  "run.steps=" + std::to_string(steps)});
   const ExitStatus st2 = again.finish(Ms(30000));
   EXPECT_TRUE(st2.exited && st2.code == 0) << again.text();
-  for (const char* phase : {"teacher", "label_only", "distilled"}) {
+  for (const char* phase : {"teacher", "label_only", "distilled", "distilled_cached"}) {
     EXPECT_NE(again.text().find(std::string("[") + phase + "] already finished"), std::string::npos) << again.text();
   }
   std::printf("tiny demo with an interruption: %.1f s\n",

@@ -109,6 +109,11 @@ class Client {
   // waiting for an answer, submit() waiting for a free request slot).
   double teacherWaitSeconds() const;
 
+  // The share of rows (0..1) that this student's teacher has answered from its
+  // output cache (teacher.cache) since it started, as it published after its
+  // last batch; 0 with the cache off.
+  double teacherCacheHitShare() const;
+
   int64_t outstanding() const;
   const Config& config() const;
 
