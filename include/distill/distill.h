@@ -21,6 +21,7 @@
 #include "distill/core/topology.h"
 #include "distill/student/client.h"
 #include "distill/student/grad.h"
+#include "distill/student/grad_sync.h"
 #include "distill/student/init.h"
 #include "distill/student/losses.h"
 #include "distill/teacher/model.h"

@@ -30,6 +30,10 @@ Steps::Steps(Session& session, torch::nn::Module& model, torch::optim::Optimizer
   }
   // Every student trains student rank 0's weights, as DDP does at start.
   broadcastParameters(session.student->group(), model.parameters(), model.buffers());
+  if (options_.overlapGradients) {
+    sync_ = std::make_unique<GradientSync>(session.student->group(), params_, session.config.student.bucket_mb);
+    sync_->setSyncing(false); // set per micro-batch by backward()
+  }
   step_ = savedStep_ = resumed_;
   nextStep_ = resumed_ + 1;
 }
@@ -127,6 +131,7 @@ LossResult Steps::backward(const at::Tensor& logits) {
                   "distill::Steps: the teacher's answer for ", mbName(p.step, p.accStep), " carries the tag ",
                   mbName(reply.handle().step, reply.handle().accStep), " seq ", reply.handle().seq);
   LossResult r = distillLoss(logits, p.mb.labels, reply.output(), session_.config.loss, tokens_);
+  if (sync_) sync_->setSyncing(p.accStep + 1 == grad_acc_); // the step's last: its buckets go during backward
   r.loss.backward();
   reply.release();
   loss_ += r.loss.item<double>();
@@ -138,9 +143,14 @@ LossResult Steps::backward(const at::Tensor& logits) {
 
 bool Steps::stepEnds() const { return stepOpen_ && !current_ && accStep_ + 1 == grad_acc_; }
 
-// The one place the students' gradients are summed (a hook-based overlapped
-// sync may take its place).
+// The one place the students' gradients are summed: the overlapped buckets
+// awaited, or one all-reduce after backward.
 void Steps::syncGradients() {
+  if (sync_) {
+    sync_->wait();
+    sync_->setSyncing(false); // a backward of the trainer's own starts no collective
+    return;
+  }
   allReduceGradients(session_.student->group(), params_, session_.config.student.bucket_mb);
 }
 

@@ -77,6 +77,26 @@ class GroupNotes {
   std::unique_ptr<Impl> impl_;
 };
 
+// An all-reduce under way (StudentGroup::allReduceAsync). wait() returns once
+// it is done, within the group's collective timeout from its start, with the
+// same errors as allReduce (naming the ranks that never entered it). Wait for
+// every pending reduce before the next blocking collective. Destroyed
+// unwaited (an exception unwinding), it waits without throwing, so no
+// transfer outlives its tensors.
+class PendingReduce {
+ public:
+  ~PendingReduce();
+  PendingReduce(const PendingReduce&) = delete;
+  PendingReduce& operator=(const PendingReduce&) = delete;
+  void wait();
+
+ private:
+  friend class StudentGroup;
+  PendingReduce();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 class StudentGroup {
  public:
   ~StudentGroup();
@@ -95,6 +115,11 @@ class StudentGroup {
   void allReduce(std::vector<at::Tensor>& tensors, ReduceOp op = ReduceOp::kSum,
                  const std::string& what = "all_reduce");
   void allReduce(at::Tensor& tensor, ReduceOp op = ReduceOp::kSum, const std::string& what = "all_reduce");
+  // Starts an all-reduce of `tensor` in place and returns at once (gloo's or
+  // NCCL's own threads carry it): what GradientSync overlaps with backward.
+  // Issue them in the same order on every rank, as any collective.
+  std::unique_ptr<PendingReduce> allReduceAsync(at::Tensor tensor, ReduceOp op = ReduceOp::kSum,
+                                                const std::string& what = "all_reduce");
   void broadcast(std::vector<at::Tensor>& tensors, int root, const std::string& what = "broadcast");
   void broadcast(at::Tensor& tensor, int root, const std::string& what = "broadcast");
 
@@ -105,6 +130,7 @@ class StudentGroup {
 
  private:
   friend class StudentContext;
+  friend class PendingReduce;
   StudentGroup(const Topology& topo, const RunOptions& run, const StudentOptions& student);
 
   struct Impl;

@@ -15,8 +15,12 @@
 //   labels give the step's global token count) and student.in_flight requests
 //   kept with the teacher, each tagged (step, acc_step) by the object itself;
 //   every answer's tag is checked against its micro-batch's;
-// - distillLoss with the step's token count, backward; after the step's last
-//   backward the students' gradients are summed (allReduceGradients);
+// - distillLoss with the step's token count, backward; the students'
+//   gradients are summed by a GradientSync (grad_sync.h): on the step's last
+//   micro-batch its buckets are all-reduced while backward still runs, the
+//   accumulation micro-batches start no collective (DDP's no_sync); by
+//   stepEnds() .grad() holds the sum (StepsOptions::overlapGradients = false:
+//   one allReduceGradients after the last backward instead);
 // - at the next next(): one all-reduce per step carrying the loss parts and
 //   the stop flag (distill-run's stop request), so every student leaves after
 //   the same step; the status to distill-run (loss, kd, ce, tokens/s, teacher
@@ -42,6 +46,7 @@
 #include "distill/ckpt/checkpoint.h"
 #include "distill/core/status.h"
 #include "distill/student/client.h"
+#include "distill/student/grad_sync.h"
 #include "distill/student/init.h"
 
 namespace distill {
@@ -85,6 +90,10 @@ struct StepsOptions {
   // After each save: its step and CheckpointManager::save()'s verdict (false:
   // it failed and checkpoint.on_error=continue; see the log).
   std::function<void(int64_t step, bool saved)> onCheckpoint;
+  // Overlap the gradient all-reduce with backward (GradientSync, hooks on the
+  // model's parameters); false: all-reduce after the step's last backward.
+  // The same sums either way (tests/student/grad_test.cpp).
+  bool overlapGradients = true;
 };
 
 class Steps {
@@ -142,6 +151,7 @@ class Steps {
   StepsOptions options_;
   std::vector<at::Tensor> params_;
   std::unique_ptr<CheckpointManager> ckpt_;
+  std::unique_ptr<GradientSync> sync_; // null without StepsOptions::overlapGradients
   std::deque<Pending> queue_; // read ahead, in order; front: the current micro-batch once taken
   std::optional<Pending> current_;
   int grad_acc_ = 1;
