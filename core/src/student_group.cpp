@@ -42,7 +42,10 @@ void StudentGroup::Impl::openAgentStore(const Topology& topo, Millis startup, co
   s.storeWhere = hostPort + " (torchrun's agent store)";
   try {
     auto tcp = c10::make_intrusive<c10d::TCPStore>(topo.masterAddr, opts);
-    s.store = c10::make_intrusive<c10d::PrefixStore>("distill/students", tcp);
+    // A torchrun restart (--max-restarts) is a new attempt on the same store: its own keys.
+    const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+    s.store = c10::make_intrusive<c10d::PrefixStore>(
+        std::string("distill/students/attempt") + (attempt && *attempt ? attempt : "0"), tcp);
   } catch (const std::exception& e) {
     DISTILL_THROW(TimeoutError, awaiting("student group store at " + hostPort),
                   "student group: cannot reach torchrun's store at ", hostPort, " within ", startup.count(),

@@ -124,6 +124,7 @@ void readDistillRun(EnvReader& r, Topology& t) {
 
 // Launched by torchrun: every process in RANK/WORLD_SIZE, teacher = last local rank.
 void readTorchrun(EnvReader& r, Topology& t) {
+  t.torchrun = true;
   int rank = r.integer("RANK", 0, true, 0);
   int world = r.integer("WORLD_SIZE", 0, true, 1);
   t.localRank = r.integer("LOCAL_RANK", 0, true, 0);

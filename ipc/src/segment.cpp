@@ -218,8 +218,11 @@ void clearStaleSegment(const std::string& name) {
   }
 }
 
-// A new shared-memory object of off.total bytes, reserved and mapped.
-std::shared_ptr<Mapping> createMapping(const std::string& name, const LayoutOffsets& off, const SegmentLayout& layout) {
+// A new shared-memory object of off.total bytes, reserved and mapped. With
+// `mayExist`, an object of that name made first by another process is no
+// error: null (the caller attaches to it instead).
+std::shared_ptr<Mapping> createMapping(const std::string& name, const LayoutOffsets& off, const SegmentLayout& layout,
+                                       bool mayExist = false) {
   // Room first, for a message that says what to change; the reservation below
   // is what guarantees it (another job may take the room in between).
   const int64_t free = shmBytesFree();
@@ -232,6 +235,7 @@ std::shared_ptr<Mapping> createMapping(const std::string& name, const LayoutOffs
     m->shm = bip::shared_memory_object(bip::create_only, name.c_str(), bip::read_write, perm);
     m->shm.truncate(bip::offset_t(off.total)); // zero-filled
   } catch (const bip::interprocess_exception& e) {
+    if (mayExist && e.get_error_code() == bip::already_exists_error) return nullptr; // not ours to remove
     bip::shared_memory_object::remove(name.c_str());
     DISTILL_THROW(IpcError, "segment '", name, "': cannot create ", bytesText(off.total), ": ", e.what());
   }
@@ -258,8 +262,8 @@ std::shared_ptr<Mapping> createMapping(const std::string& name, const LayoutOffs
 }
 
 // The control block's fields (all but magic, which publishes it).
-void initControl(wire::ControlBlock* c, const SegmentLayout& layout, const std::string& jobId,
-                 const LayoutOffsets& off) {
+void initControl(wire::ControlBlock* c, const SegmentLayout& layout, const std::string& jobId, const LayoutOffsets& off,
+                 int creatorPid) {
   c->layoutVersion = wire::kLayoutVersion;
   std::strncpy(c->jobId, jobId.c_str(), sizeof c->jobId - 1);
   c->numStudents = layout.numStudents;
@@ -268,7 +272,7 @@ void initControl(wire::ControlBlock* c, const SegmentLayout& layout, const std::
   c->maxRequestBytes = layout.maxRequestBytes;
   c->maxResponseBytes = layout.maxResponseBytes;
   c->heartbeatMs = layout.heartbeatMs;
-  c->creatorPid = ::getpid();
+  c->creatorPid = creatorPid;
   c->incarnation = std::random_device{}() | (uint64_t(std::random_device{}()) << 32) | 1;
   c->totalBytes = off.total;
   c->processTableOffset = off.processTable;
@@ -286,15 +290,20 @@ void initControl(wire::ControlBlock* c, const SegmentLayout& layout, const std::
 
 } // namespace
 
-Segment Segment::create(const std::string& name, const SegmentLayout& layout, const std::string& jobId) {
-  checkLayout(layout, name);
+namespace {
+
+void checkJobId(const std::string& jobId, const std::string& name) {
   DISTILL_CHECK_T(IpcError, !jobId.empty() && jobId.size() < size_t(wire::kJobIdBytes), "segment '", name,
                   "': job id '", jobId, "' must have 1..", wire::kJobIdBytes - 1, " characters");
-  clearStaleSegment(name);
+}
+
+// Initialises a freshly created segment and publishes it (its magic, last).
+std::shared_ptr<SegmentImpl> initialise(const std::string& name, std::shared_ptr<Mapping> mapping,
+                                        const SegmentLayout& layout, const std::string& jobId, int creatorPid) {
   const LayoutOffsets off = computeOffsets(layout);
-  auto impl = makeImpl(name, createMapping(name, off, layout), layout);
+  auto impl = makeImpl(name, std::move(mapping), layout);
   auto* c = new (impl->base) wire::ControlBlock; // atomics: trivially default-constructed, memory is zero
-  initControl(c, layout, jobId, off);
+  initControl(c, layout, jobId, off, creatorPid);
   for (int i = 0; i < impl->numProcesses(); ++i) {
     auto& e = impl->process(i);
     new (&e) wire::ProcessEntry;
@@ -303,7 +312,27 @@ Segment Segment::create(const std::string& name, const SegmentLayout& layout, co
   }
   // Publish: everything above happens-before an attacher's acquire load of magic.
   c->magic.store(wire::kSegmentMagic, std::memory_order_release);
-  return Segment(std::move(impl));
+  return impl;
+}
+
+} // namespace
+
+Segment Segment::create(const std::string& name, const SegmentLayout& layout, const std::string& jobId) {
+  checkLayout(layout, name);
+  checkJobId(jobId, name);
+  clearStaleSegment(name);
+  const LayoutOffsets off = computeOffsets(layout);
+  return Segment(initialise(name, createMapping(name, off, layout), layout, jobId, ::getpid()));
+}
+
+Segment Segment::createOrAttach(const std::string& name, const SegmentLayout& layout, const std::string& jobId,
+                                int creatorPid, Deadline deadline) {
+  checkLayout(layout, name);
+  checkJobId(jobId, name);
+  const LayoutOffsets off = computeOffsets(layout);
+  auto m = createMapping(name, off, layout, /*mayExist=*/true);
+  if (!m) return attach(name, jobId, layout, deadline); // another local process was first
+  return Segment(initialise(name, std::move(m), layout, jobId, creatorPid));
 }
 
 Segment Segment::attach(const std::string& name, const std::string& jobId, const std::optional<SegmentLayout>& expected,

@@ -1,5 +1,7 @@
 #include "distill/teacher/server.h"
 
+#include "distill/ipc/torchrun.h"
+
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/InferenceMode.h>
@@ -114,6 +116,8 @@ class Server {
       if (!pending_.empty()) active = std::max(active, 1);
     }
     stats_.wallSeconds = std::chrono::duration<double>(Clock::now() - start).count();
+    // torchrun: no launcher removes the segment; its students are done with it.
+    if (ctx_.topology().torchrun) ipc::Segment::remove(ctx_.topology().segment);
     double window = std::chrono::duration<double>(Clock::now() - windowStart_).count();
     if (window > 0) segment_->setTeacherBusy(teacher_, windowBusy_ / window); // the last, partial window
     DISTILL_LOG(kInfo) << "teacher done: " << stats_.requests << " requests in " << stats_.batches << " batches, "
@@ -476,6 +480,7 @@ int teacherMain(int argc, char** argv) {
     setIdentity(topo.identity());
     Config config = jobConfig(argc, argv);
     topo.checkTeachers(config.teacher.procs);
+    ipc::joinTorchrunSegment(topo, config); // torchrun: the node's segment, made by whoever comes first
     TeacherContext ctx(topo, config);
     if (config.teacher.threads > 0) at::set_num_threads(config.teacher.threads);
     // A teacher of a pool runs on its own device (teacher.devices); the

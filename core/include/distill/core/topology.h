@@ -42,6 +42,7 @@ struct Topology {
   std::string segment; // this node's shared-memory segment name ("" if none)
   std::string jobId; // random id of the job
   std::string configPath; // DISTILL_CONFIG ("" if none)
+  bool torchrun = false; // started by torchrun (no DISTILL_ROLE): ipc/torchrun.h makes the segment
 
   bool isTeacher() const { return role == Role::kTeacher; }
   bool isStudent() const { return role == Role::kStudent; }

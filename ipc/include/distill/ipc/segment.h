@@ -68,6 +68,14 @@ class Segment {
   // is removed and recreated (logged as a warning).
   static Segment create(const std::string& name, const SegmentLayout& layout, const std::string& jobId);
 
+  // For processes that start together with no launcher to make the segment
+  // (torchrun): each calls it with the same arguments; exactly one creates the
+  // segment (an exclusive create) and initialises it, recording `creatorPid`
+  // (their common parent: the segment is stale once it is gone); the others
+  // attach as attach() does, waiting until `deadline` for it to be ready.
+  static Segment createOrAttach(const std::string& name, const SegmentLayout& layout, const std::string& jobId,
+                                int creatorPid, Deadline deadline);
+
   // Any local rank. Waits until `deadline` for the segment to exist and be
   // initialised (TimeoutError), then checks magic, layout version, control
   // checksum, job id and, if given, the layout (IpcError naming both values).
