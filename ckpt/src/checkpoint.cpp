@@ -227,6 +227,23 @@ bool CheckpointManager::wait() { return enabled() ? impl_->finishPending() : tru
 
 bool CheckpointManager::save(int64_t step, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                              const TrainState& train, const RankState& rank, std::mt19937_64* rng) {
+  ModelRef ref;
+  ref.model = &model;
+  ref.optimizer = &optimizer;
+  return saveRef(step, ref, train, rank, rng);
+}
+
+bool CheckpointManager::saveBytes(int64_t step, std::string modelBytes, std::string optimizerBytes,
+                                  const TrainState& train, const RankState& rank, bool cuda) {
+  ModelRef ref;
+  ref.modelBytes = &modelBytes;
+  ref.optimizerBytes = &optimizerBytes;
+  ref.cuda = cuda;
+  return saveRef(step, ref, train, rank, nullptr);
+}
+
+bool CheckpointManager::saveRef(int64_t step, const ModelRef& state, const TrainState& train, const RankState& rank,
+                                std::mt19937_64* rng) {
   auto& s = *impl_;
   CheckpointCore& c = *s.core;
   if (!enabled()) return false;
@@ -238,7 +255,7 @@ bool CheckpointManager::save(int64_t step, torch::nn::Module& model, torch::opti
   std::vector<OutFile> files;
   std::string snapError;
   try {
-    files = c.snapshot(step, model, optimizer, train, rank, rng);
+    files = c.snapshot(step, state, train, rank, rng);
   } catch (const std::exception& e) {
     snapError = "cannot serialize the state: " + messageOf(e);
   }
@@ -284,6 +301,22 @@ bool CheckpointManager::save(int64_t step, torch::nn::Module& model, torch::opti
 
 std::optional<LoadedState> CheckpointManager::loadLatest(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                                                          std::mt19937_64* rng) {
+  ModelRef ref;
+  ref.model = &model;
+  ref.optimizer = &optimizer;
+  return loadRef(ref, rng);
+}
+
+std::optional<LoadedState> CheckpointManager::loadLatestBytes(std::string& modelBytes, std::string& optimizerBytes,
+                                                              bool cuda) {
+  ModelRef ref;
+  ref.modelBytes = &modelBytes;
+  ref.optimizerBytes = &optimizerBytes;
+  ref.cuda = cuda;
+  return loadRef(ref, nullptr);
+}
+
+std::optional<LoadedState> CheckpointManager::loadRef(const ModelRef& state, std::mt19937_64* rng) {
   auto& s = *impl_;
   CheckpointCore& c = *s.core;
   if (!enabled()) return std::nullopt;
@@ -331,7 +364,7 @@ std::optional<LoadedState> CheckpointManager::loadLatest(torch::nn::Module& mode
   }
   std::optional<LoadedState> out;
   try {
-    out = c.loadStep(step, model, optimizer, rng);
+    out = c.loadStep(step, state, rng);
   } catch (const std::exception& e) {
     err = messageOf(e);
   }

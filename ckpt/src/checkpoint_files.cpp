@@ -4,8 +4,7 @@
 
 namespace distill::ckpt_impl {
 
-std::vector<OutFile> CheckpointCore::snapshot(int64_t step, torch::nn::Module& model,
-                                              torch::optim::Optimizer& optimizer, const TrainState& train,
+std::vector<OutFile> CheckpointCore::snapshot(int64_t step, const ModelRef& state, const TrainState& train,
                                               const RankState& rs, std::mt19937_64* rng) {
   torch::NoGradGuard noGrad;
   std::vector<OutFile> files;
@@ -21,7 +20,7 @@ std::vector<OutFile> CheckpointCore::snapshot(int64_t step, torch::nn::Module& m
     a.write("rng_cpu", gen.get_state(), true);
   }
   int64_t cudaGens = 0;
-  auto dev = deviceOf(model);
+  auto dev = state.device();
   if (dev && dev->is_cuda()) {
     cudaGens = static_cast<int64_t>(at::getNumGPUs());
     for (int64_t i = 0; i < cudaGens; ++i) {
@@ -45,16 +44,24 @@ std::vector<OutFile> CheckpointCore::snapshot(int64_t step, torch::nn::Module& m
   files.push_back(std::move(rf));
   if (rank != 0) return files;
 
-  OutFile mf{kModel, {}, std::make_shared<OutputArchive>()};
-  if (opts.async) {
-    snapshotModule(model, *mf.archive);
+  if (state.model) {
+    OutFile mf{kModel, {}, std::make_shared<OutputArchive>()};
+    if (opts.async) {
+      snapshotModule(*state.model, *mf.archive);
+    } else {
+      state.model->save(*mf.archive);
+    }
+    files.push_back(std::move(mf));
   } else {
-    model.save(*mf.archive);
+    files.push_back({kModel, *state.modelBytes, nullptr});
   }
-  files.push_back(std::move(mf));
-  OutputArchive oa;
-  optimizer.save(oa);
-  files.push_back({kOptimizer, toBytes(oa), nullptr});
+  if (state.optimizer) {
+    OutputArchive oa;
+    state.optimizer->save(oa);
+    files.push_back({kOptimizer, toBytes(oa), nullptr});
+  } else {
+    files.push_back({kOptimizer, *state.optimizerBytes, nullptr});
+  }
   OutputArchive ta;
   ta.write("step", c10::IValue(train.step));
   ta.write("acc_step", c10::IValue(train.accStep));
@@ -110,27 +117,37 @@ std::string CheckpointCore::readVerified(const std::string& dir, const Manifest&
   return bytes;
 }
 
-LoadedState CheckpointCore::loadStep(int64_t step, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                                     std::mt19937_64* rng) {
+LoadedState CheckpointCore::loadStep(int64_t step, const ModelRef& state, std::mt19937_64* rng) {
   LoadedState out;
   out.step = step;
   out.path = path(stepName(step));
   const std::string& dir = out.path;
   Manifest m = parseManifest(fs->readFile(dir + "/" + kManifest), dir + "/" + kManifest);
-  auto dev = deviceOf(model);
+  auto dev = state.device();
   auto open = [&](const std::string& name, InputArchive& a, std::optional<torch::Device> d) {
     std::string bytes = readVerified(dir, m, name);
     a.load_from(bytes.data(), bytes.size(), d);
   };
   InputArchive ma, oa, ta, ra;
-  open(kModel, ma, dev);
-  open(kOptimizer, oa, dev);
+  std::string modelBytes, optimizerBytes; // the bytes form: handed over only once everything verified
+  if (state.model) {
+    open(kModel, ma, dev);
+  } else {
+    modelBytes = readVerified(dir, m, kModel);
+  }
+  if (state.optimizer) {
+    open(kOptimizer, oa, dev);
+  } else {
+    optimizerBytes = readVerified(dir, m, kOptimizer);
+  }
   open(kTrain, ta, torch::Device(torch::kCPU));
   open(rankFile(rank), ra, torch::Device(torch::kCPU));
   DISTILL_CHECK_T(CheckpointError, readInt(ra, "rank") == rank && readInt(ra, "step") == step, dir, "/", rankFile(rank),
                   " is not rank ", rank, "'s file of step ", step);
-  model.load(ma);
-  optimizer.load(oa);
+  if (state.model) state.model->load(ma);
+  if (state.optimizer) state.optimizer->load(oa);
+  if (!state.model) *state.modelBytes = std::move(modelBytes);
+  if (!state.optimizer) *state.optimizerBytes = std::move(optimizerBytes);
   out.train.step = readInt(ta, "step");
   out.train.accStep = readInt(ta, "acc_step");
   out.train.tokensSeen = readInt(ta, "tokens_seen");

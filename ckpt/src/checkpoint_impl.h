@@ -112,6 +112,21 @@ inline std::optional<torch::Device> deviceOf(const torch::nn::Module& m) {
 
 inline at::Generator cpuGenerator() { return at::detail::getDefaultCPUGenerator(); }
 
+// What model.pt and optimizer.pt hold: a Module and an Optimizer (the C++
+// API), or bytes the trainer serialized itself (the Python binding: torch.save
+// of the state dicts), read back into the same strings on load.
+struct ModelRef {
+  torch::nn::Module* model = nullptr;
+  torch::optim::Optimizer* optimizer = nullptr;
+  std::string* modelBytes = nullptr; // used when model is null
+  std::string* optimizerBytes = nullptr; // used when optimizer is null
+  bool cuda = false; // bytes: the trainer's model is on a GPU (its generators are saved too)
+  std::optional<torch::Device> device() const {
+    if (model) return deviceOf(*model);
+    return cuda ? std::optional<torch::Device>(torch::Device(torch::kCUDA)) : std::nullopt;
+  }
+};
+
 // One file of a checkpoint: bytes ready, or an archive serialized when written.
 struct OutFile {
   std::string name;
@@ -310,8 +325,8 @@ struct CheckpointCore {
   // The files of this rank for `step`. Async: every tensor is a CPU copy taken
   // now (optimizer state is serialized now: torch's Optimizer API offers no
   // deep copy), so training may go on while the writer works.
-  std::vector<OutFile> snapshot(int64_t step, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                                const TrainState& train, const RankState& rs, std::mt19937_64* rng);
+  std::vector<OutFile> snapshot(int64_t step, const ModelRef& state, const TrainState& train, const RankState& rs,
+                                std::mt19937_64* rng);
 
   // Rank 0: the checkpoint to load (scanCheckpoints), with a warning for each
   // one passed over. Every candidate corrupt: a CheckpointError naming each
@@ -325,8 +340,7 @@ struct CheckpointCore {
   // Reads `name` of checkpoint `dir`, checking it against the manifest.
   std::string readVerified(const std::string& dir, const Manifest& m, const std::string& name);
 
-  LoadedState loadStep(int64_t step, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
-                       std::mt19937_64* rng);
+  LoadedState loadStep(int64_t step, const ModelRef& state, std::mt19937_64* rng);
 };
 
 } // namespace distill::ckpt_impl

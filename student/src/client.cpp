@@ -1,6 +1,7 @@
 #include "distill/student/client.h"
 
 #include <ATen/ATen.h>
+#include <atomic>
 
 #include <algorithm>
 #include <chrono>
@@ -70,6 +71,7 @@ struct Client::Impl {
   std::optional<ipc::Segment> segment;
   std::optional<ipc::StudentEndpoint> endpoint;
   uint64_t nextSeq = 1;
+  std::atomic<bool> stopAsked{false}; // requestStop()
   std::deque<Handle> inFlight; // sent, answer not yet received
   std::map<uint64_t, ipc::ReceivedMessage> received; // received, not yet taken by get()
   bool finished = false;
@@ -207,7 +209,10 @@ double Client::teacherCacheHitShare() const {
                         : 0.0;
 }
 
-bool Client::stopRequested() const { return impl_->segment && impl_->segment->stopRequested(); }
+bool Client::stopRequested() const {
+  return impl_->stopAsked.load(std::memory_order_relaxed) || (impl_->segment && impl_->segment->stopRequested());
+}
+void Client::requestStop() { impl_->stopAsked.store(true, std::memory_order_relaxed); }
 int64_t Client::outstanding() const { return static_cast<int64_t>(impl_->inFlight.size()); }
 const Config& Client::config() const { return impl_->cfg; }
 

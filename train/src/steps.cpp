@@ -18,20 +18,43 @@ std::string mbName(int64_t step, int64_t acc) {
 } // namespace
 
 Steps::Steps(Session& session, torch::nn::Module& model, torch::optim::Optimizer& optimizer, StepsOptions options)
-    : session_(session), model_(model), optimizer_(optimizer), options_(std::move(options)) {
-  DISTILL_CHECK_T(ConfigError, session.student && session.client,
-                  "distill::Steps needs a student session (this rank is the teacher)");
-  grad_acc_ = session.config.student.grad_acc_steps;
+    : session_(session), model_(&model), optimizer_(&optimizer), options_(std::move(options)) {
   params_ = model.parameters();
-  ckpt_ = std::make_unique<CheckpointManager>(*session.student, session.config.checkpoint, options_.teacherFingerprint);
-  if (auto loaded = ckpt_->loadLatest(model, optimizer)) {
+  start(model.buffers());
+}
+
+Steps::Steps(Session& session, ExternalModel model, StepsOptions options)
+    : session_(session), external_(std::move(model)), options_(std::move(options)) {
+  DISTILL_CHECK(external_->saveState && external_->loadState,
+                "distill::Steps: an ExternalModel needs saveState and loadState");
+  params_ = external_->parameters;
+  if (external_->trainerAverages) options_.overlapGradients = false;
+  start(external_->buffers);
+}
+
+// Both constructors: the checkpoint loaded, student rank 0's weights everywhere.
+void Steps::start(const std::vector<at::Tensor>& buffers) {
+  DISTILL_CHECK_T(ConfigError, session_.student && session_.client,
+                  "distill::Steps needs a student session (this rank is the teacher)");
+  grad_acc_ = session_.config.student.grad_acc_steps;
+  ckpt_ =
+      std::make_unique<CheckpointManager>(*session_.student, session_.config.checkpoint, options_.teacherFingerprint);
+  std::optional<LoadedState> loaded;
+  if (model_) {
+    loaded = ckpt_->loadLatest(*model_, *optimizer_);
+  } else {
+    std::string modelBytes, optimizerBytes;
+    loaded = ckpt_->loadLatestBytes(modelBytes, optimizerBytes, external_->cuda);
+    if (loaded) external_->loadState(modelBytes, optimizerBytes);
+  }
+  if (loaded) {
     resumed_ = loaded->train.step;
     resumedExtra_ = loaded->train.extra;
   }
   // Every student trains student rank 0's weights, as DDP does at start.
-  broadcastParameters(session.student->group(), model.parameters(), model.buffers());
+  broadcastParameters(session_.student->group(), params_, buffers);
   if (options_.overlapGradients) {
-    sync_ = std::make_unique<GradientSync>(session.student->group(), params_, session.config.student.bucket_mb);
+    sync_ = std::make_unique<GradientSync>(session_.student->group(), params_, session_.config.student.bucket_mb);
     sync_->setSyncing(false); // set per micro-batch by backward()
   }
   step_ = savedStep_ = resumed_;
@@ -132,7 +155,11 @@ LossResult Steps::backward(const at::Tensor& logits) {
                   mbName(reply.handle().step, reply.handle().accStep), " seq ", reply.handle().seq);
   LossResult r = distillLoss(logits, p.mb.labels, reply.output(), session_.config.loss, tokens_);
   if (sync_) sync_->setSyncing(p.accStep + 1 == grad_acc_); // the step's last: its buckets go during backward
-  r.loss.backward();
+  if (external_ && external_->trainerAverages) {
+    (r.loss * static_cast<double>(session_.student->worldSize())).backward(); // the trainer's average = the sum
+  } else {
+    r.loss.backward();
+  }
   reply.release();
   loss_ += r.loss.item<double>();
   ce_ += r.ce.item<double>();
@@ -146,6 +173,7 @@ bool Steps::stepEnds() const { return stepOpen_ && !current_ && accStep_ + 1 == 
 // The one place the students' gradients are summed: the overlapped buckets
 // awaited, or one all-reduce after backward.
 void Steps::syncGradients() {
+  if (external_ && external_->trainerAverages) return; // the trainer's DDP did it during backward
   if (sync_) {
     sync_->wait();
     sync_->setSyncing(false); // a backward of the trainer's own starts no collective
@@ -191,7 +219,14 @@ bool Steps::save(int64_t step) {
   state.data.index = step;
   if (options_.checkpointExtra) state.extra = options_.checkpointExtra();
   savedStep_ = step;
-  saveOk_ = ckpt_->save(step, model_, optimizer_, state);
+  if (model_) {
+    saveOk_ = ckpt_->save(step, *model_, *optimizer_, state);
+  } else if (ckpt_->enabled()) {
+    auto [modelBytes, optimizerBytes] = external_->saveState();
+    saveOk_ = ckpt_->saveBytes(step, std::move(modelBytes), std::move(optimizerBytes), state, {}, external_->cuda);
+  } else {
+    saveOk_ = false;
+  }
   if (options_.onCheckpoint) options_.onCheckpoint(step, saveOk_);
   return saveOk_;
 }

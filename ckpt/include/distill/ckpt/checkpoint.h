@@ -84,6 +84,9 @@ class Optimizer;
 namespace distill {
 
 class StudentContext;
+namespace ckpt_impl {
+struct ModelRef;
+}
 
 // Where a data stream stands.
 struct DataPosition {
@@ -234,7 +237,20 @@ class CheckpointManager {
   std::optional<LoadedState> loadLatest(torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                                         std::mt19937_64* rng = nullptr);
 
+  // The same two for a trainer whose model is not a torch::nn::Module (the
+  // Python binding): model.pt and optimizer.pt hold the bytes given, as they
+  // are (torch.save of the state dicts); loadLatestBytes hands them back only
+  // once every file of the checkpoint verified. `cuda`: the model lives on a
+  // GPU, so the CUDA generators' states are saved (and restored) too.
+  bool saveBytes(int64_t step, std::string modelBytes, std::string optimizerBytes, const TrainState& train,
+                 const RankState& rank = {}, bool cuda = false);
+  std::optional<LoadedState> loadLatestBytes(std::string& modelBytes, std::string& optimizerBytes, bool cuda = false);
+
  private:
+  bool saveRef(int64_t step, const ckpt_impl::ModelRef& state, const TrainState& train, const RankState& rank,
+               std::mt19937_64* rng);
+  std::optional<LoadedState> loadRef(const ckpt_impl::ModelRef& state, std::mt19937_64* rng);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

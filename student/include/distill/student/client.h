@@ -94,6 +94,11 @@ class Client {
   // leave cleanly (finish()) before the launcher forwards SIGTERM (10 s later).
   // One atomic load of the segment's control block; cheap enough every step.
   bool stopRequested() const;
+  // Asks this student to stop as distill-run's stop request does (the Python
+  // binding calls it on Ctrl-C): stopRequested() is true from now on, so the
+  // step API agrees with the other students to stop after the current step.
+  // Async-signal-safe (one atomic store).
+  void requestStop();
 
   // Reports this student's training status (step, loss, tokens/s, the share
   // of the step spent waiting for the teacher, ...; core/status.h) to

@@ -96,6 +96,21 @@ struct StepsOptions {
   bool overlapGradients = true;
 };
 
+// A trainer whose model is not a torch::nn::Module (the Python binding gives
+// one): Steps reaches its model and optimizer only through these.
+struct ExternalModel {
+  std::vector<at::Tensor> parameters; // broadcast from student rank 0 at start; their gradients summed
+  std::vector<at::Tensor> buffers; // broadcast at start
+  // The trainer sums the gradients itself with an averaging all-reduce (DDP):
+  // Steps starts no gradient collective and backpropagates the loss times the
+  // student world size, so the average is the sum Steps would give.
+  bool trainerAverages = false;
+  bool cuda = false; // the model is on a GPU (checkpoints save the CUDA generators)
+  // model.pt's and optimizer.pt's bytes now (a checkpoint), and loading them back.
+  std::function<std::pair<std::string, std::string>()> saveState;
+  std::function<void(const std::string& model, const std::string& optimizer)> loadState;
+};
+
 class Steps {
  public:
   using Loader = std::function<std::optional<MicroBatch>()>;
@@ -104,6 +119,8 @@ class Steps {
   // session.config.checkpoint and loads the latest checkpoint into `model`
   // and `optimizer`; training goes on at resumedStep() + 1.
   Steps(Session& session, torch::nn::Module& model, torch::optim::Optimizer& optimizer, StepsOptions options = {});
+  // The same for a model Steps reaches through `model`'s functions.
+  Steps(Session& session, ExternalModel model, StepsOptions options = {});
   ~Steps();
   Steps(const Steps&) = delete;
   Steps& operator=(const Steps&) = delete;
@@ -144,10 +161,12 @@ class Steps {
   void syncGradients();
   bool save(int64_t step);
   void end();
+  void start(const std::vector<at::Tensor>& buffers);
 
   Session& session_;
-  torch::nn::Module& model_;
-  torch::optim::Optimizer& optimizer_;
+  torch::nn::Module* model_ = nullptr; // or external_
+  torch::optim::Optimizer* optimizer_ = nullptr;
+  std::optional<ExternalModel> external_;
   StepsOptions options_;
   std::vector<at::Tensor> params_;
   std::unique_ptr<CheckpointManager> ckpt_;
