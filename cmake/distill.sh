@@ -50,6 +50,14 @@ if ! python3 -c "import lizard" 2>/dev/null; then
   python3 -m pip install -q lizard || python3 -m pip install -q --break-system-packages lizard
 fi
 
+# pytest runs the Python tests; scikit-build-core builds the Python package (pip install .).
+for m in pytest:pytest scikit_build_core:scikit-build-core; do
+  if ! python3 -c "import ${m%%:*}" 2>/dev/null; then
+    echo "== installing ${m#*:} (pip)"
+    python3 -m pip install -q "${m#*:}" || python3 -m pip install -q --break-system-packages "${m#*:}"
+  fi
+done
+
 # ---- configure (once) and build ----
 if [ ! -f "$BUILD/build.ninja" ]; then
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDISTILL_BUILD_FUZZ=ON
@@ -62,8 +70,18 @@ case "$what" in
   test)
     start=$(date +%s)
     # -j1: the multi-process tests measure detection times; keep the 2 cores for them.
-    ctest --test-dir "$BUILD" --output-on-failure --timeout 600
+    status=0
+    ctest --test-dir "$BUILD" --output-on-failure --timeout 600 || status=$?
+    echo "== C++ tests (ctest): $(( $(date +%s) - start )) s"
+    # The Python package of this build (build/python) and its programs; the
+    # last test pip-installs a fresh clone into a fresh venv.
+    pstart=$(date +%s)
+    bdir=$(cd "$BUILD" && pwd)
+    PYTHONPATH="$bdir/python" DISTILL_BIN_DIR="$bdir/bin" DISTILL_JOBS="$JOBS" OMP_NUM_THREADS=1 \
+      python3 -m pytest tests/python -q -rs -p no:cacheprovider || status=$?
+    echo "== Python tests (pytest): $(( $(date +%s) - pstart )) s"
     echo "== tests: $(( $(date +%s) - start )) s"
+    exit $status
     ;;
   demo)
     exec bash examples/gpt/demo.sh --build "$BUILD" --config configs/demo.yaml

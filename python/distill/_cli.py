@@ -1,0 +1,39 @@
+"""distill-run and distill-teacher on PATH after `pip install .`: they run the C++ programs."""
+
+import os
+import sys
+from typing import Optional
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def find_program(name: str) -> Optional[str]:
+    """The package's own (pip install), else this build tree's (PYTHONPATH=build/python)."""
+    for d in (os.path.join(_HERE, "bin"), os.environ.get("DISTILL_BIN_DIR", "")):
+        p = os.path.join(d, name)
+        if d and os.access(p, os.X_OK):
+            return p
+    try:
+        from . import _C
+
+        p = os.path.join(_C.build_bin_dir, name)
+        if os.access(p, os.X_OK):
+            return p
+    except ImportError:
+        pass
+    return None
+
+
+def _exec(name: str) -> None:
+    path = find_program(name)
+    if path is None:
+        sys.exit(f"{name}: not found in {os.path.join(_HERE, 'bin')} (reinstall distill: pip install .)")
+    os.execv(path, [name] + sys.argv[1:])
+
+
+def run() -> None:
+    _exec("distill-run")
+
+
+def teacher() -> None:
+    _exec("distill-teacher")

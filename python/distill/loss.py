@@ -1,0 +1,25 @@
+"""distill.loss: the C++ fused distillation loss, with autograd, on torch tensors."""
+
+from typing import NamedTuple
+
+import torch
+
+from . import _C
+
+
+class LossResult(NamedTuple):
+    loss: torch.Tensor  # 0-dim, alpha * kd + (1 - alpha) * ce: the one with a gradient
+    kd: torch.Tensor  # 0-dim, detached (NaN when loss.alpha is 0)
+    ce: torch.Tensor  # 0-dim, detached (NaN when loss.alpha is 1)
+    tokens: int  # non-ignored labels of this call
+
+
+def loss(logits, labels, teacher, normalizer: float, session, **overrides) -> LossResult:
+    """The loss of one micro-batch, as distill::distillLoss computes it (the same kernels).
+
+    teacher: a Reply (session.get) or a dict with "logits", or "topk_values"/"topk_indices"
+    (+ "logsumexp"/"log_tail"). normalizer: the step's global non-ignored token count (the sum
+    of count_tokens over every micro-batch of the step on every student), so that summed
+    gradients are the mean over the step's tokens. The options are the session's loss section;
+    keyword arguments override them (temperature=2.0, alpha=0.5, kind="jsd", ...)."""
+    return LossResult(*_C._loss(logits, labels, teacher, float(normalizer), session._c, overrides))

@@ -1,0 +1,111 @@
+"""distill.Steps: the C++ step API (distill::Steps) for a Python model and optimizer."""
+
+import io
+from typing import Callable, Iterable, Iterator, NamedTuple, Optional
+
+import torch
+
+from . import _C
+from .loss import LossResult
+
+
+class StepItem(NamedTuple):
+    inputs: torch.Tensor
+    labels: torch.Tensor
+    step: int  # 1-based optimizer step
+    acc_step: int  # 0 .. grad_acc_steps - 1
+
+
+class Steps:
+    """Owns the per-step protocol, as distill::Steps does for a C++ trainer:
+
+        steps = distill.Steps(session, model, optimizer)    # resumes from the checkpoint
+        for mb in steps.run(loader):                        # (inputs, labels) micro-batches
+            steps.backward(model(mb.inputs))                # teacher's answer, loss, backward
+            if steps.step_ends():
+                optimizer.step(); optimizer.zero_grad()
+                                                            # saved, published, finished
+
+    It reads the loader ahead (grad_acc_steps micro-batches of a step for its token count, and
+    student.in_flight requests kept with the teacher), tags and checks every answer, computes
+    the loss with the step's global token count, agrees on stopping (distill-run's stop, Ctrl-C,
+    a loader run dry) with the other students, reports the status to distill-run and saves
+    checkpoints (checkpoint.* of the config) of model.state_dict() and optimizer.state_dict().
+
+    Gradients: a model wrapped in DistributedDataParallel syncs its own (DDP averages them: Steps
+    backpropagates the loss times the student world size, so the average is the step's
+    token-mean gradient, and turns DDP's sync off on the accumulation micro-batches, as
+    no_sync() does). A plain module: Steps sums the gradients over the students itself (GradientSync,
+    overlapped with the step's last backward). Either way, .grad after step_ends() is the gradient of the mean
+    loss over every token of the step on every student.
+    """
+
+    def __init__(
+        self,
+        session,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        on_step: Optional[Callable[[dict], None]] = None,
+        fingerprint: str = "",
+    ):
+        ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
+        inner = model.module if ddp else model
+        self._model, self._inner, self._ddp = model, inner, ddp
+        self._optimizer = optimizer
+        self._grad_acc = session.grad_acc_steps
+        params = list(inner.parameters())
+        buffers = list(inner.buffers())
+        cuda = any(p.is_cuda for p in params)
+        device = params[0].device if params else torch.device("cpu")
+
+        def save_state():
+            m, o = io.BytesIO(), io.BytesIO()
+            torch.save(inner.state_dict(), m)
+            torch.save(optimizer.state_dict(), o)
+            return (m.getvalue(), o.getvalue())
+
+        def load_state(model_bytes: bytes, optimizer_bytes: bytes):
+            inner.load_state_dict(torch.load(io.BytesIO(model_bytes), map_location=device, weights_only=True))
+            optimizer.load_state_dict(torch.load(io.BytesIO(optimizer_bytes), map_location=device, weights_only=True))
+
+        self._c = _C._steps(session._c, params, buffers, ddp, cuda, save_state, load_state, on_step, fingerprint)
+
+    def next(self, loader: Callable[[], Optional[tuple]]) -> Optional[StepItem]:
+        """The next micro-batch, or None when training is over. `loader()` returns (inputs, labels)
+        or None when it has no more."""
+        item = self._c.next(loader)
+        if item is None:
+            return None
+        item = StepItem(*item)
+        if self._ddp:  # DDP's no_sync(): all-reduce only on the step's last micro-batch
+            self._model.require_backward_grad_sync = item.acc_step + 1 == self._grad_acc
+        return item
+
+    def run(self, loader: Iterable) -> Iterator[StepItem]:
+        """Iterates the micro-batches of `loader` (any iterable of (inputs, labels)) as next() does."""
+        it = iter(loader)
+        fetch = lambda: next(it, None)  # noqa: E731
+        while True:
+            item = self.next(fetch)
+            if item is None:
+                return
+            yield item
+
+    def backward(self, logits: torch.Tensor) -> LossResult:
+        """The teacher's answer for the current micro-batch, the loss, backward; after the step's
+        last micro-batch the students' gradients are summed."""
+        return LossResult(*self._c.backward(logits))
+
+    def step_ends(self) -> bool:
+        """True after backward() of the step's last micro-batch: step the optimizer."""
+        return self._c.step_ends()
+
+    step = property(lambda self: self._c.step, doc="the current step")
+    step_tokens = property(lambda self: self._c.step_tokens, doc="its global token count")
+    resumed_step = property(lambda self: self._c.resumed_step, doc="the checkpoint's step (0: a clean start)")
+    stopped = property(lambda self: self._c.stopped, doc="ended before run.steps (a stop, a dry loader)")
+    saved = property(lambda self: self._c.saved, doc="the last save and its publication succeeded")
+
+    def close(self) -> None:
+        """Waits for the checkpoint writer (also done when the object is freed)."""
+        self._c.close()

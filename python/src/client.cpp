@@ -1,0 +1,153 @@
+// The low-level student API (Client: submit/get) and the loss, on torch tensors.
+#include <memory>
+
+#include "distill/core/config.h"
+#include "distill/core/errors.h"
+#include "distill/student/client.h"
+#include "distill/student/losses.h"
+#include "session.h"
+
+namespace distill::py {
+
+namespace {
+
+// A teacher's answer. Copy mode: owned tensors. View mode: the tensors lie in
+// the ring's slot; each holds this reply alive, so the slot is freed when the
+// last of them is gone or at release() (after which they must not be read).
+struct PyReply {
+  SessionPtr session; // the client (and its mapping) outlive the views
+  TeacherReply reply;
+  bool view = false;
+
+  at::Tensor hold(const std::shared_ptr<PyReply>& self, const at::Tensor& t) const {
+    if (!view || !t.defined()) return t;
+    auto keep = self; // the deleter owns a reference: the slot lives while the tensor does
+    return at::from_blob(
+        t.data_ptr(), t.sizes(), t.strides(), [keep](void*) {}, t.options());
+  }
+};
+using ReplyPtr = std::shared_ptr<PyReply>;
+
+pyb::dict outputDict(const ReplyPtr& r) {
+  TeacherOutput o = r->reply.output();
+  pyb::dict d;
+  auto put = [&](const char* k, const at::Tensor& t) {
+    if (t.defined()) d[k] = r->hold(r, t);
+  };
+  put("logits", o.logits);
+  put("topk_values", o.topkValues);
+  put("topk_indices", o.topkIndices);
+  put("logsumexp", o.logsumexp);
+  put("log_tail", o.logTail);
+  return d;
+}
+
+TeacherOutput teacherOutputOf(const pyb::object& teacher) {
+  pyb::dict d = pyb::isinstance<PyReply>(teacher) ? outputDict(teacher.cast<ReplyPtr>()) : teacher.cast<pyb::dict>();
+  TeacherOutput o;
+  auto get = [&](const char* k) { return d.contains(k) ? d[k].cast<at::Tensor>() : at::Tensor(); };
+  o.logits = get("logits");
+  o.topkValues = get("topk_values");
+  o.topkIndices = get("topk_indices");
+  o.logsumexp = get("logsumexp");
+  o.logTail = get("log_tail");
+  return o;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> inputsOf(const PySession& s, const pyb::object& inputs) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  if (pyb::isinstance<pyb::dict>(inputs)) {
+    for (auto item : inputs.cast<pyb::dict>())
+      out.emplace_back(item.first.cast<std::string>(), item.second.cast<at::Tensor>());
+    return out;
+  }
+  const auto& names = s.session.config.teacher.inputs;
+  DISTILL_CHECK_T(ConfigError, !names.empty(), "teacher.inputs is empty");
+  out.emplace_back(names.front(), inputs.cast<at::Tensor>());
+  return out;
+}
+
+// The loss options of the session's config with `overrides` ({"temperature": 2.0}, loss.* keys).
+LossOptions lossOptions(const PySession& s, const pyb::dict& overrides) {
+  if (overrides.empty()) return s.session.config.loss;
+  std::vector<std::string> sets;
+  for (auto item : overrides) {
+    const std::string key = item.first.cast<std::string>();
+    sets.push_back((key.rfind("loss.", 0) == 0 ? key : "loss." + key) + "=" +
+                   pyb::str(item.second).cast<std::string>());
+  }
+  return parseConfig(dumpConfig(s.session.config), sets).loss;
+}
+
+pyb::tuple loss(const at::Tensor& logits, const at::Tensor& labels, const pyb::object& teacher, double normalizer,
+                const SessionPtr& s, const pyb::dict& overrides) {
+  TeacherOutput t = teacherOutputOf(teacher);
+  LossOptions o = lossOptions(*s, overrides);
+  LossResult r;
+  {
+    pyb::gil_scoped_release nogil;
+    r = distillLoss(logits, labels, t, o, normalizer);
+  }
+  return pyb::make_tuple(r.loss, r.kd, r.ce, r.tokens);
+}
+
+} // namespace
+
+void bindClient(pyb::module_& m) {
+  pyb::class_<Handle>(m, "Handle")
+      .def_readonly("seq", &Handle::seq)
+      .def_readonly("step", &Handle::step)
+      .def_readonly("acc_step", &Handle::accStep)
+      .def("__repr__", [](const Handle& h) {
+        return "Handle(seq=" + std::to_string(h.seq) + ", step=" + std::to_string(h.step) +
+            ", acc_step=" + std::to_string(h.accStep) + ")";
+      });
+  pyb::class_<PyReply, ReplyPtr>(m, "Reply")
+      .def_property_readonly("handle", [](const PyReply& r) { return r.reply.handle(); })
+      .def_property_readonly("output", &outputDict)
+      .def("tensor", [](const ReplyPtr& r, const std::string& name) { return r->hold(r, r->reply.tensor(name)); })
+      .def("has", [](const PyReply& r, const std::string& name) { return r.reply.has(name); })
+      .def("release", [](PyReply& r) { r.reply.release(); });
+  m.def(
+      "_submit",
+      [](const SessionPtr& s, const pyb::object& inputs, int64_t step, int64_t accStep) {
+        auto named = inputsOf(*s, inputs);
+        pyb::gil_scoped_release nogil;
+        return s->client().submit(named, step, accStep);
+      },
+      pyb::arg("session"), pyb::arg("inputs"), pyb::arg("step"), pyb::arg("acc_step"));
+  m.def(
+      "_get",
+      [](const SessionPtr& s, const Handle& h, bool view) {
+        auto r = std::make_shared<PyReply>();
+        r->session = s;
+        r->view = view;
+        pyb::gil_scoped_release nogil;
+        r->reply = s->client().get(h, view ? ReplyMode::kView : ReplyMode::kCopy);
+        return r;
+      },
+      pyb::arg("session"), pyb::arg("handle"), pyb::arg("view") = false);
+  m.def(
+      "_finish", [](const SessionPtr& s) { s->client().finish(); }, pyb::call_guard<pyb::gil_scoped_release>());
+  m.def("_stop_requested", [](const SessionPtr& s) { return s->client().stopRequested(); });
+  m.def("_request_stop", [](const SessionPtr& s) { s->client().requestStop(); });
+  m.def("_outstanding", [](const SessionPtr& s) { return s->client().outstanding(); });
+  m.def("_teacher_wait_seconds", [](const SessionPtr& s) { return s->client().teacherWaitSeconds(); });
+  m.def("_teacher_cache_hit_share", [](const SessionPtr& s) { return s->client().teacherCacheHitShare(); });
+  m.def(
+      "_publish_status",
+      [](const SessionPtr& s, int64_t step, double loss, double kd, double ce, double tokensPerS, double wait) {
+        StudentStatus st;
+        st.step = step, st.loss = loss, st.kd = kd, st.ce = ce, st.tokens_per_s = tokensPerS;
+        st.teacher_wait_share = wait;
+        s->client().publishStatus(st);
+      },
+      pyb::arg("session"), pyb::arg("step"), pyb::arg("loss") = StudentStatus::kUnset,
+      pyb::arg("kd") = StudentStatus::kUnset, pyb::arg("ce") = StudentStatus::kUnset,
+      pyb::arg("tokens_per_s") = StudentStatus::kUnset, pyb::arg("teacher_wait_share") = StudentStatus::kUnset);
+  m.def("_loss", &loss, pyb::arg("logits"), pyb::arg("labels"), pyb::arg("teacher"), pyb::arg("normalizer"),
+        pyb::arg("session"), pyb::arg("overrides") = pyb::dict());
+  m.def("count_tokens", &countTokens, pyb::arg("labels"), pyb::arg("ignore_index") = -100);
+}
+
+} // namespace distill::py

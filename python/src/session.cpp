@@ -1,0 +1,89 @@
+// distill.init() and the session: who this process is and the job's config.
+#include "session.h"
+
+#include "distill/core/config.h"
+#include "distill/core/errors.h"
+#include "distill/core/student_group.h"
+
+namespace distill::py {
+
+Client& PySession::client() const {
+  DISTILL_CHECK_T(ConfigError, session.client, "this process is the teacher: it has no client (session.is_teacher)");
+  return *session.client;
+}
+
+StudentContext& PySession::student() const {
+  DISTILL_CHECK_T(ConfigError, session.student, "this process is the teacher: it is in no student group");
+  return *session.student;
+}
+
+namespace {
+
+SessionPtr initSession(const std::vector<std::string>& args, std::optional<std::vector<std::string>> trainerKeys) {
+  std::vector<std::string> owned = args; // init() rearranges argv: keep the strings alive here
+  std::vector<char*> argv;
+  for (auto& a : owned) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  int argc = static_cast<int>(owned.size());
+  InitOptions options;
+  options.trainerKeys = std::move(trainerKeys);
+  auto s = std::make_shared<PySession>();
+  s->session = init(argc, argv.data(), options);
+  for (int i = 0; i < argc; ++i) s->argv.emplace_back(argv[static_cast<size_t>(i)]);
+  return s;
+}
+
+pyb::dict configDict(const Config& c) {
+  pyb::dict d;
+  for (const auto& e : configEntries(c)) d[pyb::str(e.key)] = e.value;
+  return d;
+}
+
+pyb::dict trainerDict(const Config& c) {
+  pyb::dict d;
+  for (const auto& [k, v] : c.trainer.values) d[pyb::str(k)] = v;
+  return d;
+}
+
+// Student rank 0's integer to every student (the torch.distributed port).
+int64_t broadcastInt(PySession& s, int64_t value) {
+  at::Tensor t = at::tensor({value}, at::kLong);
+  s.student().group().broadcast(t, 0, "python: torch.distributed's store port");
+  return t.item<int64_t>();
+}
+
+} // namespace
+
+void bindSession(pyb::module_& m) {
+  pyb::class_<PySession, SessionPtr>(m, "Session")
+      .def_property_readonly("is_teacher", [](const PySession& s) { return s.session.isTeacher(); })
+      .def_property_readonly("role", [](const PySession& s) { return std::string(roleName(s.session.topology.role)); })
+      .def_property_readonly("rank", [](const PySession& s) { return s.session.topology.studentRank; })
+      .def_property_readonly("world_size", [](const PySession& s) { return s.session.topology.studentWorldSize; })
+      .def_property_readonly("local_rank", [](const PySession& s) { return s.session.topology.studentLocalRank; })
+      .def_property_readonly("local_world_size",
+                             [](const PySession& s) { return s.session.topology.studentsPerNode(); })
+      .def_property_readonly("node_rank", [](const PySession& s) { return s.session.topology.nodeRank; })
+      .def_property_readonly("nnodes", [](const PySession& s) { return s.session.topology.nnodes; })
+      .def_property_readonly("teacher_index", [](const PySession& s) { return s.session.topology.teacherIndex; })
+      .def_property_readonly("torchrun", [](const PySession& s) { return s.session.topology.torchrun; })
+      .def_property_readonly("master_addr", [](const PySession& s) { return s.session.topology.masterAddr; })
+      .def_property_readonly("describe", [](const PySession& s) { return s.session.topology.describe(); })
+      .def_property_readonly("argv", [](const PySession& s) { return s.argv; })
+      .def_property_readonly("config", [](const PySession& s) { return configDict(s.session.config); })
+      .def_property_readonly("config_yaml", [](const PySession& s) { return dumpConfig(s.session.config); })
+      .def_property_readonly("trainer", [](const PySession& s) { return trainerDict(s.session.config); })
+      .def_property_readonly("teacher_device",
+                             [](const PySession& s) {
+                               DISTILL_CHECK_T(ConfigError, s.session.teacher, "teacher_device: not the teacher");
+                               return s.session.teacher->device();
+                             })
+      .def("_broadcast_int", &broadcastInt, pyb::call_guard<pyb::gil_scoped_release>())
+      .def(
+          "barrier", [](PySession& s) { s.student().group().barrier("python barrier"); },
+          pyb::call_guard<pyb::gil_scoped_release>());
+  m.def("_init", &initSession, pyb::arg("argv"), pyb::arg("trainer_keys") = std::nullopt,
+        pyb::call_guard<pyb::gil_scoped_release>());
+}
+
+} // namespace distill::py

@@ -1,0 +1,108 @@
+// distill::Steps for a Python trainer: the same object, its model reached
+// through Python callables (ExternalModel).
+#include <pybind11/functional.h>
+
+#include <optional>
+
+#include "distill/core/errors.h"
+#include "distill/train/steps.h"
+#include "session.h"
+
+namespace distill::py {
+
+namespace {
+
+struct PySteps {
+  SessionPtr session;
+  std::unique_ptr<Steps> steps;
+};
+using StepsPtr = std::shared_ptr<PySteps>;
+
+// The trainer's pieces, as distill.Steps (python/distill/steps.py) hands them.
+StepsPtr makeSteps(const SessionPtr& s, std::vector<at::Tensor> params, std::vector<at::Tensor> buffers,
+                   bool trainerAverages, bool cuda, std::function<pyb::tuple()> saveState,
+                   std::function<void(pyb::bytes, pyb::bytes)> loadState, std::function<void(pyb::dict)> onStep,
+                   std::string fingerprint) {
+  ExternalModel model;
+  model.parameters = std::move(params);
+  model.buffers = std::move(buffers);
+  model.trainerAverages = trainerAverages;
+  model.cuda = cuda;
+  model.saveState = [saveState]() {
+    pyb::gil_scoped_acquire gil;
+    pyb::tuple t = saveState();
+    return std::make_pair(t[0].cast<std::string>(), t[1].cast<std::string>());
+  };
+  model.loadState = [loadState](const std::string& m, const std::string& o) {
+    pyb::gil_scoped_acquire gil;
+    loadState(pyb::bytes(m), pyb::bytes(o));
+  };
+  StepsOptions options;
+  options.teacherFingerprint = std::move(fingerprint);
+  if (onStep) {
+    options.onStep = [onStep](const StepReport& r) {
+      pyb::gil_scoped_acquire gil;
+      pyb::dict d;
+      d["step"] = r.step, d["loss"] = r.loss, d["kd"] = r.kd, d["ce"] = r.ce, d["tokens"] = r.tokens;
+      d["seconds"] = r.seconds, d["tokens_per_s"] = r.tokensPerS, d["teacher_wait_share"] = r.teacherWaitShare;
+      d["stop"] = r.stop;
+      onStep(d);
+    };
+  }
+  auto p = std::make_shared<PySteps>();
+  p->session = s;
+  pyb::gil_scoped_release nogil;
+  p->steps = std::make_unique<Steps>(s->session, std::move(model), std::move(options));
+  return p;
+}
+
+// The loader: a Python callable returning (inputs, labels) or None.
+std::optional<MicroBatch> loadOne(const pyb::function& loader) {
+  pyb::gil_scoped_acquire gil;
+  pyb::object item = loader();
+  if (item.is_none()) return std::nullopt;
+  auto pair = item.cast<pyb::tuple>();
+  DISTILL_CHECK_T(ConfigError, pair.size() == 2, "distill.Steps: the loader must yield (inputs, labels), got ",
+                  pair.size(), " items");
+  return MicroBatch{pair[0].cast<at::Tensor>(), pair[1].cast<at::Tensor>()};
+}
+
+pyb::object next(PySteps& p, const pyb::function& loader) {
+  std::optional<StepItem> item;
+  {
+    pyb::gil_scoped_release nogil;
+    item = p.steps->next([&loader]() { return loadOne(loader); });
+  }
+  if (!item) return pyb::none();
+  return pyb::make_tuple(item->inputs, item->labels, item->step, item->accStep);
+}
+
+pyb::tuple backward(PySteps& p, const at::Tensor& logits) {
+  LossResult r;
+  {
+    pyb::gil_scoped_release nogil;
+    r = p.steps->backward(logits);
+  }
+  return pyb::make_tuple(r.loss.detach(), r.kd, r.ce, r.tokens);
+}
+
+} // namespace
+
+void bindSteps(pyb::module_& m) {
+  pyb::class_<PySteps, StepsPtr>(m, "Steps")
+      .def("next", &next)
+      .def("backward", &backward)
+      .def("step_ends", [](const PySteps& p) { return p.steps->stepEnds(); })
+      .def_property_readonly("step", [](const PySteps& p) { return p.steps->step(); })
+      .def_property_readonly("step_tokens", [](const PySteps& p) { return p.steps->stepTokens(); })
+      .def_property_readonly("resumed_step", [](const PySteps& p) { return p.steps->resumedStep(); })
+      .def_property_readonly("stopped", [](const PySteps& p) { return p.steps->stopped(); })
+      .def_property_readonly("saved", [](const PySteps& p) { return p.steps->saved(); })
+      .def(
+          "close", [](PySteps& p) { p.steps.reset(); }, pyb::call_guard<pyb::gil_scoped_release>());
+  m.def("_steps", &makeSteps, pyb::arg("session"), pyb::arg("parameters"), pyb::arg("buffers"),
+        pyb::arg("trainer_averages"), pyb::arg("cuda"), pyb::arg("save_state"), pyb::arg("load_state"),
+        pyb::arg("on_step"), pyb::arg("fingerprint") = "");
+}
+
+} // namespace distill::py

@@ -1,0 +1,90 @@
+// distill.serve(model): the teacher's serving loop in C++, the forward in Python.
+#include "distill/core/errors.h"
+#include "distill/teacher/model.h"
+#include "distill/teacher/server.h"
+#include "session.h"
+
+namespace distill::py {
+
+namespace {
+
+// A torch.nn.Module (any callable) as a TeacherModel. forward() is called by
+// the server's thread with the GIL released; it takes the GIL for the call.
+class PyTeacher : public TeacherModel {
+ public:
+  PyTeacher(pyb::object module, std::string output, std::string fingerprint)
+      : module_(std::move(module)), output_(std::move(output)), fingerprint_(std::move(fingerprint)) {
+    // The cache keys on the weights: read their names once, here, with the GIL.
+    if (pyb::hasattr(module_, "named_parameters")) {
+      for (auto item : module_.attr("named_parameters")()) {
+        auto pair = item.cast<pyb::tuple>();
+        state_.emplace_back("parameter " + pair[0].cast<std::string>(), pair[1].cast<at::Tensor>());
+      }
+      for (auto item : module_.attr("named_buffers")()) {
+        auto pair = item.cast<pyb::tuple>();
+        state_.emplace_back("buffer " + pair[0].cast<std::string>(), pair[1].cast<at::Tensor>());
+      }
+    }
+  }
+  ~PyTeacher() override {
+    pyb::gil_scoped_acquire gil;
+    module_ = pyb::object();
+  }
+
+  std::map<std::string, at::Tensor> forward(const std::vector<at::Tensor>& inputs) override {
+    pyb::gil_scoped_acquire gil;
+    try {
+      pyb::tuple args(inputs.size());
+      for (size_t i = 0; i < inputs.size(); ++i) args[i] = pyb::cast(inputs[i]);
+      pyb::object out = module_(*args);
+      std::map<std::string, at::Tensor> named;
+      if (pyb::isinstance<pyb::dict>(out)) {
+        for (auto item : out.cast<pyb::dict>()) named[item.first.cast<std::string>()] = item.second.cast<at::Tensor>();
+      } else if (pyb::isinstance<pyb::tuple>(out)) {
+        named[output_] = out.cast<pyb::tuple>()[0].cast<at::Tensor>(); // first element, as teacher.output says
+      } else {
+        named[output_] = out.cast<at::Tensor>();
+      }
+      return named;
+    } catch (pyb::error_already_set& e) {
+      DISTILL_THROW(Error, "the Python teacher's forward raised ", e.what());
+    } catch (const pyb::cast_error& e) {
+      DISTILL_THROW(ProtocolError,
+                    "the Python teacher's forward must return a tensor, a tuple whose first element "
+                    "is one, or a dict of tensors: ",
+                    e.what());
+    }
+  }
+  std::string fingerprint() const override { return fingerprint_; }
+  std::vector<std::pair<std::string, at::Tensor>> state() const override { return state_; }
+
+ private:
+  pyb::object module_;
+  std::string output_, fingerprint_;
+  std::vector<std::pair<std::string, at::Tensor>> state_;
+};
+
+pyb::dict serveModule(const SessionPtr& s, pyb::object module, std::string fingerprint) {
+  DISTILL_CHECK_T(ConfigError, s->session.teacher,
+                  "distill.serve: this process is a student (serve the teacher on the teacher's rank: "
+                  "`if session.is_teacher: distill.serve(session, model)`)");
+  auto model = std::make_shared<PyTeacher>(std::move(module), s->session.config.teacher.output, std::move(fingerprint));
+  ServeStats st;
+  {
+    pyb::gil_scoped_release nogil;
+    st = serve(*s->session.teacher, model);
+    model.reset(); // takes the GIL itself
+  }
+  pyb::dict d;
+  d["requests"] = st.requests, d["errors"] = st.errors, d["batches"] = st.batches;
+  d["forward_seconds"] = st.forwardSeconds, d["wall_seconds"] = st.wallSeconds, d["per_student"] = st.perStudent;
+  return d;
+}
+
+} // namespace
+
+void bindTeacher(pyb::module_& m) {
+  m.def("_serve", &serveModule, pyb::arg("session"), pyb::arg("model"), pyb::arg("fingerprint") = "");
+}
+
+} // namespace distill::py

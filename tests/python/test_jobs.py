@@ -1,0 +1,170 @@
+"""Python students and teachers in real distill-run jobs (real processes, rings, c10d groups)."""
+
+import torch
+
+import distill
+from trainer import BATCH, SEQ, VOCAB, TinyLM, micro_batches
+
+BASE = """
+run: {{name: py, steps: {steps}, log_dir: logs, startup_timeout_s: 60, collective_timeout_s: 60,
+      hang_timeout_s: 60}}
+teacher: {teacher}
+student: {{grad_acc_steps: 2, in_flight: 2}}
+loss: {{alpha: 0.5, temperature: 2.0}}
+{extra}
+"""
+
+
+def config(job, teacher="torchscript", steps=3, extra=""):
+    t = f"{{kind: torchscript, path: {job.tiny_lm}}}" if teacher == "torchscript" else "{kind: self, max_restarts: 0}"
+    return BASE.format(teacher=t, steps=steps, extra=extra)
+
+
+def check_lowlevel(job):
+    for rank in (0, 1):
+        r = job.report(rank)
+        assert len(r["tags"]) == 6
+        for seq, step, acc, want_step, want_acc in r["tags"]:
+            assert (step, acc) == (want_step, want_acc)
+        assert [t[0] for t in r["tags"]] == sorted(t[0] for t in r["tags"])  # answers in request order
+        assert r["max_logit_diff"] < 1e-4, r["max_logit_diff"]
+        assert r["max_loss_diff"] < 1e-5, r["max_loss_diff"]
+
+
+def test_two_students_torchscript_teacher(job):
+    rc = job.run("lowlevel", config(job))
+    assert rc == 0, job.output
+    check_lowlevel(job)
+
+
+def test_two_students_python_self_teacher(job):
+    rc = job.run("lowlevel", config(job, teacher="self"))
+    assert rc == 0, job.output
+    check_lowlevel(job)
+    assert "teacher served 12 requests" in job.output
+
+
+def reference_grads(initial, batches, normalizer, alpha=0.5, T=2.0):
+    """One process, the concatenated batch, the loss written out: alpha T^2 KL(teacher_T || student_T)
+    + (1 - alpha) CE, both summed over tokens and divided by the step's token count."""
+    model = TinyLM()
+    model.load_state_dict({k: torch.tensor(v) for k, v in initial.items()})
+    teacher = torch.jit.load(job_tiny_lm[0])
+    x = torch.cat([b[0] for b in batches])
+    labels = torch.cat([b[1] for b in batches])
+    logits = model(x)
+    with torch.no_grad():
+        t = teacher(x)
+    mask = labels != -100
+    log_s = torch.log_softmax(logits / T, -1)
+    log_t = torch.log_softmax(t / T, -1)
+    kl = (log_t.exp() * (log_t - log_s)).sum(-1)[mask].sum()
+    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1), reduction="sum")
+    loss = (alpha * T * T * kl + (1 - alpha) * ce) / normalizer
+    loss.backward()
+    return {n: p.grad for n, p in model.named_parameters()}
+
+
+job_tiny_lm = [None]
+
+
+def test_steps_ddp_gradients_equal_one_process(job):
+    rc = job.run("steps", config(job))
+    assert rc == 0, job.output
+    r0, r1 = job.report(0), job.report(1)
+    assert (r0["dist_rank"], r0["dist_world"], r1["dist_rank"], r1["dist_world"]) == (0, 2, 1, 2)
+    assert r0["steps"] == r1["steps"] == 3
+    assert abs(r0["weights_after"] - r1["weights_after"]) < 1e-6  # the same model on both
+    batches = micro_batches(0, 2) + micro_batches(1, 2)
+    for rank, r in ((0, r0), (1, r1)):
+        mine = micro_batches(rank, 2)
+        assert r["seen"] == [b[0].tolist() for b in mine]
+    tokens = sum(int((b[1] != -100).sum()) for b in batches)
+    assert r0["step_tokens"] == tokens
+    job_tiny_lm[0] = job.tiny_lm
+    ref = reference_grads(r0["initial"], batches, tokens)
+    for name, g in ref.items():
+        for r in (r0, r1):
+            got = torch.tensor(r["grads"][name])
+            assert torch.allclose(got, g, atol=1e-6, rtol=1e-4), (name, (got - g).abs().max().item())
+
+
+def test_checkpoint_resume(job):
+    extra = "checkpoint: {dir: ckpt, every_steps: 2}"
+    assert job.run("steps", config(job, steps=3, extra=extra)) == 0, job.output
+    first = job.report(0)
+    assert first["resumed"] == 0 and first["saved"]
+    assert (job.dir / "ckpt" / "latest").read_text().strip() == "step_3"
+    assert job.run("steps", config(job, steps=5, extra=extra)) == 0, job.output
+    r0, r1 = job.report(0), job.report(1)
+    assert r0["resumed"] == r1["resumed"] == 3
+    assert r0["steps"] == 5
+    assert (job.dir / "ckpt" / "latest").read_text().strip() == "step_5"
+
+
+def test_ctrl_c_in_one_student_stops_all_after_the_step(job):
+    extra = "checkpoint: {dir: ckpt}"
+    assert job.run("sigint", config(job, steps=50, extra=extra)) == 0, job.output
+    r0, r1 = job.report(0), job.report(1)
+    assert r0["steps"] == r1["steps"] == 2
+    assert r0["stopped"] and r1["stopped"]
+    assert "Ctrl-C: stopping after this step" in job.output
+    assert (job.dir / "ckpt" / "latest").read_text().strip() == "step_2"
+
+
+def test_killed_teacher_is_reported(job):
+    rc = job.run("lowlevel", config(job, teacher="self", extra="trainer: {kill_teacher_after: 3}"))
+    assert rc != 0
+    # As for a C++ student: distill-run tears the job down and names the teacher first
+    # (a student that saw it first says PeerLostError, raised as distill.PeerLostError).
+    assert "job failed: [r2 teacher] signal SIGKILL" in job.output, job.output
+
+
+def test_killed_student_is_reported(job):
+    rc = job.run("kill_student", config(job, steps=5))
+    assert rc != 0
+    assert "job failed: [r1 student] signal SIGKILL" in job.output, job.output
+
+
+def test_errors_are_python_classes_with_the_messages(tmp_path, monkeypatch):
+    for name in ("ConfigError", "IpcError", "TimeoutError", "PeerLostError", "ProtocolError", "CheckpointError"):
+        cls = getattr(distill, name)
+        assert issubclass(cls, distill.Error) and issubclass(cls, RuntimeError)
+    # The C++ ConfigError of a process started without a launcher, word for word.
+    for k in ("DISTILL_ROLE", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("DISTILL_ROLE", "student")
+    try:
+        distill.init(["trainer.py", "--config", str(tmp_path / "none.yaml")])
+    except distill.ConfigError as e:
+        assert "bad distill environment" in str(e) and "DISTILL_LOCAL_RANK is not set" in str(e), str(e)
+    else:
+        raise AssertionError("no ConfigError")
+
+
+def test_bad_config_key_fails_the_job_with_its_name(job):
+    rc = job.run("lowlevel", config(job, extra="student: {grad_acc_stpes: 2}").replace(
+        "student: {grad_acc_steps: 2, in_flight: 2}\n", ""))
+    assert rc != 0
+    assert "grad_acc_stpes" in job.output, job.output
+
+
+def test_torchrun_python_students_and_a_torchscript_teacher(job, bin_dir):
+    import os
+    import subprocess
+    import sys
+
+    from conftest import TRAINER
+
+    cfg = job.dir / "job.yaml"
+    cfg.write_text(config(job))
+    (job.dir / "out").mkdir()
+    env = dict(os.environ, OMP_NUM_THREADS="1", DISTILL_TEACHER_BIN=os.path.join(bin_dir, "distill-teacher"))
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
+                        TRAINER, "--config", str(cfg), "--mode", "steps", "--out", str(job.dir / "out"),
+                        "--teacher", job.tiny_lm], cwd=job.dir, env=env, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    r0, r1 = job.report(0), job.report(1)
+    assert (r0["dist_world"], r1["dist_rank"]) == (2, 1)  # torch.distributed: the students only
+    assert r0["steps"] == r1["steps"] == 3
+    assert abs(r0["weights_after"] - r1["weights_after"]) < 1e-6

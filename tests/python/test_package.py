@@ -1,0 +1,45 @@
+"""`pip install .` of a fresh clone, in a fresh virtual environment: the package imports, its
+programs are on PATH, and a job runs from the installed package alone (no build tree)."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, TRAINER
+
+
+def test_pip_install_of_a_fresh_clone(tmp_path, tiny_lm):
+    if not os.path.isdir(os.path.join(ROOT, ".git")) or shutil.which("git") is None:
+        pytest.skip(f"{ROOT} is not a git checkout: nothing to clone")
+    clone, venv = tmp_path / "clone", tmp_path / "venv"
+    subprocess.run(["git", "clone", "-q", ROOT, str(clone)], check=True)
+    # The venv sees the installed torch==2.11.0 (a 2.5 GB wheel is not fetched again).
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    py, bindir = str(venv / "bin" / "python"), venv / "bin"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DISTILL_BIN_DIR")}
+    env["PATH"] = f"{bindir}:{env['PATH']}"
+    jobs = os.environ.get("DISTILL_JOBS", str(os.cpu_count() or 2))
+    env["CMAKE_BUILD_PARALLEL_LEVEL"] = jobs
+    p = subprocess.run([py, "-m", "pip", "install", "-q", str(clone)], env=env, capture_output=True, text=True,
+                       timeout=1800)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    # Imported from elsewhere: the installed package, not the clone or the build tree.
+    p = subprocess.run([py, "-c", "import distill, os; print(distill.__file__); print(distill._cli.find_program('distill-run'))"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    where, run_bin = p.stdout.split()
+    assert where.startswith(str(venv)), where
+    assert run_bin.startswith(str(venv)), run_bin
+    # distill-run from PATH runs a job of Python students and a TorchScript teacher.
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(f"run: {{name: pip, steps: 2, log_dir: logs}}\nteacher: {{kind: torchscript, path: {tiny_lm}}}\n"
+                   "student: {grad_acc_steps: 2}\n")
+    (tmp_path / "out").mkdir()
+    p = subprocess.run(["distill-run", "--config", str(cfg), "--nproc-per-node", "3", "--", py, TRAINER, "--mode",
+                        "lowlevel", "--out", str(tmp_path / "out"), "--teacher", tiny_lm],
+                       cwd=tmp_path, env=dict(env, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert (tmp_path / "out" / "rank1.json").exists()

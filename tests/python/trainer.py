@@ -1,0 +1,147 @@
+"""A Python trainer for the pytest suite, started by distill-run (one process per rank).
+
+    distill-run --config JOB.yaml -- python3 trainer.py --mode M --out DIR [--teacher PT]
+
+Students write DIR/rank<r>.json with what the tests check; the teacher (teacher.kind self)
+serves the TorchScript tiny LM of tests/teacher/make_teacher.py from Python.
+Modes:
+  lowlevel  session.submit/get with student.in_flight requests ahead: every answer's tag and
+            tensor against the request and an in-process forward of the same teacher; the
+            loss against the same loss on the in-process answer.
+  steps     distill.Steps on a DDP-wrapped student: the first step's gradients and the
+            micro-batches seen, for a one-process comparison.
+  kill_student  like steps; student rank 1 SIGKILLs itself at step 2.
+  sigint    like steps; student rank 1 sends itself SIGINT (Ctrl-C) at step 2.
+Options read from the config's trainer section: kill_teacher_after (self teacher: SIGKILL
+itself at that forward call).
+"""
+
+import argparse
+import json
+import os
+import signal
+import sys
+
+import torch
+
+import distill
+
+VOCAB, SEQ, BATCH = 64, 16, 4
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "teacher"))
+from make_teacher import TinyLM  # noqa: E402
+
+
+def micro_batches(rank: int, count: int):
+    """The micro-batches of student `rank` (the tests recompute them)."""
+    g = torch.Generator().manual_seed(1000 + rank)
+    out = []
+    for _ in range(count):
+        x = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g)
+        labels = x[:, 1:].clone()
+        labels[0, :3] = -100  # some ignored tokens
+        out.append((x[:, :-1].contiguous(), labels))
+    return out
+
+
+def serve(session, args):
+    teacher = torch.jit.load(args.teacher)
+    kill_after = int(session.trainer.get("kill_teacher_after", "0"))
+    calls = [0]
+
+    def forward(ids):
+        calls[0] += 1
+        if kill_after and calls[0] >= kill_after:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return teacher(ids)
+
+    stats = distill.serve(session, forward if kill_after else teacher)
+    print(f"teacher served {stats['requests']} requests in {stats['batches']} batches", flush=True)
+
+
+def lowlevel(session, args):
+    teacher = torch.jit.load(args.teacher)
+    acc = session.grad_acc_steps
+    mbs = micro_batches(session.rank, 3 * acc)
+    tags = [(1 + i // acc, i % acc) for i in range(len(mbs))]
+    handles, report = [], {"tags": [], "max_logit_diff": 0.0, "max_loss_diff": 0.0, "losses": []}
+    ahead = session.in_flight
+    for i in range(min(ahead, len(mbs))):
+        handles.append(session.submit(mbs[i][0], *tags[i]))
+    for i, (x, labels) in enumerate(mbs):
+        reply = session.get(handles[i], view=(i % 2 == 0))  # both modes
+        if i + ahead < len(mbs):
+            handles.append(session.submit(mbs[i + ahead][0], *tags[i + ahead]))
+        h = reply.handle
+        report["tags"].append([h.seq, h.step, h.acc_step, *tags[i]])
+        with torch.no_grad():
+            expect = teacher(x)
+        got = reply.output["logits"]
+        report["max_logit_diff"] = max(report["max_logit_diff"], (got - expect).abs().max().item())
+        student_logits = torch.randn(BATCH, SEQ, VOCAB, generator=torch.Generator().manual_seed(i))
+        n = distill.count_tokens(labels, session.ignore_index)
+        a = distill.loss(student_logits, labels, reply, n, session)
+        b = distill.loss(student_logits, labels, {"logits": expect}, n, session)
+        report["losses"].append([a.loss.item(), a.kd.item(), a.ce.item()])
+        report["max_loss_diff"] = max(report["max_loss_diff"], abs(a.loss.item() - b.loss.item()))
+        reply.release()
+    session.finish()
+    return report
+
+
+def steps(session, args):
+    torch.distributed.init_process_group("gloo")
+    report = {"dist_rank": torch.distributed.get_rank(), "dist_world": torch.distributed.get_world_size()}
+    torch.manual_seed(session.rank)  # different on purpose: Steps broadcasts student rank 0's
+    model = TinyLM()
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    s = distill.Steps(session, ddp, opt)
+    if session.rank == 0:
+        initial = {k: v.clone() for k, v in model.state_dict().items()}
+    seen, losses = [], []
+    for mb in s.run(micro_batches(session.rank, 100)):
+        if args.mode == "kill_student" and session.rank == 1 and mb.step == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if args.mode == "sigint" and session.rank == 1 and (mb.step, mb.acc_step) == (2, 0):
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C in one student: all stop after step 2
+        if mb.step == 1:
+            seen.append(mb.inputs.tolist())
+        r = s.backward(ddp(mb.inputs))
+        if s.step_ends():
+            if s.step == 1:
+                report["grads"] = {n: p.grad.tolist() for n, p in model.named_parameters()}
+                report["step_tokens"] = s.step_tokens
+            losses.append(r.loss.item())
+            opt.step()
+            opt.zero_grad()
+    report["seen"] = seen
+    report["steps"] = s.step
+    report["resumed"] = s.resumed_step
+    report["stopped"] = s.stopped
+    report["saved"] = s.saved
+    report["weights_after"] = float(sum(p.detach().double().sum() for p in model.parameters()))
+    if session.rank == 0:
+        report["initial"] = {k: v.tolist() for k, v in initial.items()}
+    torch.distributed.destroy_process_group()
+    return report
+
+
+def main():
+    session = distill.init()
+    p = argparse.ArgumentParser()
+    p.add_argument("--mode", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--teacher", required=True)
+    args = p.parse_args()
+    if session.is_teacher:
+        return serve(session, args)
+    report = lowlevel(session, args) if args.mode == "lowlevel" else steps(session, args)
+    report["rank"] = session.rank
+    with open(os.path.join(args.out, f"rank{session.rank}.json"), "w") as f:
+        json.dump(report, f)
+
+
+if __name__ == "__main__":
+    main()
