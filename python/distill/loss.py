@@ -14,12 +14,14 @@ class LossResult(NamedTuple):
     tokens: int  # non-ignored labels of this call
 
 
-def loss(logits, labels, teacher, normalizer: float, session, **overrides) -> LossResult:
+def loss(logits, labels, teacher, normalizer: float, session=None, **overrides) -> LossResult:
     """The loss of one micro-batch, as distill::distillLoss computes it (the same kernels).
 
     teacher: a Reply (session.get) or a dict with "logits", or "topk_values"/"topk_indices"
     (+ "logsumexp"/"log_tail"). normalizer: the step's global non-ignored token count (the sum
     of count_tokens over every micro-batch of the step on every student), so that summed
-    gradients are the mean over the step's tokens. The options are the session's loss section;
-    keyword arguments override them (temperature=2.0, alpha=0.5, kind="jsd", ...)."""
-    return LossResult(*_C._loss(logits, labels, teacher, float(normalizer), session._c, overrides))
+    gradients are the mean over the step's tokens. The options are the session's loss section
+    (no session: the config's defaults); keyword arguments override them (temperature=2.0,
+    alpha=0.5, kind="jsd", ignore_index=-1, ...), checked as the config's keys are."""
+    c = session._c if session is not None else None
+    return LossResult(*_C._loss(logits, labels, teacher, float(normalizer), c, overrides))

@@ -67,22 +67,23 @@ std::vector<std::pair<std::string, at::Tensor>> inputsOf(const PySession& s, con
   return out;
 }
 
-// The loss options of the session's config with `overrides` ({"temperature": 2.0}, loss.* keys).
-LossOptions lossOptions(const PySession& s, const pyb::dict& overrides) {
-  if (overrides.empty()) return s.session.config.loss;
+// The loss options of the session's config (none: the defaults) with
+// `overrides` ({"temperature": 2.0}: loss.* keys), checked as the config is.
+LossOptions lossOptions(const PySession* s, const pyb::dict& overrides) {
+  if (s && overrides.empty()) return s->session.config.loss;
   std::vector<std::string> sets;
   for (auto item : overrides) {
     const std::string key = item.first.cast<std::string>();
     sets.push_back((key.rfind("loss.", 0) == 0 ? key : "loss." + key) + "=" +
                    pyb::str(item.second).cast<std::string>());
   }
-  return parseConfig(dumpConfig(s.session.config), sets).loss;
+  return parseConfig(s ? dumpConfig(s->session.config) : "teacher: {kind: self}\n", sets).loss;
 }
 
 pyb::tuple loss(const at::Tensor& logits, const at::Tensor& labels, const pyb::object& teacher, double normalizer,
-                const SessionPtr& s, const pyb::dict& overrides) {
+                const pyb::object& session, const pyb::dict& overrides) {
   TeacherOutput t = teacherOutputOf(teacher);
-  LossOptions o = lossOptions(*s, overrides);
+  LossOptions o = lossOptions(session.is_none() ? nullptr : session.cast<SessionPtr>().get(), overrides);
   LossResult r;
   {
     pyb::gil_scoped_release nogil;
@@ -146,7 +147,7 @@ void bindClient(pyb::module_& m) {
       pyb::arg("kd") = StudentStatus::kUnset, pyb::arg("ce") = StudentStatus::kUnset,
       pyb::arg("tokens_per_s") = StudentStatus::kUnset, pyb::arg("teacher_wait_share") = StudentStatus::kUnset);
   m.def("_loss", &loss, pyb::arg("logits"), pyb::arg("labels"), pyb::arg("teacher"), pyb::arg("normalizer"),
-        pyb::arg("session"), pyb::arg("overrides") = pyb::dict());
+        pyb::arg("session") = pyb::none(), pyb::arg("overrides") = pyb::dict());
   m.def("count_tokens", &countTokens, pyb::arg("labels"), pyb::arg("ignore_index") = -100);
 }
 
