@@ -33,6 +33,7 @@
 #include "distill/ipc/segment.h"
 #include "job_store.h"
 #include "launch.h"
+#include "support/doubler.h"
 #include "support/process.h"
 #include "support/roles.h"
 
@@ -219,16 +220,7 @@ DISTILL_TEST_ROLE(job) {
     constexpr int kSteps = 10, kAcc = 2;
     int answers = 0;
     for (int64_t step = 0; step < kSteps; ++step) {
-      std::vector<std::pair<distill::Handle, at::Tensor>> sent;
-      for (int64_t acc = 0; acc < kAcc; ++acc) {
-        auto x = torch::arange(4, torch::kLong) + 1000 * rank + 10 * step + acc;
-        sent.emplace_back(s.client->submit(x, step, acc), x);
-      }
-      for (auto& [h, x] : sent) {
-        auto y = s.client->get(h).tensor(distill::protocol::kLogits);
-        DISTILL_CHECK(torch::equal(y, x.to(torch::kFloat) * 2), "wrong answer at step ", step);
-        ++answers;
-      }
+      answers += distill::testing::doublerStep(*s.client, rank, step, kAcc);
       group.barrier();
       distill::StudentStatus st;
       st.step = step;

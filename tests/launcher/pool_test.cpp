@@ -16,6 +16,7 @@
 
 #include "distill/distill.h"
 #include "launch.h"
+#include "support/doubler.h"
 #include "support/process.h"
 #include "support/roles.h"
 
@@ -63,16 +64,7 @@ DISTILL_TEST_ROLE(pool) {
   const int rank = s.topology.studentRank;
   int answers = 0;
   for (int64_t step = 0; step < kSteps; ++step) {
-    std::vector<std::pair<distill::Handle, at::Tensor>> sent;
-    for (int64_t acc = 0; acc < kAcc; ++acc) {
-      auto x = torch::arange(4, torch::kLong) + 1000 * rank + 10 * step + acc; // unique per request
-      sent.emplace_back(s.client->submit(x, step, acc), x);
-    }
-    for (auto& [h, x] : sent) {
-      auto y = s.client->get(h).tensor(distill::protocol::kLogits);
-      DISTILL_CHECK(torch::equal(y, x.to(torch::kFloat) * 2), "wrong answer at step ", step);
-      ++answers;
-    }
+    answers += distill::testing::doublerStep(*s.client, rank, step, kAcc);
     s.student->group().barrier("step");
   }
   std::printf("ANSWERS rank=%d n=%d of %d\n", rank, answers, kSteps * kAcc);

@@ -21,6 +21,7 @@
 #include "distill/distill.h"
 #include "distill/ipc/segment.h"
 #include "distill/ipc/torchrun.h"
+#include "support/doubler.h"
 #include "support/process.h"
 #include "support/roles.h"
 
@@ -67,16 +68,7 @@ DISTILL_TEST_ROLE(trun) {
       std::fflush(stdout);
       ::raise(SIGKILL);
     }
-    std::vector<std::pair<distill::Handle, at::Tensor>> sent;
-    for (int64_t acc = 0; acc < kAcc; ++acc) {
-      auto x = torch::arange(4, torch::kLong) + 1000 * rank + 10 * step + acc;
-      sent.emplace_back(s.client->submit(x, step, acc), x);
-    }
-    for (auto& [h, x] : sent) {
-      auto y = s.client->get(h).tensor(distill::protocol::kLogits);
-      DISTILL_CHECK(torch::equal(y, x.to(torch::kFloat) * 2), "wrong answer at step ", step);
-      ++answers;
-    }
+    answers += distill::testing::doublerStep(*s.client, rank, step, kAcc);
     s.student->group().barrier("step");
   }
   std::printf("ANSWERS rank=%d n=%d of %d attempt %d\n", rank, answers, kSteps * kAcc, attempt());
