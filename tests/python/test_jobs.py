@@ -81,6 +81,7 @@ def test_steps_ddp_gradients_equal_one_process(job):
         assert r["seen"] == [b[0].tolist() for b in mine]
     tokens = sum(int((b[1] != -100).sum()) for b in batches)
     assert r0["step_tokens"] == tokens
+    assert r0["dcp"] and r1["dcp"] and (job.dir / "out" / "dcp" / ".metadata").exists()  # DCP on the students' world
     job_tiny_lm[0] = job.tiny_lm
     ref = reference_grads(r0["initial"], batches, tokens)
     for name, g in ref.items():

@@ -124,6 +124,11 @@ def steps(session, args):
     report["weights_after"] = float(sum(p.detach().double().sum() for p in model.parameters()))
     if session.rank == 0:
         report["initial"] = {k: v.tolist() for k, v in initial.items()}
+    # torch.distributed.checkpoint: collective over the students' world only (the teacher is not in it).
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"model": model.state_dict()}, checkpoint_id=os.path.join(args.out, "dcp"))
+    report["dcp"] = True
     torch.distributed.destroy_process_group()
     return report
 
