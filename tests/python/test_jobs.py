@@ -1,5 +1,6 @@
 """Python students and teachers in real distill-run jobs (real processes, rings, c10d groups)."""
 
+import pytest
 import torch
 
 import distill
@@ -68,8 +69,9 @@ def reference_grads(initial, batches, normalizer, alpha=0.5, T=2.0):
 job_tiny_lm = [None]
 
 
-def test_steps_ddp_gradients_equal_one_process(job):
-    rc = job.run("steps", config(job))
+@pytest.mark.parametrize("mode", ["steps", "steps_plain"])
+def test_steps_ddp_gradients_equal_one_process(job, mode):
+    rc = job.run(mode, config(job))
     assert rc == 0, job.output
     r0, r1 = job.report(0), job.report(1)
     assert (r0["dist_rank"], r0["dist_world"], r1["dist_rank"], r1["dist_world"]) == (0, 2, 1, 2)

@@ -12,6 +12,7 @@ Modes:
             micro-batches seen, for a one-process comparison.
   kill_student  like steps; student rank 1 SIGKILLs itself at step 2.
   sigint    like steps; student rank 1 sends itself SIGINT (Ctrl-C) at step 2.
+  steps_plain  like steps without DDP: distill.Steps sums the gradients itself.
 Options read from the config's trainer section: kill_teacher_after (self teacher: SIGKILL
 itself at that forward call).
 """
@@ -94,7 +95,8 @@ def steps(session, args):
     report = {"dist_rank": torch.distributed.get_rank(), "dist_world": torch.distributed.get_world_size()}
     torch.manual_seed(session.rank)  # different on purpose: Steps broadcasts student rank 0's
     model = TinyLM()
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    # steps_plain: no DDP; distill.Steps sums the gradients itself (GradientSync's hooks).
+    ddp = model if args.mode == "steps_plain" else torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     s = distill.Steps(session, ddp, opt)
