@@ -45,11 +45,12 @@ def test_two_students_python_self_teacher(job):
     assert "teacher served 12 requests" in job.output
 
 
-def reference_grads(initial, batches, normalizer, alpha=0.5, T=2.0):
+def reference_grads(initial, batches, normalizer, alpha=0.5, T=2.0, model=None):
     """One process, the concatenated batch, the loss written out: alpha T^2 KL(teacher_T || student_T)
     + (1 - alpha) CE, both summed over tokens and divided by the step's token count."""
-    model = TinyLM()
-    model.load_state_dict({k: torch.tensor(v) for k, v in initial.items()})
+    if model is None:
+        model = TinyLM()
+        model.load_state_dict({k: torch.tensor(v) for k, v in initial.items()})
     teacher = torch.jit.load(job_tiny_lm[0])
     x = torch.cat([b[0] for b in batches])
     labels = torch.cat([b[1] for b in batches])
@@ -171,3 +172,24 @@ def test_torchrun_python_students_and_a_torchscript_teacher(job, bin_dir):
     assert (r0["dist_world"], r1["dist_rank"]) == (2, 1)  # torch.distributed: the students only
     assert r0["steps"] == r1["steps"] == 3
     assert abs(r0["weights_after"] - r1["weights_after"]) < 1e-6
+
+
+def test_fsdp_on_the_students_world_equals_one_process(job):
+    """FSDP2 (fully_shard) over torch.distributed's students-only world, the low-level API, the
+    normaliser for an averaging all-reduce: the parameters after one SGD step equal one process's."""
+    rc = job.run("fsdp", config(job, steps=1))
+    assert rc == 0, job.output
+    r0, r1 = job.report(0), job.report(1)
+    batches = micro_batches(0, 2) + micro_batches(1, 2)
+    tokens = sum(int((b[1] != -100).sum()) for b in batches)
+    assert r0["tokens"] == r1["tokens"] == tokens
+    job_tiny_lm[0] = job.tiny_lm
+    torch.manual_seed(0)
+    model = TinyLM()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    grads = reference_grads(None, batches, tokens, model=model)
+    for name, g in grads.items():
+        want = before[name] - 0.1 * g
+        for r in (r0, r1):
+            got = torch.tensor(r["after"][name])
+            assert torch.allclose(got, want, atol=1e-6, rtol=1e-5), (name, (got - want).abs().max().item())

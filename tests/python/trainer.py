@@ -13,6 +13,9 @@ Modes:
   kill_student  like steps; student rank 1 SIGKILLs itself at step 2.
   sigint    like steps; student rank 1 sends itself SIGINT (Ctrl-C) at step 2.
   steps_plain  like steps without DDP: distill.Steps sums the gradients itself.
+  fsdp      the low-level API under FSDP2 (fully_shard over the students' world): one step
+            of two micro-batches per student, normaliser step tokens / world size (FSDP
+            averages); the full parameters after the SGD step.
 Options read from the config's trainer section: kill_teacher_after (self teacher: SIGKILL
 itself at that forward call).
 """
@@ -135,6 +138,27 @@ def steps(session, args):
     return report
 
 
+def fsdp(session, args):
+    from torch.distributed.fsdp import fully_shard
+
+    torch.distributed.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = TinyLM()
+    fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    mbs = micro_batches(session.rank, 2)
+    tokens = torch.tensor([float(sum(distill.count_tokens(y, -100) for _, y in mbs))])
+    torch.distributed.all_reduce(tokens)  # the step's tokens over the students
+    handles = [session.submit(x, 1, acc) for acc, (x, _) in enumerate(mbs)]
+    for h, (x, y) in zip(handles, mbs):
+        distill.loss(model(x), y, session.get(h), tokens.item() / session.world_size, session).loss.backward()
+    opt.step()
+    session.finish()
+    after = {n: p.full_tensor().tolist() for n, p in model.named_parameters()}
+    torch.distributed.destroy_process_group()
+    return {"after": after, "tokens": tokens.item()}
+
+
 def main():
     session = distill.init()
     p = argparse.ArgumentParser()
@@ -144,7 +168,8 @@ def main():
     args = p.parse_args()
     if session.is_teacher:
         return serve(session, args)
-    report = lowlevel(session, args) if args.mode == "lowlevel" else steps(session, args)
+    modes = {"lowlevel": lowlevel, "fsdp": fsdp}
+    report = modes.get(args.mode, steps)(session, args)
     report["rank"] = session.rank
     with open(os.path.join(args.out, f"rank{session.rank}.json"), "w") as f:
         json.dump(report, f)
