@@ -50,6 +50,11 @@ class Steps:
     ):
         ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
         inner = model.module if ddp else model
+        if any(type(p).__name__ == "DTensor" for p in inner.parameters()):
+            raise _C.ConfigError(
+                "distill.Steps takes a plain module or one wrapped in DistributedDataParallel; this one has "
+                "DTensor parameters (FSDP): use the low-level API (session.submit/get, distill.loss with "
+                "normalizer = step tokens / world size), README \"Python trainers\"")
         self._model, self._inner, self._ddp = model, inner, ddp
         self._optimizer = optimizer
         self._grad_acc = session.grad_acc_steps

@@ -183,6 +183,7 @@ def test_fsdp_on_the_students_world_equals_one_process(job):
     batches = micro_batches(0, 2) + micro_batches(1, 2)
     tokens = sum(int((b[1] != -100).sum()) for b in batches)
     assert r0["tokens"] == r1["tokens"] == tokens
+    assert "DTensor parameters (FSDP): use the low-level API" in r0["steps_refused"]  # Steps says so, at once
     job_tiny_lm[0] = job.tiny_lm
     torch.manual_seed(0)
     model = TinyLM()

@@ -146,6 +146,11 @@ def fsdp(session, args):
     model = TinyLM()
     fully_shard(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    try:
+        distill.Steps(session, model, opt)
+        refused = ""
+    except distill.ConfigError as e:
+        refused = str(e)
     mbs = micro_batches(session.rank, 2)
     tokens = torch.tensor([float(sum(distill.count_tokens(y, -100) for _, y in mbs))])
     torch.distributed.all_reduce(tokens)  # the step's tokens over the students
@@ -156,7 +161,7 @@ def fsdp(session, args):
     session.finish()
     after = {n: p.full_tensor().tolist() for n, p in model.named_parameters()}
     torch.distributed.destroy_process_group()
-    return {"after": after, "tokens": tokens.item()}
+    return {"after": after, "tokens": tokens.item(), "steps_refused": refused}
 
 
 def main():
