@@ -43,9 +43,10 @@ pyb::dict outputDict(const ReplyPtr& r) {
 }
 
 TeacherOutput teacherOutputOf(const pyb::object& teacher) {
-  pyb::dict d = pyb::isinstance<PyReply>(teacher) ? outputDict(teacher.cast<ReplyPtr>()) : teacher.cast<pyb::dict>();
-  TeacherOutput o;
+  if (pyb::isinstance<PyReply>(teacher)) return teacher.cast<ReplyPtr>()->reply.output(); // in place, as C++ reads it
+  auto d = teacher.cast<pyb::dict>();
   auto get = [&](const char* k) { return d.contains(k) ? d[k].cast<at::Tensor>() : at::Tensor(); };
+  TeacherOutput o;
   o.logits = get("logits");
   o.topkValues = get("topk_values");
   o.topkIndices = get("topk_indices");

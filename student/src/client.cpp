@@ -1,9 +1,9 @@
 #include "distill/student/client.h"
 
 #include <ATen/ATen.h>
-#include <atomic>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <deque>

@@ -116,10 +116,10 @@ class Server {
       if (!pending_.empty()) active = std::max(active, 1);
     }
     stats_.wallSeconds = std::chrono::duration<double>(Clock::now() - start).count();
-    // torchrun: no launcher removes the segment; its students are done with it.
-    if (ctx_.topology().torchrun) ipc::Segment::remove(ctx_.topology().segment);
     double window = std::chrono::duration<double>(Clock::now() - windowStart_).count();
     if (window > 0) segment_->setTeacherBusy(teacher_, windowBusy_ / window); // the last, partial window
+    // torchrun: no launcher removes the segment; its students are done with it.
+    if (ctx_.topology().torchrun) ipc::Segment::remove(ctx_.topology().segment);
     DISTILL_LOG(kInfo) << "teacher done: " << stats_.requests << " requests in " << stats_.batches << " batches, "
                        << stats_.errors << " errors, forward " << stats_.forwardSeconds << " s of "
                        << stats_.wallSeconds << " s";

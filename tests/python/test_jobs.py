@@ -45,13 +45,13 @@ def test_two_students_python_self_teacher(job):
     assert "teacher served 12 requests" in job.output
 
 
-def reference_grads(initial, batches, normalizer, alpha=0.5, T=2.0, model=None):
+def reference_grads(teacher_path, initial, batches, normalizer, alpha=0.5, T=2.0, model=None):
     """One process, the concatenated batch, the loss written out: alpha T^2 KL(teacher_T || student_T)
     + (1 - alpha) CE, both summed over tokens and divided by the step's token count."""
     if model is None:
         model = TinyLM()
         model.load_state_dict({k: torch.tensor(v) for k, v in initial.items()})
-    teacher = torch.jit.load(job_tiny_lm[0])
+    teacher = torch.jit.load(teacher_path)
     x = torch.cat([b[0] for b in batches])
     labels = torch.cat([b[1] for b in batches])
     logits = model(x)
@@ -65,9 +65,6 @@ def reference_grads(initial, batches, normalizer, alpha=0.5, T=2.0, model=None):
     loss = (alpha * T * T * kl + (1 - alpha) * ce) / normalizer
     loss.backward()
     return {n: p.grad for n, p in model.named_parameters()}
-
-
-job_tiny_lm = [None]
 
 
 @pytest.mark.parametrize("mode", ["steps", "steps_plain"])
@@ -85,8 +82,7 @@ def test_steps_ddp_gradients_equal_one_process(job, mode):
     tokens = sum(int((b[1] != -100).sum()) for b in batches)
     assert r0["step_tokens"] == tokens
     assert r0["dcp"] and r1["dcp"] and (job.dir / "out" / "dcp" / ".metadata").exists()  # DCP on the students' world
-    job_tiny_lm[0] = job.tiny_lm
-    ref = reference_grads(r0["initial"], batches, tokens)
+    ref = reference_grads(job.tiny_lm, r0["initial"], batches, tokens)
     for name, g in ref.items():
         for r in (r0, r1):
             got = torch.tensor(r["grads"][name])
@@ -184,11 +180,10 @@ def test_fsdp_on_the_students_world_equals_one_process(job):
     tokens = sum(int((b[1] != -100).sum()) for b in batches)
     assert r0["tokens"] == r1["tokens"] == tokens
     assert "DTensor parameters (FSDP): use the low-level API" in r0["steps_refused"]  # Steps says so, at once
-    job_tiny_lm[0] = job.tiny_lm
     torch.manual_seed(0)
     model = TinyLM()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    grads = reference_grads(None, batches, tokens, model=model)
+    grads = reference_grads(job.tiny_lm, None, batches, tokens, model=model)
     for name, g in grads.items():
         want = before[name] - 0.1 * g
         for r in (r0, r1):
