@@ -74,6 +74,7 @@ const std::vector<KeySpec>& schema() {
       DISTILL_KEY(transport, max_request_bytes).byteSize().min(1).runtime(),
       DISTILL_KEY(transport, max_response_bytes).byteSize().min(1).runtime(),
       DISTILL_KEY(transport, heartbeat_ms).min(1).max(60000).runtime(),
+      DISTILL_KEY(transport, stall_timeout_s).min(kMinTimeoutS).max(kMaxTimeoutS).runtime(),
       DISTILL_KEY(transport, spin_us).min(0).max(1000000).runtime(),
       DISTILL_KEY(transport, cuda_ipc).runtime(),
 

@@ -1,11 +1,17 @@
 #include "distill/core/student_group.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <cstdlib>
 #include <sstream>
 
 #include "distill/core/logging.h"
 #include "distill/core/options.h"
 #include "distill/core/rendezvous.h"
+#include "distill/core/sys.h"
 #include "distill/core/topology.h"
 #include "nccl_backend.h"
 #include "student_group_impl.h"
@@ -17,6 +23,32 @@ namespace distill {
 namespace {
 
 bool isLoopback(const std::string& host) { return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1"; }
+
+// This host's address on the route to `host` (a UDP connect sends nothing; it
+// only picks the route), "" when there is none. gloo binds each rank's
+// listening socket to it: the interface the job's rendezvous reaches, never
+// whatever the machine's hostname resolves to (a name that may not even be
+// an address of this network namespace).
+std::string localAddressTowards(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port > 0 ? port : 9).c_str(), &hints, &res) != 0 || !res) return "";
+  std::string out;
+  for (addrinfo* a = res; a && out.empty(); a = a->ai_next) {
+    Fd fd(::socket(a->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    if (!fd || ::connect(fd.get(), a->ai_addr, a->ai_addrlen) != 0) continue;
+    sockaddr_storage local{};
+    socklen_t len = sizeof local;
+    if (::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &len) != 0) continue;
+    char text[INET6_ADDRSTRLEN] = {};
+    const void* src = local.ss_family == AF_INET ? static_cast<const void*>(&reinterpret_cast<sockaddr_in&>(local).sin_addr)
+                                                 : static_cast<const void*>(&reinterpret_cast<sockaddr_in6&>(local).sin6_addr);
+    if (::inet_ntop(local.ss_family, src, text, sizeof text)) out = text;
+  }
+  ::freeaddrinfo(res);
+  return out;
+}
 
 } // namespace
 
@@ -130,6 +162,8 @@ void StudentGroup::Impl::createBackends(const Topology& topo, const StudentOptio
     glooOpts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
   } else if (isLoopback(topo.masterAddr)) {
     glooOpts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  } else if (const std::string local = localAddressTowards(topo.masterAddr, topo.masterPort); !local.empty()) {
+    glooOpts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(local));
   } else {
     glooOpts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
   }

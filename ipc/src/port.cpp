@@ -133,12 +133,37 @@ void Port::checkPeer(int index, const WaitDesc& desc, bool finishedIsLost) const
   if (ps == sys::PidState::kGone)
     DISTILL_THROW(PeerLostError, where, describeSelf(), ": peer ", describeProcess(index), " died (pid ", pid,
                   " no longer runs) in segment '", seg_->name, "'");
+  // Alive (the kernel says so): a missing heartbeat is a stall — a stopped,
+  // descheduled or paused process — reported, and fatal only after
+  // transport.stall_timeout_s. Death was ruled out above, within one check.
   const int64_t ageNs = monotonicNs() - e.heartbeatNs.load(std::memory_order_relaxed);
-  if (ageNs > 2 * int64_t(seg_->layout.heartbeatMs) * 1000000)
+  const bool stopped = ps == sys::PidState::kStopped;
+  if (ageNs > seg_->layout.stallTimeoutMs * 1000000)
     DISTILL_THROW(PeerLostError, where, describeSelf(), ": peer ", describeProcess(index),
-                  " stalled (no heartbeat for ", toMs(std::chrono::nanoseconds(ageNs)),
-                  " ms, heartbeat_ms=", seg_->layout.heartbeatMs,
-                  ps == sys::PidState::kStopped ? "; process is stopped" : "", ") in segment '", seg_->name, "'");
+                  " stalled (no heartbeat for ", toMs(std::chrono::nanoseconds(ageNs)), " ms > transport.stall_timeout_s=",
+                  double(seg_->layout.stallTimeoutMs) / 1000, " s, heartbeat_ms=", seg_->layout.heartbeatMs,
+                  stopped ? "; process is stopped" : "", ") in segment '", seg_->name, "'");
+  noteStall(index, ageNs > 2 * int64_t(seg_->layout.heartbeatMs) * 1000000, ageNs, stopped, where);
+}
+
+void Port::noteStall(int index, bool stalled, int64_t ageNs, bool stopped, const ErrorWhere& where) const {
+  if (stalledSince_.size() < size_t(seg_->numProcesses())) stalledSince_.resize(size_t(seg_->numProcesses()), 0);
+  int64_t& since = stalledSince_[size_t(index)];
+  const int64_t now = monotonicNs();
+  if (stalled && since == 0) {
+    since = now - ageNs;
+    DISTILL_LOG(kWarning) << describeSelf() << ": peer " << describeProcess(index) << " stalled: no heartbeat for "
+                          << toMs(std::chrono::nanoseconds(ageNs)) << " ms" << (stopped ? " (process is stopped)" : "")
+                          << "; waiting up to transport.stall_timeout_s=" << double(seg_->layout.stallTimeoutMs) / 1000
+                          << " s [" << (where.step ? "step=" + std::to_string(*where.step) + " acc_step=" +
+                                                 std::to_string(where.accStep.value_or(0)) + " "
+                                           : std::string())
+                          << "awaiting: " << where.awaited << "]";
+  } else if (!stalled && since != 0) {
+    DISTILL_LOG(kInfo) << describeSelf() << ": peer " << describeProcess(index) << " resumed after a stall of "
+                       << toMs(std::chrono::nanoseconds(now - since)) << " ms";
+    since = 0;
+  }
 }
 
 bool Port::waitUntil(const std::function<bool()>& cond, const WaitDesc& desc, const std::vector<int>& peers,

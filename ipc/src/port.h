@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "distill/core/clock.h"
+#include "distill/core/errors.h"
 #include "distill/core/tag.h"
 #include "recorder.h"
 #include "segment_impl.h"
@@ -100,6 +101,9 @@ class Port {
 
  private:
   void heartbeatLoop();
+  // Logs once when peer `index` begins to stall (no heartbeat for 2 periods,
+  // alive) and once when it resumes.
+  void noteStall(int index, bool stalled, int64_t ageNs, bool stopped, const ErrorWhere& where) const;
 
   std::shared_ptr<SegmentImpl> seg_;
   int index_;
@@ -111,6 +115,7 @@ class Port {
   std::condition_variable hbCv_;
   bool hbStop_ = false;
   std::thread heartbeat_;
+  mutable std::vector<int64_t> stalledSince_; // per process index: when its stall began, 0 = not stalled
 };
 
 } // namespace distill::ipc

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <boost/interprocess/shared_memory_object.hpp>
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <new>
@@ -35,18 +37,20 @@ SegmentLayout SegmentLayout::fromOptions(const TransportOptions& t, int numStude
   l.maxRequestBytes = t.max_request_bytes;
   l.maxResponseBytes = t.max_response_bytes;
   l.heartbeatMs = t.heartbeat_ms;
+  l.stallTimeoutMs = std::max<int64_t>(1, std::llround(t.stall_timeout_s * 1000));
   return l;
 }
 
 bool SegmentLayout::operator==(const SegmentLayout& o) const {
   return numStudents == o.numStudents && slots == o.slots && maxRequestBytes == o.maxRequestBytes &&
-      maxResponseBytes == o.maxResponseBytes && heartbeatMs == o.heartbeatMs && numTeachers == o.numTeachers;
+      maxResponseBytes == o.maxResponseBytes && heartbeatMs == o.heartbeatMs && numTeachers == o.numTeachers &&
+      stallTimeoutMs == o.stallTimeoutMs;
 }
 
 std::string SegmentLayout::describe() const {
   return detail::str("students=", numStudents, " teachers=", numTeachers, " slots=", slots,
                      " request_bytes=", maxRequestBytes, " response_bytes=", maxResponseBytes,
-                     " heartbeat_ms=", heartbeatMs);
+                     " heartbeat_ms=", heartbeatMs, " stall_timeout_ms=", stallTimeoutMs);
 }
 
 LayoutOffsets computeOffsets(const SegmentLayout& l) {
@@ -97,6 +101,8 @@ void checkLayout(const SegmentLayout& l, const std::string& name) {
                   "': transport.max_request_bytes ", l.maxRequestBytes, " outside 1..", wire::kMaxPayloadBytes);
   DISTILL_CHECK_T(IpcError, l.maxResponseBytes > 0 && l.maxResponseBytes <= wire::kMaxPayloadBytes, "segment '", name,
                   "': transport.max_response_bytes ", l.maxResponseBytes, " outside 1..", wire::kMaxPayloadBytes);
+  DISTILL_CHECK_T(IpcError, l.stallTimeoutMs > 0, "segment '", name, "': transport.stall_timeout_s ",
+                  l.stallTimeoutMs, " ms must be > 0");
   DISTILL_CHECK_T(IpcError, l.heartbeatMs > 0, "segment '", name, "': transport.heartbeat_ms ", l.heartbeatMs,
                   " must be > 0");
 }
@@ -224,9 +230,13 @@ void clearStaleSegment(const std::string& name) {
 std::shared_ptr<Mapping> createMapping(const std::string& name, const LayoutOffsets& off, const SegmentLayout& layout,
                                        bool mayExist = false) {
   // Room first, for a message that says what to change; the reservation below
-  // is what guarantees it (another job may take the room in between).
+  // is what guarantees it (another job may take the room in between). A
+  // process that may attach to a segment another made first needs no room:
+  // the segment's pages are already reserved.
+  struct stat st {};
+  if (mayExist && ::stat(("/dev/shm/" + name).c_str(), &st) == 0) return nullptr;
   const int64_t free = shmBytesFree();
-  if (free >= 0 && uint64_t(free) < off.total)
+  if (free >= 0 && uint64_t(free) < off.total && !(mayExist && ::stat(("/dev/shm/" + name).c_str(), &st) == 0))
     DISTILL_THROW(IpcError, "segment '", name, "' needs ", bytesText(off.total),
                   " of shared memory but /dev/shm has only ", bytesText(uint64_t(free)), " free: ", sizeKeys(layout));
   auto m = std::make_shared<Mapping>();
@@ -272,6 +282,7 @@ void initControl(wire::ControlBlock* c, const SegmentLayout& layout, const std::
   c->maxRequestBytes = layout.maxRequestBytes;
   c->maxResponseBytes = layout.maxResponseBytes;
   c->heartbeatMs = layout.heartbeatMs;
+  c->stallTimeoutMs = layout.stallTimeoutMs;
   c->creatorPid = creatorPid;
   c->incarnation = std::random_device{}() | (uint64_t(std::random_device{}()) << 32) | 1;
   c->totalBytes = off.total;
@@ -364,7 +375,8 @@ Segment Segment::attach(const std::string& name, const std::string& jobId, const
   const std::string theirJob(c.jobId, strnlen(c.jobId, sizeof c.jobId));
   DISTILL_CHECK_T(IpcError, theirJob == jobId, "segment '", name, "' belongs to job '", theirJob,
                   "', not to this job '", jobId, "'");
-  SegmentLayout l{c.numStudents, c.slots, c.maxRequestBytes, c.maxResponseBytes, c.heartbeatMs, c.numTeachers};
+  SegmentLayout l{c.numStudents, c.slots, c.maxRequestBytes, c.maxResponseBytes, c.heartbeatMs, c.numTeachers,
+                    c.stallTimeoutMs};
   checkLayout(l, name);
   if (expected)
     DISTILL_CHECK_T(IpcError, *expected == l, "segment '", name, "' has layout {", l.describe(),

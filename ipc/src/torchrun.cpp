@@ -43,7 +43,9 @@ std::string torchrunSegmentName(const std::string& runId, int agentPid, const st
 void joinTorchrunSegment(Topology& topo, const Config& config) {
   if (!topo.torchrun || !topo.segment.empty()) return;
   const std::string runId = envOr("TORCHELASTIC_RUN_ID", "none");
-  const std::string master = topo.masterAddr + ":" + std::to_string(topo.masterPort);
+  // The address, not the port: a rendezvous round of a restart may pick a new
+  // MASTER_PORT, and the next attempt must find the earlier ones' names.
+  const std::string master = topo.masterAddr;
   const int agent = static_cast<int>(::getppid());
   const int restart = std::atoi(envOr("TORCHELASTIC_RESTART_COUNT", "0").c_str());
   topo.segment = torchrunSegmentName(runId, agent, master, restart, topo.nodeRank);

@@ -36,7 +36,7 @@ constexpr uint64_t kSegmentMagic = 0x314D48534C495444ull; // "DTILSHM1", little 
 // the teacher's admission refusal (issue 14 item 13); 7: ProcessEntry::endedNs; 8: status areas;
 // 9: ControlBlock::teacherCacheHitPermille; 10: CRC32C checksums; 11: a teacher pool (numTeachers,
 // the per-teacher TeacherState array instead of one teacher's fields)
-constexpr uint32_t kLayoutVersion = 11;
+constexpr uint32_t kLayoutVersion = 12;
 constexpr uint32_t kSlotMagic = 0x544F4C53u; // "SLOT"
 
 constexpr int kMaxTensors = 4; // tensors per message
@@ -184,7 +184,8 @@ struct ControlBlock {
   uint64_t statusOffset; // StatusArea of process 0; one per process
   int32_t numTeachers; // teacher processes of the node (teacher.procs), 1..kMaxTeachers
   int32_t reserved32;
-  uint64_t reserved[4];
+  int64_t stallTimeoutMs; // a live peer without heartbeats is lost after this long (transport.stall_timeout_s)
+  uint64_t reserved[3];
 
   // Mutable.
   alignas(kCacheLine) std::atomic<uint32_t> abort; // nonzero: everyone stops waiting (launcher)

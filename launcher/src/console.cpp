@@ -116,4 +116,15 @@ std::string statusText(const std::vector<Rank>& ranks, const std::vector<double>
   return text.empty() ? "no status yet" : text.substr(0, text.size() - 1);
 }
 
+std::string stallText(const std::vector<ipc::ProcessSnapshot>& procs, int heartbeatMs) {
+  std::ostringstream os;
+  for (const auto& p : procs) {
+    if (p.pid == 0 || p.state == "finished" || p.state == "dead" || p.heartbeatAgeMs <= 2 * int64_t(heartbeatMs))
+      continue;
+    os << (os.tellp() == 0 ? " stalled: " : ", ") << p.role << " r" << p.rank << " (no heartbeat for " << std::fixed
+       << std::setprecision(1) << double(p.heartbeatAgeMs) / 1000 << " s)";
+  }
+  return os.str();
+}
+
 } // namespace distill::launcher

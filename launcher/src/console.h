@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "distill/core/clock.h"
+#include "distill/ipc/segment.h"
 #include "ranks.h"
 
 namespace distill::launcher {
@@ -50,6 +51,9 @@ class Console {
 // reported; each teacher's busy share once one attached (empty before; a pool
 // shows "teachers busy=71%/64%"); the
 // students' mean share of a step spent waiting for the teacher. "no status yet".
+// " stalled: teacher r2 (no heartbeat for 3.1 s)" for each attached process
+// whose heartbeat is older than two periods; "" when none is.
+std::string stallText(const std::vector<ipc::ProcessSnapshot>& procs, int heartbeatMs);
 std::string statusText(const std::vector<Rank>& ranks, const std::vector<double>& teacherBusy,
                        std::optional<double> cacheHits = std::nullopt);
 

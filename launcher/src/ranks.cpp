@@ -25,7 +25,7 @@ std::string describeStatus(int st) {
 }
 
 bool failed(const Rank& r) {
-  return r.exited && (!(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0) || !r.exitProblem.empty());
+  return r.exited && !r.endedAfterStudents && (!(WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0) || !r.exitProblem.empty());
 }
 
 std::string howItEnded(const Rank& r) {
@@ -55,7 +55,14 @@ std::vector<char*> pointers(std::vector<std::string>& strings) {
 // In the child, between fork and exec: async-signal-safe calls only.
 [[noreturn]] void execRank(char** argv, char** env, int outFd, pid_t parent, const sigset_t& mask, int inheritFd) {
   if (inheritFd >= 0) ::fcntl(inheritFd, F_SETFD, 0); // survives the exec
-  ::setpgid(0, 0); // its own group: a Ctrl-C reaches the ranks through us only
+  // Its own session, as torchrun gives each worker: a process group of its
+  // own (a Ctrl-C at the terminal reaches the ranks through us only) and, where
+  // the kernel groups by session (sched_autogroup), a scheduling group of its
+  // own rather than a share of the caller's.
+  ::setsid();
+  // A peer's death must surface as an error naming it (EPIPE on a reset gloo
+  // connection), not kill this rank too: SIG_IGN survives the exec.
+  ::signal(SIGPIPE, SIG_IGN);
   // If distill-run is SIGKILLed, its ranks get SIGTERM rather than running on as orphans.
   ::prctl(PR_SET_PDEATHSIG, SIGTERM);
   if (::getppid() != parent) ::_exit(126);
@@ -82,7 +89,9 @@ void spawn(Rank& r, const std::string& logDir, const sigset_t& childMask, int in
   const pid_t pid = ::fork();
   DISTILL_CHECK_T(IpcError, pid >= 0, "fork: ", errnoString(errno));
   if (pid == 0) execRank(cargv.data(), cenv.data(), writeEnd.get(), parent, childMask, inheritFd);
-  ::setpgid(pid, pid); // also here, so that kill(-pid) cannot race the child's own call
+  // No setpgid(pid, pid) here: it would make the child a group leader before
+  // its setsid(), which then fails. Until the child's setsid() ran, kill(-pid)
+  // finds no group and signalRank falls back to the pid.
   ::fcntl(readEnd.get(), F_SETFL, O_NONBLOCK); // the console reads until EAGAIN; the rank's end stays blocking
   r.pid = pid;
   r.out = std::move(readEnd);

@@ -42,11 +42,13 @@ struct Rank {
   int64_t killSentNs = 0; // the teardown's SIGKILL
   int64_t stoppedSinceNs = 0; // stopped (SIGSTOP) when the teardown began: its last heartbeat
   std::string exitProblem; // exit code 0 that is still a failure (never attached, left attached)
+  bool endedAfterStudents = false; // a teacher ended by distill-run after its node's students all exited 0
 };
 
 // "exit code 3", "signal SIGKILL (Killed)".
 std::string describeStatus(int status);
-// Exited with a non-zero code, a signal, or a 0 that is a failure (exitProblem).
+// Exited with a non-zero code, a signal, or a 0 that is a failure (exitProblem);
+// never a teacher that distill-run ended after every student had exited 0.
 bool failed(const Rank& r);
 // "[r1 student] exit code 3", or for an exit 0 that is a failure "[r1 student]
 // exit code 0 without attaching to the segment (...)".

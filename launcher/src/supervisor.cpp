@@ -145,6 +145,7 @@ int Supervisor::loop() {
     checkRanks();
     if (allExited()) break;
     checkDeadlines();
+    afterStudents();
     tick();
   }
   return finish();
@@ -252,7 +253,7 @@ void Supervisor::checkDeadlines() {
 void Supervisor::tick() {
   if (!seg_ || nextSample_.when() > Clock::now()) return;
   nextSample_ = Deadline::after(kSampleEvery);
-  onVerdict(watchdog_.check(*seg_, ranks_, teardownDeadline_.has_value()));
+  onVerdict(watchdog_.check(*seg_, ranks_, teardownDeadline_.has_value() || studentsDoneDeadline_.has_value()));
   if (!readStatuses()) return;
   if (!teacherAttached_) {
     for (auto& p : seg_->processes()) teacherAttached_ |= p.role == "teacher" && p.pid != 0;
@@ -281,7 +282,7 @@ bool Supervisor::readStatuses() {
 std::string Supervisor::status() const {
   std::vector<double> busy;
   for (int t = 0; teacherAttached_ && t < seg_->numTeachers(); ++t) busy.push_back(seg_->teacherBusy(t));
-  return statusText(ranks_, busy, cacheHits());
+  return statusText(ranks_, busy, cacheHits()) + stallText(seg_->processes(), cfg_.transport.heartbeat_ms);
 }
 
 // After the last rank exited: its last output, the last status line, the summary.
@@ -412,6 +413,36 @@ void Supervisor::noteStoppedRanks() {
         ? procs[local].heartbeatNs
         : teardownStartNs_;
   }
+}
+
+// Once every student of the node exited 0 the job's work is done: a teacher
+// still running (stopped by a scheduler just after the last step, say) is
+// continued, given run.stop_grace_s to finish, then ended — and the job still
+// counts as finished, because nothing of it was lost.
+void Supervisor::afterStudents() {
+  if (teardownDeadline_ || stopSignal_ || !reason_.empty()) return;
+  if (!studentsDoneDeadline_) {
+    for (auto& r : ranks_) {
+      if (r.topo.isStudent() && (!r.exited || failed(r))) return;
+    }
+    studentsDoneDeadline_ = Deadline::afterSeconds(cfg_.run.stop_grace_s);
+    for (auto& r : ranks_) {
+      if (r.exited || r.pid <= 0 || !ipc::processStopped(r.pid)) continue;
+      logLine(LogLevel::kWarning, r.prefix + "is stopped (SIGSTOP) after every student finished: SIGCONT, so it can end");
+      signalRank(r, SIGCONT);
+    }
+    return;
+  }
+  if (!studentsDoneDeadline_->expired() || killed_) return;
+  for (auto& r : ranks_) {
+    if (r.exited) continue;
+    logLine(LogLevel::kWarning, r.prefix + "still running " + detail::str(cfg_.run.stop_grace_s) +
+                                    " s after every student finished: SIGKILL (the students' work is complete)");
+    r.endedAfterStudents = true;
+    signalRank(r, SIGCONT);
+    signalRank(r, SIGKILL);
+  }
+  killed_ = true;
 }
 
 void Supervisor::removeSegment() {

@@ -96,6 +96,7 @@ class Supervisor {
   void onVerdict(const Verdict& v);
   void teardown(const std::string& why);
   void noteStoppedRanks();
+  void afterStudents();
   void removeSegment();
 
   Args a_;
@@ -117,6 +118,8 @@ class Supervisor {
   std::optional<Deadline> teardownDeadline_;
   int64_t teardownStartNs_ = 0; // monotonicNs() when the teardown began
   bool killed_ = false;
+  // Every student of the node exited 0: the teachers have run.stop_grace_s to exit.
+  std::optional<Deadline> studentsDoneDeadline_;
   Rank* failedRank_ = nullptr;
   bool hung_ = false; // torn down for a hang
   Deadline nextSample_;

@@ -11,7 +11,16 @@ Verdict Watchdog::check(const ipc::Segment& seg, const std::vector<Rank>& ranks,
   uint64_t progress = ipc::progressCount(seg);
   for (auto& r : ranks) progress += r.exited ? 1 : 0;
   const auto now = Clock::now();
-  if (progress != lastProgress_) {
+  // Start-up is run.startup_timeout_s's to bound, not the watchdog's: while a
+  // running rank has not attached yet (importing torch, loading a model, a
+  // restarted teacher coming up), the admission waits have their own deadline.
+  const auto procs = seg.processes();
+  bool starting = false;
+  for (auto& r : ranks) {
+    const size_t local = size_t(r.topo.localRank);
+    starting |= !r.exited && r.pid > 0 && local < procs.size() && procs[local].pid != r.pid;
+  }
+  if (progress != lastProgress_ || starting) {
     lastProgress_ = progress;
     lastProgressAt_ = now;
     return {};

@@ -31,8 +31,9 @@ class Watchdog {
   // Progress is any event begun or ended by any process (its flight recorder),
   // an attach, a clean detach or a rank's exit; heartbeats are not. A hang is
   // no progress for run.hang_timeout_s; `quiet` (a teardown under way) only
-  // records progress. After a hang verdict the next one comes after another
-  // period without progress.
+  // records progress. While a running rank has not attached yet, nothing is a
+  // hang (start-up is bounded by run.startup_timeout_s). After a hang verdict
+  // the next one comes after another period without progress.
   Verdict check(const ipc::Segment& seg, const std::vector<Rank>& ranks, bool quiet);
 
  private:

@@ -1,5 +1,6 @@
 #include "distill/student/init.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -57,6 +58,10 @@ std::string teacherBinary() {
 
 Session init(int& argc, char** argv, const InitOptions& options) {
   exitOnUncaughtError();
+  // A peer's death must surface as a PeerLostError naming it, not kill this
+  // rank with SIGPIPE on the peer's reset gloo socket (distill-run sets the
+  // same before its exec; torchrun does not).
+  ::signal(SIGPIPE, SIG_IGN);
   const std::vector<std::string> args(argv, argv + argc); // before jobConfig takes its options out
   Session s;
   s.topology = Topology::fromEnvironment();

@@ -2,6 +2,8 @@
 
 #include "distill/ipc/torchrun.h"
 
+#include <signal.h>
+
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/InferenceMode.h>
@@ -475,6 +477,7 @@ ServeStats serve(TeacherContext& ctx, std::shared_ptr<TeacherModel> model) {
 }
 
 int teacherMain(int argc, char** argv) {
+  ::signal(SIGPIPE, SIG_IGN); // a student's death is a PeerLostError, never a SIGPIPE here
   try {
     Topology topo = Topology::fromEnvironment();
     setIdentity(topo.identity());

@@ -43,7 +43,6 @@ struct TinyDemo {
                   ", threads: 1, library: " + binPath("../lib/libdistill_gpt_teacher.so") +
                   ", cache: {path: " + logDir + "/teacher_cache, mode: write, max_bytes: 64MiB}}\n"
                                  : teacherSection)
-      << "transport: {heartbeat_ms: 500}\n" // no false "stalled" on a loaded 2-core machine
       << "loss: {kind: forward_kl, temperature: 1.0, alpha: 0.5}\n" // demo.sh's 2nd student: 2.0
       << "checkpoint: {dir: " << logDir << "/distilled/checkpoints, every_steps: 5, keep_last: 2}\n"
       << "trainer:\n"

@@ -246,20 +246,55 @@ TEST(IpcRing, TryWaitAnyEndsEmptyAtTheDeadlineAndThrowsOnlyForFailures) {
   student.join(10s);
 }
 
-TEST(IpcRing, StoppedPeerIsDetectedAsStalled) {
+// A stopped peer is alive: a stall, lost only after transport.stall_timeout_s
+// (here 500 ms), and the error says it stalled and is stopped.
+TEST(IpcRing, StoppedPeerIsLostAfterTheStallTimeout) {
+  ScopedName sn;
+  const int hb = 100;
+  auto layout = smallLayout(1, 4, hb);
+  layout.stallTimeoutMs = 500;
+  auto seg = Segment::create(sn.name, layout, kJob);
+  auto teacher = forkChild([&] { return echoTeacher(sn.name, kJob, 9); });
+  StudentEndpoint s(seg, 0, opts(0));
+  s.waitAdmission(Deadline::after(10s));
+  auto [what, elapsed] = lossDetected(seg, 0, teacher, SIGSTOP, [&] { s.receive(Deadline::after(20s)); });
+  EXPECT_GE(elapsed, 500ms - std::chrono::milliseconds(hb)) << what; // its last heartbeat may predate the stop
+  EXPECT_LT(elapsed, 500ms + std::chrono::milliseconds(2 * hb + 150)) << what;
+  EXPECT_TRUE(contains(what, "teacher rank 9")) << what;
+  EXPECT_TRUE(contains(what, "stalled (no heartbeat for")) << what;
+  EXPECT_TRUE(contains(what, "transport.stall_timeout_s=0.5 s")) << what;
+  EXPECT_TRUE(contains(what, "process is stopped")) << what;
+  teacher.kill(SIGCONT);
+  teacher.kill(SIGKILL);
+  EXPECT_EQ(teacher.join(10s).signal, SIGKILL);
+}
+
+// A peer stopped for ten heartbeats and continued is no loss: the wait goes on
+// and gets its answer (the default stall timeout is 60 s).
+TEST(IpcRing, StoppedAndContinuedPeerIsNoLoss) {
   ScopedName sn;
   const int hb = 100;
   auto seg = Segment::create(sn.name, smallLayout(1, 4, hb), kJob);
   auto teacher = forkChild([&] { return echoTeacher(sn.name, kJob, 9); });
   StudentEndpoint s(seg, 0, opts(0));
   s.waitAdmission(Deadline::after(10s));
-  auto [what, elapsed] = lossDetected(seg, 0, teacher, SIGSTOP, [&] { s.receive(Deadline::after(20s)); });
-  EXPECT_LT(elapsed, std::chrono::milliseconds(2 * hb + 150)) << what;
-  EXPECT_TRUE(contains(what, "teacher rank 9")) << what;
-  EXPECT_TRUE(contains(what, "stalled (no heartbeat for")) << what;
-  teacher.kill(SIGCONT);
-  teacher.kill(SIGKILL);
-  EXPECT_EQ(teacher.join(10s).signal, SIGKILL);
+  ASSERT_TRUE(waitForProcess(seg, 1, [](const ProcessSnapshot& p) { return p.state == "waiting"; }));
+  teacher.kill(SIGSTOP);
+  s.send(msgWith(1), Deadline::after(10s));
+  std::thread resume([&] {
+    // Continue it once its heartbeat is ten periods old: the stall is real.
+    waitForProcess(
+        seg, 1, [&](const ProcessSnapshot& p) { return p.heartbeatAgeMs > 10 * hb; }, 10s);
+    teacher.kill(SIGCONT);
+  });
+  auto r = s.receive(Deadline::after(20s));
+  resume.join();
+  EXPECT_EQ(r.tag().seq, 1u);
+  r.release();
+  OutMessage fin;
+  fin.kind = MsgKind::kFinish;
+  s.send(fin, Deadline::after(10s));
+  EXPECT_EQ(teacher.join(10s).code, 0);
 }
 
 TEST(IpcSegment, StaleSegmentIsRecreatedLiveOwnerRefused) {
@@ -419,6 +454,33 @@ TEST(IpcSegment, PagesAreReservedSoAFullDevShmCannotSigbus) {
   auto st = child.join(30s);
   if (st.exited && st.code == 77) GTEST_SKIP() << "no mount namespace here (unshare: not permitted)";
   EXPECT_TRUE(st.exited && st.code == 0) << st.describe() << " (SIGBUS: a write into the segment found /dev/shm full)";
+}
+
+// torchrun: every local process calls createOrAttach. Only the first needs
+// the room; the others attach to the segment it made, whose pages are already
+// reserved — a /dev/shm that holds the segment once but not twice is enough.
+TEST(IpcSegment, CreateOrAttachNeedsRoomForTheSegmentOnce) {
+  auto child = forkChild([&] {
+    if (::unshare(CLONE_NEWNS) != 0) return 77;
+    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return 78;
+    if (::mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=8m,mode=1777") != 0) return 79;
+    SegmentLayout l = smallLayout(1, 2);
+    l.maxResponseBytes = 2 << 20; // about 6 MiB of 8: it fits once, not twice
+    const std::string name = "distill-ipc-once";
+    auto first = Segment::createOrAttach(name, l, kJob, ::getpid(), Deadline::after(10s));
+    try {
+      auto second = Segment::createOrAttach(name, l, kJob, ::getpid(), Deadline::after(10s));
+      if (second.sizeBytes() != first.sizeBytes()) return 3;
+    } catch (const IpcError& e) {
+      std::fprintf(stderr, "%s\n", e.what());
+      return 2;
+    }
+    Segment::remove(name);
+    return 0;
+  });
+  auto st = child.join(30s);
+  if (st.exited && st.code == 77) GTEST_SKIP() << "no mount namespace here (unshare: not permitted)";
+  EXPECT_TRUE(st.exited && st.code == 0) << st.describe() << " (2: the second process was refused for room)";
 }
 
 // Issue 15: a student's status (Client::publishStatus) goes through its

@@ -157,16 +157,49 @@ TEST_F(TorchrunTest, KilledStudentFailsTheJobAndTheNextJobRemovesItsSegment) {
   EXPECT_FALSE(distill::ipc::Segment::exists(left[0])) << left[0] << " left in /dev/shm";
 }
 
+// Attempt `restart` of a torchrun agent (this test process) whose rendezvous
+// gave MASTER_PORT `port`: joins the node's segment and writes its name to `out`.
+int joinAttempt(int restart, int port, const std::string& out) {
+  ::setenv("TORCHELASTIC_RUN_ID", "restart-test", 1);
+  ::setenv("TORCHELASTIC_RESTART_COUNT", std::to_string(restart).c_str(), 1);
+  auto topo = distill::Topology::forLocalRank(0, 1, 0, 3);
+  topo.torchrun = true;
+  topo.masterAddr = "127.0.0.1";
+  topo.masterPort = port;
+  distill::Config cfg;
+  cfg.transport.max_response_bytes = 1 << 20;
+  distill::ipc::joinTorchrunSegment(topo, cfg);
+  std::ofstream(out) << topo.segment;
+  return 0;
+}
+
+// A restart's rendezvous may choose a new MASTER_PORT: the next attempt still
+// finds and removes the killed attempt's segment (it outlived the job before).
+TEST(TorchrunNames, ARestartWithANewPortRemovesTheEarlierAttemptsSegment) {
+  const std::string out = "/tmp/distill-trun-" + std::to_string(::getpid());
+  auto first = distill::testing::forkChild([&] { return joinAttempt(0, 31111, out + "-0"); });
+  ASSERT_EQ(first.join(std::chrono::seconds(30)).code, 0);
+  const std::string seg0 = readFile(out + "-0");
+  ASSERT_TRUE(distill::ipc::Segment::exists(seg0)) << seg0;
+  auto second = distill::testing::forkChild([&] { return joinAttempt(1, 32222, out + "-1"); });
+  ASSERT_EQ(second.join(std::chrono::seconds(30)).code, 0);
+  const std::string seg1 = readFile(out + "-1");
+  EXPECT_FALSE(distill::ipc::Segment::exists(seg0)) << seg0 << " of attempt 0 outlived attempt 1";
+  distill::ipc::Segment::remove(seg1);
+  std::remove((out + "-0").c_str());
+  std::remove((out + "-1").c_str());
+}
+
 TEST(TorchrunNames, EveryAttemptAndNodeHasItsOwnSegment) {
   using distill::ipc::torchrunSegmentName;
-  const std::string a = torchrunSegmentName("none", 100, "127.0.0.1:29500", 0, 0);
-  EXPECT_EQ(a, torchrunSegmentName("none", 100, "127.0.0.1:29500", 0, 0));
+  const std::string a = torchrunSegmentName("none", 100, "127.0.0.1", 0, 0);
+  EXPECT_EQ(a, torchrunSegmentName("none", 100, "127.0.0.1", 0, 0));
   std::set<std::string> all = {a,
-                               torchrunSegmentName("none", 100, "127.0.0.1:29500", 1, 0),
-                               torchrunSegmentName("none", 100, "127.0.0.1:29500", 0, 1),
-                               torchrunSegmentName("none", 101, "127.0.0.1:29500", 0, 0),
-                               torchrunSegmentName("other", 100, "127.0.0.1:29500", 0, 0),
-                               torchrunSegmentName("none", 100, "127.0.0.1:29501", 0, 0)};
+                               torchrunSegmentName("none", 100, "127.0.0.1", 1, 0),
+                               torchrunSegmentName("none", 100, "127.0.0.1", 0, 1),
+                               torchrunSegmentName("none", 101, "127.0.0.1", 0, 0),
+                               torchrunSegmentName("other", 100, "127.0.0.1", 0, 0),
+                               torchrunSegmentName("none", 100, "127.0.0.2", 0, 0)};
   EXPECT_EQ(all.size(), 6u);
   EXPECT_TRUE(std::regex_match(a, std::regex("distill-[0-9a-f]{12}-r0-n0"))) << a;
 }

@@ -17,7 +17,8 @@ Modes:
             of two micro-batches per student, normaliser step tokens / world size (FSDP
             averages); the full parameters after the SGD step.
 Options read from the config's trainer section: kill_teacher_after (self teacher: SIGKILL
-itself at that forward call).
+itself at that forward call), gil_busy_s (self teacher: its 3rd forward spins in Python,
+holding the GIL, this long).
 """
 
 import argparse
@@ -25,6 +26,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import torch
 
@@ -51,15 +53,20 @@ def micro_batches(rank: int, count: int):
 def serve(session, args):
     teacher = torch.jit.load(args.teacher)
     kill_after = int(session.trainer.get("kill_teacher_after", "0"))
+    busy_s = float(session.trainer.get("gil_busy_s", "0"))
     calls = [0]
 
     def forward(ids):
         calls[0] += 1
         if kill_after and calls[0] >= kill_after:
             os.kill(os.getpid(), signal.SIGKILL)
+        if busy_s and calls[0] == 3:  # a long pure-Python call holding the GIL
+            end = time.monotonic() + busy_s
+            while time.monotonic() < end:
+                pass
         return teacher(ids)
 
-    stats = distill.serve(session, forward if kill_after else teacher)
+    stats = distill.serve(session, forward if kill_after or busy_s else teacher)
     print(f"teacher served {stats['requests']} requests in {stats['batches']} batches", flush=True)
 
 

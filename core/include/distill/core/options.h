@@ -161,7 +161,10 @@ struct TransportOptions {
   int slots = 4; // slots per ring (>= 1)
   int64_t max_request_bytes = 4 << 20; // payload capacity of a request slot
   int64_t max_response_bytes = 64 << 20; // payload capacity of a response slot
-  int heartbeat_ms = 100; // liveness period; a peer is lost after ~2 of them (1 .. 60000)
+  int heartbeat_ms = 100; // liveness period: a peer silent for ~2 of them is stalled (1 .. 60000)
+  // A stalled peer (alive, no heartbeat: stopped, descheduled, paused) is an
+  // error only after this long; a dead one is known from the kernel at once.
+  double stall_timeout_s = 60; // (0.001 .. 2592000)
   int spin_us = 20; // spin this long before sleeping on the futex (0: never; .. 1000000)
   CudaIpc cuda_ipc = CudaIpc::kAuto; // auto | on | off: GPU tensors as CUDA IPC buffers
 };

@@ -2,8 +2,8 @@
 
 // A job started by torchrun has no distill-run to make each node's segment.
 // Every local process computes the same name from what torchrun gives them
-// all — its agent's pid (their parent), TORCHELASTIC_RUN_ID, MASTER_ADDR:PORT
-// and TORCHELASTIC_RESTART_COUNT — and the first to arrive creates it (an
+// all — its agent's pid (their parent), TORCHELASTIC_RUN_ID, MASTER_ADDR (not
+// the port, which a restart's rendezvous may change) and TORCHELASTIC_RESTART_COUNT — and the first to arrive creates it (an
 // exclusive create: exactly one wins), recording the agent as its creator;
 // the others attach. A restart (torchrun --max-restarts) is a new attempt
 // with a new segment: the first process of an attempt removes the earlier
