@@ -67,10 +67,21 @@ std::optional<MicroBatch> loadOne(const pyb::function& loader) {
   pyb::gil_scoped_acquire gil;
   pyb::object item = loader();
   if (item.is_none()) return std::nullopt;
-  auto pair = item.cast<pyb::tuple>();
-  DISTILL_CHECK_T(ConfigError, pair.size() == 2, "distill.Steps: the loader must yield (inputs, labels), got ",
-                  pair.size(), " items");
-  return MicroBatch{pair[0].cast<at::Tensor>(), pair[1].cast<at::Tensor>()};
+  auto typeOf = [](const pyb::handle& h) {
+    return pyb::str(pyb::type::handle_of(h).attr("__qualname__")).cast<std::string>();
+  };
+  const bool sequence = pyb::isinstance<pyb::tuple>(item) || pyb::isinstance<pyb::list>(item);
+  DISTILL_CHECK_T(
+      ConfigError, sequence && pyb::len(item) == 2,
+      "distill.Steps: the loader must yield (inputs, labels) pairs of tensors, got ",
+      sequence ? "a " + typeOf(item) + " of " + std::to_string(pyb::len(item)) + " items" : "a " + typeOf(item));
+  pyb::sequence pair = item.cast<pyb::sequence>();
+  for (size_t i = 0; i < 2; ++i) {
+    DISTILL_CHECK_T(ConfigError, THPVariable_Check(pair[i].ptr()),
+                    "distill.Steps: the loader must yield (inputs, labels) pairs of tensors; its ",
+                    i == 0 ? "inputs are" : "labels are", " a ", typeOf(pair[i]));
+  }
+  return MicroBatch{THPVariable_Unpack(pair[0].ptr()), THPVariable_Unpack(pair[1].ptr())};
 }
 
 pyb::object next(PySteps& p, const pyb::function& loader) {

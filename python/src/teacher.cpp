@@ -41,7 +41,8 @@ class PyTeacher : public TeacherModel {
     std::map<std::string, at::Tensor> named;
     if (pyb::isinstance<pyb::dict>(out)) {
       for (auto item : out.cast<pyb::dict>()) {
-        named[pyb::str(item.first).cast<std::string>()] = tensorOf(item.second, "its dict's '" + pyb::str(item.first).cast<std::string>() + "'");
+        named[pyb::str(item.first).cast<std::string>()] =
+            tensorOf(item.second, "its dict's '" + pyb::str(item.first).cast<std::string>() + "'");
       }
     } else if (pyb::isinstance<pyb::tuple>(out) && pyb::len(out) > 0) {
       named[output_] = tensorOf(out.cast<pyb::tuple>()[0], "its tuple's first element"); // as teacher.output says
@@ -63,8 +64,10 @@ class PyTeacher : public TeacherModel {
   static at::Tensor tensorOf(const pyb::handle& value, const std::string& what) {
     if (THPVariable_Check(value.ptr())) return THPVariable_Unpack(value.ptr());
     const auto type = pyb::str(pyb::type::handle_of(value).attr("__qualname__")).cast<std::string>();
-    DISTILL_THROW(ProtocolError, "the Python teacher's forward must return a tensor, a tuple whose first element is "
-                  "one, or a dict of tensors; ", what, " is a ", type);
+    DISTILL_THROW(ProtocolError,
+                  "the Python teacher's forward must return a tensor, a tuple whose first element is "
+                  "one, or a dict of tensors; ",
+                  what, " is a ", type);
   }
 
   pyb::object module_;

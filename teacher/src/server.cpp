@@ -323,8 +323,8 @@ class Server {
       // shape), not its students': the teacher fails, first, and is named so
       // (the students see it gone: PeerLostError). Its requests stay in the
       // rings, so a restarted teacher (teacher.max_restarts) serves them again.
-      DISTILL_LOG(kError) << "teacher " << teacher_ << " failed on a batch of " << batch.size()
-                          << " request(s) (" << tokens << " tokens): " << e.what();
+      DISTILL_LOG(kError) << "teacher " << teacher_ << " failed on a batch of " << batch.size() << " request(s) ("
+                          << tokens << " tokens): " << e.what();
       throw;
     }
     noteBusy(t0, Clock::now());
