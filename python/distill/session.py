@@ -176,9 +176,10 @@ def _route_env_rendezvous(session: Session) -> None:
     A rank or world size other than the session's (the URL's or the environment's) goes to
     torch's handler as before."""
     global _env_handler
+    import importlib
     from urllib.parse import urlparse
 
-    from torch.distributed import rendezvous as rdzv
+    rdzv = importlib.import_module("torch.distributed.rendezvous")  # the module (a function shadows it)
 
     if _env_handler is None:
         _env_handler = rdzv._rendezvous_handlers["env"]

@@ -12,7 +12,8 @@ Modes:
             micro-batches seen, for a one-process comparison.
   kill_student  like steps; student rank 1 SIGKILLs itself at step 2.
   sigint    like steps; student rank 1 sends itself SIGINT (Ctrl-C) at step 2.
-  sigint_job  like steps; student rank 1 sends distill-run SIGINT (Ctrl-C: to every rank) at step 2.
+  sigint_job  like steps; at step 2 student rank 1 sends SIGINT to distill-run and every rank, as
+            a terminal's Ctrl-C does.
   steps_plain  like steps without DDP: distill.Steps sums the gradients itself.
   fsdp      the low-level API under FSDP2 (fully_shard over the students' world): one step
             of two micro-batches per student, normaliser step tokens / world size (FSDP
@@ -93,6 +94,22 @@ def stranger_reads() -> str:
         return ""
 
 
+def ctrl_c_to_the_job():
+    """What a terminal's Ctrl-C does to a job in its foreground: SIGINT to distill-run (this
+    process's parent) and to every rank it started, this one last."""
+    parent = os.getppid()
+    ranks = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == parent and int(pid) != os.getpid():
+                    ranks.append(int(pid))
+        except (OSError, ValueError, IndexError):
+            continue
+    for pid in [parent, *ranks, os.getpid()]:
+        os.kill(pid, signal.SIGINT)
+
+
 def serve(session, args):
     teacher = torch.jit.load(args.teacher)
     kill_after = int(session.trainer.get("kill_teacher_after", "0"))
@@ -167,7 +184,7 @@ def steps(session, args):
         if args.mode == "sigint" and session.rank == 1 and (mb.step, mb.acc_step) == (2, 0):
             os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C in one student: all stop after step 2
         if args.mode == "sigint_job" and session.rank == 1 and (mb.step, mb.acc_step) == (2, 0):
-            os.kill(os.getppid(), signal.SIGINT)  # Ctrl-C to distill-run: it tells every rank
+            ctrl_c_to_the_job()
         if mb.step == 1:
             seen.append(mb.inputs.tolist())
         r = s.backward(ddp(mb.inputs))
