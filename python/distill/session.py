@@ -20,7 +20,7 @@ class Session:
 
     def __init__(self, c: "_C.Session"):
         self._c = c
-        self._torch_store = None  # student rank 0: the TCPStore of torch.distributed's student world
+        self._torch_store = None  # students: the store of torch.distributed's student world
 
     # --- who ---
     is_teacher = property(lambda self: self._c.is_teacher)
