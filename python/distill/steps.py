@@ -2,6 +2,7 @@
 
 import io
 import warnings
+import weakref
 from typing import Callable, Iterable, Iterator, NamedTuple, Optional
 
 import torch
@@ -85,7 +86,10 @@ class Steps:
         self._reads = 0  # micro-batches read from the loader by this object
         self._snapshots = {}  # reads -> loader_state's torch.save bytes right after that read
         self._keep = 2 * self._grad_acc + session.in_flight + 8
-        rank_extra = self._loader_snapshot if loader_state is not None else None
+        # Through a weak reference: the C++ Steps holding this object would be a cycle that no
+        # collector sees, and the session (the process's detach from the job) would never end.
+        me = weakref.ref(self)
+        rank_extra = (lambda step: me()._loader_snapshot(step)) if loader_state is not None else None
         self._c = _C._steps(session._c, params, buffers, ddp, cuda, save_state, load_state, on_step, fingerprint,
                             rank_extra)
         if loader_state is not None:
