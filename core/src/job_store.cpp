@@ -187,8 +187,10 @@ JobStore::~JobStore() {
 
 std::string JobStore::describe() const { return host_ + ":" + std::to_string(port_) + " (served by " + server_ + ")"; }
 
-c10::intrusive_ptr<c10d::Store> JobStore::clone() {
-  auto s = c10::make_intrusive<JobStore>(host_, port_, secret_, rank_, server_, Deadline::after(timeout_));
+c10::intrusive_ptr<c10d::Store> JobStore::clone() { return cloneAs(rank_); }
+
+c10::intrusive_ptr<JobStore> JobStore::cloneAs(int rank) {
+  auto s = c10::make_intrusive<JobStore>(host_, port_, secret_, rank, server_, Deadline::after(timeout_));
   s->setTimeout(timeout_);
   return s;
 }

@@ -52,6 +52,10 @@ class JobStore : public c10d::Store {
   ~JobStore() override; // says goodbye, unless an exception is unwinding (that counts as lost)
 
   c10::intrusive_ptr<c10d::Store> clone() override;
+  // A new connection proving the secret as `rank`; -1: one whose closing
+  // without a goodbye does not count as a rank lost (another store user of a
+  // rank whose own connection speaks for it).
+  c10::intrusive_ptr<JobStore> cloneAs(int rank);
   using c10d::Store::set;
   void set(const std::string& key, const std::vector<uint8_t>& value) override;
   using c10d::Store::compareSet;

@@ -266,6 +266,20 @@ void GroupNotes::erase(const std::string& key) {
   }
 }
 
+c10::intrusive_ptr<c10d::Store> StudentGroup::store(const std::string& prefix) {
+  c10::intrusive_ptr<c10d::Store> base;
+  try {
+    base = impl_->jobStore ? c10::intrusive_ptr<c10d::Store>(impl_->jobStore->cloneAs(-1)) : impl_->store->clone();
+  } catch (const std::exception& e) {
+    DISTILL_THROW(PeerLostError, "student group: cannot open a connection to the rendezvous store at ",
+                  impl_->storeWhere, " for ", prefix, ": ", firstLineOf(e.what()));
+  }
+  auto s = impl_->jobStore ? c10::make_intrusive<c10d::PrefixStore>("distill/students/" + prefix, base)
+                           : c10::make_intrusive<c10d::PrefixStore>(prefix, base);
+  s->setTimeout(impl_->timeout);
+  return s;
+}
+
 std::unique_ptr<GroupNotes> StudentGroup::notes(const std::string& prefix) {
   std::unique_ptr<GroupNotes> n(new GroupNotes());
   try {

@@ -22,7 +22,7 @@ python3 $ex --mode teacher --out "$out" --teacher-steps "$tsteps"
 echo "== 2 students, labels only (torchrun, DDP) ($(( $(date +%s) - start )) s)"
 python3 -m torch.distributed.run --standalone --nproc-per-node 2 $ex --mode label --out "$out" --steps "$steps"
 echo "== 2 students distilled (distill-run, DDP, a Python teacher) ($(( $(date +%s) - start )) s)"
-rm -rf "$out/distill"    # a fresh run, not a resume of the last one
+rm -rf "$out/distill" "$out/distill_steps.jsonl"   # a fresh run, not a resume of the last one
 "$run" --config examples/python/distill.yaml --set "run.steps=$steps" --set "run.log_dir=$out/distill" \
   --set "checkpoint.dir=$out/distill/checkpoints" -- python3 $ex --mode distill --out "$out"
 echo "== done ($(( $(date +%s) - start )) s)"

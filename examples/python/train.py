@@ -39,6 +39,8 @@ def options(argv):
     p.add_argument("--teacher-batch", type=int, default=32)
     p.add_argument("--teacher-lr", type=float, default=2e-3)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--stop-after", type=int, default=0,
+                   help="distill: ask for the agreed stop (as Ctrl-C does) after this step; a rerun resumes")
     return p.parse_args(argv)
 
 
@@ -67,14 +69,30 @@ def train_teacher(args, text: Text):
         F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
         opt.step()
         opt.zero_grad()
+    os.makedirs(args.out, exist_ok=True)
     torch.save(model.state_dict(), os.path.join(args.out, "teacher.pt"))
     save_result(args, "teacher", val_loss=text.val_loss(model, 1 << 20), seconds=time.time() - start)
 
 
-def batches(text: Text, args, rank: int):
-    g = torch.Generator().manual_seed(args.seed * 1000 + rank)  # this student's shard of the data
-    while True:
-        yield text.batch(args.batch, g)
+class Batches:
+    """This student's micro-batches: random windows drawn by its own generator. Its state is the
+    generator's, so a checkpoint can keep where it stands (distill.Steps' loader_state)."""
+
+    def __init__(self, text: Text, args, rank: int):
+        self.text, self.size = text, args.batch
+        self.g = torch.Generator().manual_seed(args.seed * 1000 + rank)  # this student's shard of the data
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self.text.batch(self.size, self.g)
+
+    def state_dict(self):
+        return {"generator": self.g.get_state()}
+
+    def load_state_dict(self, state):
+        self.g.set_state(state["generator"])
 
 
 def train_label(args, text: Text):
@@ -84,7 +102,8 @@ def train_label(args, text: Text):
     model = DDP(make(args.student, args.context))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     start = time.time()
-    for step, (x, y) in zip(range(1, args.steps + 1), batches(text, args, rank)):
+    loader = Batches(text, args, rank)
+    for step, (x, y) in zip(range(1, args.steps + 1), loader):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.lr, args.warmup, args.steps)
         F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
@@ -104,18 +123,30 @@ def train_distill(args, text: Text, session):
     model = DDP(make(args.student, args.context))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     start = time.time()
-    steps = distill.Steps(session, model, opt)  # distill: resumes from the latest checkpoint
-    for mb in steps.run(batches(text, args, rank)):  # distill: the same micro-batches, through the teacher
+    loader = Batches(text, args, rank)
+    steps = distill.Steps(session, model, opt, loader_state=loader,  # distill: resumes model, optimizer, loader
+                          on_step=lambda r: log_step(args, rank, r))
+    for mb in steps.run(loader):  # distill: the same micro-batches, through the teacher
         for group in opt.param_groups:
             group["lr"] = lr_at(mb.step, args.lr, args.warmup, args.steps)
         steps.backward(model(mb.inputs))  # distill: teacher's answer, loss, backward
         if steps.step_ends():  # distill: the step's last micro-batch
             opt.step()
             opt.zero_grad()
+            if mb.step == args.stop_after:
+                session.request_stop()  # the students agree; the checkpoint is saved
     if rank == 0:
         save_result(args, "distill", val_loss=text.val_loss(model.module, 1 << 20), seconds=time.time() - start,
                     steps=steps.step)
     torch.distributed.destroy_process_group()
+
+
+def log_step(args, rank: int, report: dict):
+    """Student rank 0 appends each step's loss to OUT/distill_steps.jsonl (a resumed run goes on)."""
+    if rank == 0:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "distill_steps.jsonl"), "a") as f:
+            f.write(json.dumps({"step": report["step"], "loss": report["loss"]}) + "\n")
 
 
 def serve_teacher(args, session):

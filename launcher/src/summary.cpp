@@ -3,6 +3,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <regex>
 #include <sstream>
 
 namespace distill::launcher {
@@ -59,6 +60,15 @@ FirstFailure firstFailure(const std::vector<Rank>& ranks, const ipc::Segment* se
   return best;
 }
 
+// The exception a Python rank ended with, as its traceback's last line says
+// ("KeyboardInterrupt", "distill._C.ProtocolError: ..."); "" if none shows.
+std::string pythonException(const Rank& r) {
+  static const std::regex kLine(R"(^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)(: .*)?$)");
+  for (auto it = r.tail.rbegin(); it != r.tail.rend(); ++it)
+    if (std::regex_match(*it, kLine)) return *it;
+  return "";
+}
+
 } // namespace
 
 // The teachers' deaths, "; "-separated; in a pool each named by its index
@@ -94,6 +104,7 @@ std::string summaryText(const std::vector<Rank>& ranks, const ipc::Segment* seg,
     if (first.rank) {
       headline = first.how;
       tail = first.rank;
+      if (const std::string ex = pythonException(*first.rank); !ex.empty()) headline += ": " + ex;
       if (first.rank != e.failedRank) headline += "; distill-run noticed " + howItEnded(*e.failedRank) + " first";
     }
   }

@@ -20,7 +20,7 @@ class Session:
 
     def __init__(self, c: "_C.Session"):
         self._c = c
-        self._torch_store = None  # student rank 0: the TCPStore of torch.distributed's student world
+        self._torch_store = None  # students: the store of torch.distributed's student world
 
     # --- who ---
     is_teacher = property(lambda self: self._c.is_teacher)
@@ -117,11 +117,12 @@ class Session:
 def _student_world(session: Session) -> None:
     """torch.distributed.init_process_group() (env://) after this gives the students' world.
 
-    Under distill-run, RANK/WORLD_SIZE/LOCAL_RANK already describe the students, but MASTER_PORT
-    is distill's own store: student rank 0 starts a torch TCPStore on a free port, every student
-    learns the port through distill's group, and torch is told to connect to it as a client
-    (TORCHELASTIC_USE_AGENT_STORE, as under torchrun). Under torchrun, RANK/WORLD_SIZE describe
-    every process, the teacher too: they are rewritten to the students' world.
+    Under distill-run, RANK/WORLD_SIZE/LOCAL_RANK already describe the students; the world's
+    store is distill's own (the students' authenticated rendezvous store, its keys under their
+    own prefix): env:// rendezvous is handed that store instead of opening a TCPStore, so no
+    second, unauthenticated port is served. Under torchrun, RANK/WORLD_SIZE describe every
+    process, the teacher too: they are rewritten to the students' world, and torch uses the
+    agent's store as usual.
     """
     c = session._c
     os.environ["RANK"] = str(c.rank)
@@ -130,17 +131,70 @@ def _student_world(session: Session) -> None:
     os.environ["LOCAL_WORLD_SIZE"] = str(c.local_world_size)
     if c.torchrun:
         return  # torchrun's agent store serves torch.distributed; the teacher never joins it
-    port = 0
-    if c.rank == 0:
-        session._torch_store = torch.distributed.TCPStore(
-            c.master_addr, 0, c.world_size, is_master=True, wait_for_workers=False
-        )
-        port = session._torch_store.port
-    port = c._broadcast_int(port)
-    os.environ["MASTER_ADDR"] = c.master_addr
-    os.environ["MASTER_PORT"] = str(port)
-    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
-    os.environ.setdefault("TORCHELASTIC_RESTART_COUNT", "0")
+    session._torch_store = c._torch_store()
+    _route_env_rendezvous(session)
+    if not os.environ.get("GLOO_SOCKET_IFNAME") and _is_loopback(c.master_addr):
+        # As distill's own group: gloo's listeners on the loopback, not the hostname's address.
+        name = _loopback_interface()
+        if name:
+            os.environ["GLOO_SOCKET_IFNAME"] = name
+
+
+def _is_loopback(addr: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return addr == "localhost"
+
+
+def _loopback_interface() -> Optional[str]:
+    """The name of the loopback network interface ("lo"), or None."""
+    import fcntl
+    import socket
+    import struct
+
+    SIOCGIFFLAGS, IFF_LOOPBACK = 0x8913, 0x8
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                req = fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, struct.pack("16sH", name.encode()[:15], 0))
+            except OSError:
+                continue
+            if struct.unpack("16sH", req[:18])[1] & IFF_LOOPBACK:
+                return name
+    return None
+
+
+_env_handler = None  # torch's env:// rendezvous handler, before distill's
+
+
+def _route_env_rendezvous(session: Session) -> None:
+    """env:// (init_process_group's default) yields the session's store, rank and world size.
+
+    A rank or world size other than the session's (the URL's or the environment's) goes to
+    torch's handler as before."""
+    global _env_handler
+    import importlib
+    from urllib.parse import urlparse
+
+    rdzv = importlib.import_module("torch.distributed.rendezvous")  # the module (a function shadows it)
+
+    if _env_handler is None:
+        _env_handler = rdzv._rendezvous_handlers["env"]
+
+    def handler(url, **kwargs):
+        query = rdzv._query_to_dict(urlparse(url).query)
+        rank = int(query.get("rank", os.environ.get("RANK", "-1")))
+        world = int(query.get("world_size", os.environ.get("WORLD_SIZE", "-1")))
+        if (rank, world) != (session.rank, session.world_size):
+            yield from _env_handler(url, **kwargs)
+            return
+        yield (session._torch_store, rank, world)
+        raise RuntimeError("Unable to perform re-rendezvous using env:// method")
+
+    rdzv._rendezvous_handlers["env"] = handler
 
 
 def _install_sigint(session: Session) -> None:
@@ -166,6 +220,12 @@ def init(argv: Optional[List[str]] = None, trainer_keys: Optional[List[str]] = N
     removed. `trainer_keys`: the trainer section's keys this trainer knows (any other is a
     ConfigError naming it)."""
     args = sys.argv if argv is None else argv
+    # A peer that died must surface as an error naming it (PeerLostError), never as this rank's
+    # death by SIGPIPE when it writes to the peer's reset socket (gloo, the store). CPython
+    # ignores SIGPIPE at start-up (its writes see EPIPE); an embedding interpreter, or a trainer
+    # that restored the default, gets it ignored here (a handler of its own is kept).
+    if hasattr(signal, "SIGPIPE") and signal.getsignal(signal.SIGPIPE) == signal.SIG_DFL:
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     teacher = find_program("distill-teacher")
     if teacher and not os.environ.get("DISTILL_TEACHER_BIN"):
         os.environ["DISTILL_TEACHER_BIN"] = teacher  # torchrun's teacher slot becomes it

@@ -1,6 +1,8 @@
 """distill.Steps: the C++ step API (distill::Steps) for a Python model and optimizer."""
 
 import io
+import warnings
+import weakref
 from typing import Callable, Iterable, Iterator, NamedTuple, Optional
 
 import torch
@@ -32,6 +34,12 @@ class Steps:
     a loader run dry) with the other students, reports the status to distill-run and saves
     checkpoints (checkpoint.* of the config) of model.state_dict() and optimizer.state_dict().
 
+    `loader_state`: an object with state_dict() and load_state_dict() (the loader, or its
+    sampler). Steps reads the loader ahead of the step it trains, so each checkpoint keeps, in
+    this rank's file, the state it had right after the saved step's last micro-batch was read;
+    a resume loads it back before the first micro-batch is read, so the loader goes on exactly
+    where the checkpoint's step left it.
+
     Gradients: a model wrapped in DistributedDataParallel syncs its own (DDP averages them: Steps
     backpropagates the loss times the student world size, so the average is the step's
     token-mean gradient, and turns DDP's sync off on the accumulation micro-batches, as
@@ -47,6 +55,7 @@ class Steps:
         optimizer: torch.optim.Optimizer,
         on_step: Optional[Callable[[dict], None]] = None,
         fingerprint: str = "",
+        loader_state=None,
     ):
         ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
         inner = model.module if ddp else model
@@ -73,12 +82,50 @@ class Steps:
             inner.load_state_dict(torch.load(io.BytesIO(model_bytes), map_location=device, weights_only=True))
             optimizer.load_state_dict(torch.load(io.BytesIO(optimizer_bytes), map_location=device, weights_only=True))
 
-        self._c = _C._steps(session._c, params, buffers, ddp, cuda, save_state, load_state, on_step, fingerprint)
+        self._loader_state = loader_state
+        self._reads = 0  # micro-batches read from the loader by this object
+        self._snapshots = {}  # reads -> loader_state's torch.save bytes right after that read
+        self._keep = 2 * self._grad_acc + session.in_flight + 8
+        # Through a weak reference: the C++ Steps holding this object would be a cycle that no
+        # collector sees, and the session (the process's detach from the job) would never end.
+        me = weakref.ref(self)
+        rank_extra = (lambda step: me()._loader_snapshot(step)) if loader_state is not None else None
+        self._c = _C._steps(session._c, params, buffers, ddp, cuda, save_state, load_state, on_step, fingerprint,
+                            rank_extra)
+        if loader_state is not None:
+            self._load_loader_state()
+
+    def _load_loader_state(self) -> None:
+        extra = self._c.resumed_rank_extra
+        if extra:
+            self._loader_state.load_state_dict(torch.load(io.BytesIO(extra), weights_only=True))
+        elif self._c.resumed_step > 0:
+            warnings.warn(f"distill.Steps: the checkpoint of step {self._c.resumed_step} holds no loader state "
+                          "(saved without loader_state): the loader starts from its own beginning", stacklevel=3)
+
+    def _loader_snapshot(self, step: int) -> bytes:
+        """The loader's state right after the last micro-batch of `step` was read (a checkpoint)."""
+        reads = (step - self._c.resumed_step) * self._grad_acc
+        if reads not in self._snapshots:
+            raise _C.InternalError(f"distill.Steps: no loader state recorded after micro-batch {reads} "
+                                   f"(step {step}); recorded: {sorted(self._snapshots)}")
+        return self._snapshots[reads]
+
+    def _read(self, loader: Callable[[], Optional[tuple]]):
+        item = loader()
+        if item is not None and self._loader_state is not None:
+            self._reads += 1
+            buf = io.BytesIO()
+            torch.save(self._loader_state.state_dict(), buf)
+            self._snapshots[self._reads] = buf.getvalue()
+            # Steps reads at most a step and student.in_flight requests ahead of the one it trains.
+            self._snapshots.pop(self._reads - self._keep, None)
+        return item
 
     def next(self, loader: Callable[[], Optional[tuple]]) -> Optional[StepItem]:
         """The next micro-batch, or None when training is over. `loader()` returns (inputs, labels)
         or None when it has no more."""
-        item = self._c.next(loader)
+        item = self._c.next(lambda: self._read(loader))
         if item is None:
             return None
         item = StepItem(*item)

@@ -1,6 +1,8 @@
 // distill.init() and the session: who this process is and the job's config.
 #include "session.h"
 
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
 #include "distill/core/config.h"
 #include "distill/core/errors.h"
 #include "distill/core/student_group.h"
@@ -33,9 +35,34 @@ SessionPtr initSession(const std::vector<std::string>& args, std::optional<std::
   return s;
 }
 
+// A config value as plain text: strings without their YAML quotes and escapes
+// (configEntries' canonical form), so a path reads as the path.
+std::string plainValue(const std::string& v) {
+  if (v.size() < 2 || v.front() != '"' || v.back() != '"') return v;
+  std::string out;
+  for (size_t i = 1; i + 1 < v.size(); ++i) {
+    if (v[i] != '\\' || i + 2 >= v.size()) {
+      out += v[i];
+      continue;
+    }
+    const char e = v[++i];
+    if (e == 'n') {
+      out += '\n';
+    } else if (e == 't') {
+      out += '\t';
+    } else if (e == 'x' && i + 2 < v.size()) {
+      out += static_cast<char>(std::stoi(v.substr(i + 1, 2), nullptr, 16));
+      i += 2;
+    } else {
+      out += e; // \" and \\ .
+    }
+  }
+  return out;
+}
+
 pyb::dict configDict(const Config& c) {
   pyb::dict d;
-  for (const auto& e : configEntries(c)) d[pyb::str(e.key)] = e.value;
+  for (const auto& e : configEntries(c)) d[pyb::str(e.key)] = plainValue(e.value);
   return d;
 }
 
@@ -45,12 +72,9 @@ pyb::dict trainerDict(const Config& c) {
   return d;
 }
 
-// Student rank 0's integer to every student (the torch.distributed port).
-int64_t broadcastInt(PySession& s, int64_t value) {
-  at::Tensor t = at::tensor({value}, at::kLong);
-  s.student().group().broadcast(t, 0, "python: torch.distributed's store port");
-  return t.item<int64_t>();
-}
+// The store of torch.distributed's student world: distill's own, with its
+// secret (StudentGroup::store); a torch._C._distributed_c10d.Store in Python.
+c10::intrusive_ptr<c10d::Store> torchStore(PySession& s) { return s.student().group().store("torch"); }
 
 } // namespace
 
@@ -78,7 +102,7 @@ void bindSession(pyb::module_& m) {
                                DISTILL_CHECK_T(ConfigError, s.session.teacher, "teacher_device: not the teacher");
                                return s.session.teacher->device();
                              })
-      .def("_broadcast_int", &broadcastInt, pyb::call_guard<pyb::gil_scoped_release>())
+      .def("_torch_store", &torchStore, pyb::call_guard<pyb::gil_scoped_release>())
       .def(
           "barrier", [](PySession& s) { s.student().group().barrier("python barrier"); },
           pyb::call_guard<pyb::gil_scoped_release>());

@@ -22,7 +22,7 @@ using StepsPtr = std::shared_ptr<PySteps>;
 StepsPtr makeSteps(const SessionPtr& s, std::vector<at::Tensor> params, std::vector<at::Tensor> buffers,
                    bool trainerAverages, bool cuda, std::function<pyb::tuple()> saveState,
                    std::function<void(pyb::bytes, pyb::bytes)> loadState, std::function<void(pyb::dict)> onStep,
-                   std::string fingerprint) {
+                   std::string fingerprint, std::function<pyb::bytes(int64_t)> rankExtra) {
   ExternalModel model;
   model.parameters = std::move(params);
   model.buffers = std::move(buffers);
@@ -39,6 +39,12 @@ StepsPtr makeSteps(const SessionPtr& s, std::vector<at::Tensor> params, std::vec
   };
   StepsOptions options;
   options.teacherFingerprint = std::move(fingerprint);
+  if (rankExtra) {
+    options.checkpointRankExtra = [rankExtra](int64_t step) {
+      pyb::gil_scoped_acquire gil;
+      return std::string(rankExtra(step));
+    };
+  }
   if (onStep) {
     options.onStep = [onStep](const StepReport& r) {
       pyb::gil_scoped_acquire gil;
@@ -61,10 +67,21 @@ std::optional<MicroBatch> loadOne(const pyb::function& loader) {
   pyb::gil_scoped_acquire gil;
   pyb::object item = loader();
   if (item.is_none()) return std::nullopt;
-  auto pair = item.cast<pyb::tuple>();
-  DISTILL_CHECK_T(ConfigError, pair.size() == 2, "distill.Steps: the loader must yield (inputs, labels), got ",
-                  pair.size(), " items");
-  return MicroBatch{pair[0].cast<at::Tensor>(), pair[1].cast<at::Tensor>()};
+  auto typeOf = [](const pyb::handle& h) {
+    return pyb::str(pyb::type::handle_of(h).attr("__qualname__")).cast<std::string>();
+  };
+  const bool sequence = pyb::isinstance<pyb::tuple>(item) || pyb::isinstance<pyb::list>(item);
+  DISTILL_CHECK_T(
+      ConfigError, sequence && pyb::len(item) == 2,
+      "distill.Steps: the loader must yield (inputs, labels) pairs of tensors, got ",
+      sequence ? "a " + typeOf(item) + " of " + std::to_string(pyb::len(item)) + " items" : "a " + typeOf(item));
+  pyb::sequence pair = item.cast<pyb::sequence>();
+  for (size_t i = 0; i < 2; ++i) {
+    DISTILL_CHECK_T(ConfigError, THPVariable_Check(pair[i].ptr()),
+                    "distill.Steps: the loader must yield (inputs, labels) pairs of tensors; its ",
+                    i == 0 ? "inputs are" : "labels are", " a ", typeOf(pair[i]));
+  }
+  return MicroBatch{THPVariable_Unpack(pair[0].ptr()), THPVariable_Unpack(pair[1].ptr())};
 }
 
 pyb::object next(PySteps& p, const pyb::function& loader) {
@@ -96,13 +113,15 @@ void bindSteps(pyb::module_& m) {
       .def_property_readonly("step", [](const PySteps& p) { return p.steps->step(); })
       .def_property_readonly("step_tokens", [](const PySteps& p) { return p.steps->stepTokens(); })
       .def_property_readonly("resumed_step", [](const PySteps& p) { return p.steps->resumedStep(); })
+      .def_property_readonly("resumed_rank_extra",
+                             [](const PySteps& p) { return pyb::bytes(p.steps->resumedRankExtra()); })
       .def_property_readonly("stopped", [](const PySteps& p) { return p.steps->stopped(); })
       .def_property_readonly("saved", [](const PySteps& p) { return p.steps->saved(); })
       .def(
           "close", [](PySteps& p) { p.steps.reset(); }, pyb::call_guard<pyb::gil_scoped_release>());
   m.def("_steps", &makeSteps, pyb::arg("session"), pyb::arg("parameters"), pyb::arg("buffers"),
         pyb::arg("trainer_averages"), pyb::arg("cuda"), pyb::arg("save_state"), pyb::arg("load_state"),
-        pyb::arg("on_step"), pyb::arg("fingerprint") = "");
+        pyb::arg("on_step"), pyb::arg("fingerprint") = "", pyb::arg("rank_extra") = nullptr);
 }
 
 } // namespace distill::py

@@ -31,34 +31,45 @@ class PyTeacher : public TeacherModel {
     module_ = pyb::object();
   }
 
+  // A Python exception of the forward goes on as itself (pybind11's
+  // error_already_set): serve() fails with it in the teacher's process.
   std::map<std::string, at::Tensor> forward(const std::vector<at::Tensor>& inputs) override {
     pyb::gil_scoped_acquire gil;
-    try {
-      pyb::tuple args(inputs.size());
-      for (size_t i = 0; i < inputs.size(); ++i) args[i] = pyb::cast(inputs[i]);
-      pyb::object out = module_(*args);
-      std::map<std::string, at::Tensor> named;
-      if (pyb::isinstance<pyb::dict>(out)) {
-        for (auto item : out.cast<pyb::dict>()) named[item.first.cast<std::string>()] = item.second.cast<at::Tensor>();
-      } else if (pyb::isinstance<pyb::tuple>(out)) {
-        named[output_] = out.cast<pyb::tuple>()[0].cast<at::Tensor>(); // first element, as teacher.output says
-      } else {
-        named[output_] = out.cast<at::Tensor>();
+    pyb::tuple args(inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) args[i] = pyb::cast(inputs[i]);
+    pyb::object out = module_(*args);
+    std::map<std::string, at::Tensor> named;
+    if (pyb::isinstance<pyb::dict>(out)) {
+      for (auto item : out.cast<pyb::dict>()) {
+        named[pyb::str(item.first).cast<std::string>()] =
+            tensorOf(item.second, "its dict's '" + pyb::str(item.first).cast<std::string>() + "'");
       }
-      return named;
-    } catch (pyb::error_already_set& e) {
-      DISTILL_THROW(Error, "the Python teacher's forward raised ", e.what());
-    } catch (const pyb::cast_error& e) {
-      DISTILL_THROW(ProtocolError,
-                    "the Python teacher's forward must return a tensor, a tuple whose first element "
-                    "is one, or a dict of tensors: ",
-                    e.what());
+    } else if (pyb::isinstance<pyb::tuple>(out) && pyb::len(out) > 0) {
+      named[output_] = tensorOf(out.cast<pyb::tuple>()[0], "its tuple's first element"); // as teacher.output says
+    } else {
+      named[output_] = tensorOf(out, "it");
     }
+    return named;
   }
   std::string fingerprint() const override { return fingerprint_; }
+  // The model's type, for messages ("function", "GPT").
+  std::string typeName() const {
+    pyb::gil_scoped_acquire gil;
+    return pyb::str(pyb::type::handle_of(module_).attr("__qualname__")).cast<std::string>();
+  }
   std::vector<std::pair<std::string, at::Tensor>> state() const override { return state_; }
 
  private:
+  // `value` as a tensor, or a ProtocolError saying what the forward returned.
+  static at::Tensor tensorOf(const pyb::handle& value, const std::string& what) {
+    if (THPVariable_Check(value.ptr())) return THPVariable_Unpack(value.ptr());
+    const auto type = pyb::str(pyb::type::handle_of(value).attr("__qualname__")).cast<std::string>();
+    DISTILL_THROW(ProtocolError,
+                  "the Python teacher's forward must return a tensor, a tuple whose first element is "
+                  "one, or a dict of tensors; ",
+                  what, " is a ", type);
+  }
+
   pyb::object module_;
   std::string output_, fingerprint_;
   std::vector<std::pair<std::string, at::Tensor>> state_;
@@ -68,7 +79,18 @@ pyb::dict serveModule(const SessionPtr& s, pyb::object module, std::string finge
   DISTILL_CHECK_T(ConfigError, s->session.teacher,
                   "distill.serve: this process is a student (serve the teacher on the teacher's rank: "
                   "`if session.is_teacher: distill.serve(session, model)`)");
+  const bool noFingerprint = fingerprint.empty();
   auto model = std::make_shared<PyTeacher>(std::move(module), s->session.config.teacher.output, std::move(fingerprint));
+  // The cache keys its answers on the weights: a teacher without parameters
+  // (a function, a lambda) must name them. Said here, in Python's words.
+  DISTILL_CHECK_T(ConfigError,
+                  s->session.config.teacher.cache.mode == CacheMode::kOff || !noFingerprint || !model->state().empty(),
+                  "distill.serve: teacher.cache keeps the teacher's answers by its weights, and this teacher (a ",
+                  model->typeName(),
+                  ") has no parameters or buffers to tell them by: pass the torch.nn.Module itself "
+                  "(distill.serve(session, model)), or name its weights with "
+                  "distill.serve(session, forward, fingerprint=\"...\") (e.g. the checkpoint's path and digest: "
+                  "a new fingerprint is a new cache), or set teacher.cache.mode: off");
   ServeStats st;
   {
     pyb::gil_scoped_release nogil;

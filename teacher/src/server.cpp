@@ -321,13 +321,13 @@ class Server {
       }
       if (!cache_) out = compute(inputs, label).answer;
     } catch (const std::exception& e) {
-      std::string what = e.what();
-      for (auto& p : batch) {
-        answerError(p.student, p.msg.tag(),
-                    "teacher forward failed on a batch of " + std::to_string(batch.size()) +
-                        " request(s): " + what.substr(0, 300));
-      }
-      return;
+      // The teacher's own failure (its model raised, or answered in the wrong
+      // shape), not its students': the teacher fails, first, and is named so
+      // (the students see it gone: PeerLostError). Its requests stay in the
+      // rings, so a restarted teacher (teacher.max_restarts) serves them again.
+      DISTILL_LOG(kError) << "teacher " << teacher_ << " failed on a batch of " << batch.size() << " request(s) ("
+                          << tokens << " tokens): " << e.what();
+      throw;
     }
     noteBusy(t0, Clock::now());
     if (cache_) {
@@ -395,17 +395,32 @@ class Server {
     ++stats_.batches;
     auto it = raw.find(cfg_.teacher.output);
     const int64_t vocab = it != raw.end() && it->second.dim() >= 1 ? it->second.size(-1) : 0;
-    return {shape(std::move(raw), inputs[0].size(0)), vocab};
+    return {shape(std::move(raw), inputs[0]), vocab};
+  }
+
+  // The model's output checked against its first input: the batch in dim 0 and,
+  // for token ids [B, T] answered per position ([B, T', V]), one row per token.
+  void checkOutputShape(const at::Tensor& logits, const at::Tensor& input) const {
+    const int64_t batch = input.size(0);
+    const std::string& name = cfg_.teacher.output;
+    const std::string input0 = "input '" + cfg_.teacher.inputs.at(0) + "' of shape " + describe(input);
+    DISTILL_CHECK_T(ProtocolError, logits.dim() >= 1 && logits.size(0) == batch, "teacher output '", name,
+                    "' has shape ", logits.sizes(), " for ", input0, ": expected batch ", batch, " in dim 0");
+    if (at::isIntegralType(input.scalar_type(), false) && input.dim() == 2 && logits.dim() == 3) {
+      DISTILL_CHECK_T(ProtocolError, logits.size(1) == input.size(1), "teacher output '", name, "' has shape ",
+                      logits.sizes(), " for ", input0, ": expected [", batch, ", ", input.size(1),
+                      ", V], one row per input token (a forward that answers only the last position, as "
+                      "nanoGPT's forward(idx) without targets does, cannot teach the others)");
+    }
   }
 
   // Full logits, or the top-k (topkOutput), plus hidden states.
-  std::map<std::string, at::Tensor> shape(std::map<std::string, at::Tensor> raw, int64_t batch) {
+  std::map<std::string, at::Tensor> shape(std::map<std::string, at::Tensor> raw, const at::Tensor& input) {
     auto it = raw.find(cfg_.teacher.output);
     DISTILL_CHECK_T(ProtocolError, it != raw.end(), "teacher model returned no '", cfg_.teacher.output,
                     "' (teacher.output)");
     at::Tensor logits = it->second;
-    DISTILL_CHECK_T(ProtocolError, logits.dim() >= 1 && logits.size(0) == batch, "teacher output '",
-                    cfg_.teacher.output, "' has shape ", logits.sizes(), "; expected batch ", batch, " in dim 0");
+    checkOutputShape(logits, input);
     std::map<std::string, at::Tensor> out;
     if (cfg_.teacher.topk > 0) {
       out = topkOutput(logits, cfg_.teacher.topk, cfg_.loss.temperature);

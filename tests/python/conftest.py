@@ -41,14 +41,15 @@ class Job:
     def __init__(self, bin_dir, tmp_path, tiny_lm):
         self.bin_dir, self.dir, self.tiny_lm = bin_dir, tmp_path, tiny_lm
 
-    def run(self, mode, yaml_text, timeout=240, students=2):
+    def run(self, mode, yaml_text, timeout=240, students=2, options=(), env=None):
+        """`options`: more distill-run options; `env`: more environment variables."""
         cfg = self.dir / "job.yaml"
         cfg.write_text(yaml_text)
         out = self.dir / "out"
         out.mkdir(exist_ok=True)
         cmd = [os.path.join(self.bin_dir, "distill-run"), "--config", str(cfg), "--nproc-per-node", str(students + 1),
-               "--", sys.executable, TRAINER, "--mode", mode, "--out", str(out), "--teacher", self.tiny_lm]
-        env = dict(os.environ, OMP_NUM_THREADS="1")
+               *options, "--", sys.executable, TRAINER, "--mode", mode, "--out", str(out), "--teacher", self.tiny_lm]
+        env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
         p = subprocess.run(cmd, cwd=self.dir, env=env, capture_output=True, text=True, timeout=timeout)
         self.output = p.stdout + p.stderr
         return p.returncode

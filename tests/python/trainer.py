@@ -12,19 +12,25 @@ Modes:
             micro-batches seen, for a one-process comparison.
   kill_student  like steps; student rank 1 SIGKILLs itself at step 2.
   sigint    like steps; student rank 1 sends itself SIGINT (Ctrl-C) at step 2.
+  sigint_job  like steps; at step 2 student rank 1 sends SIGINT to distill-run and every rank, as
+            a terminal's Ctrl-C does.
   steps_plain  like steps without DDP: distill.Steps sums the gradients itself.
   fsdp      the low-level API under FSDP2 (fully_shard over the students' world): one step
             of two micro-batches per student, normaliser step tokens / world size (FSDP
             averages); the full parameters after the SGD step.
-Options read from the config's trainer section: kill_teacher_after (self teacher: SIGKILL
-itself at that forward call), gil_busy_s (self teacher: its 3rd forward spins in Python,
-holding the GIL, this long).
+Options read from the config's trainer section (self teacher): kill_teacher_after (SIGKILL
+itself at that forward call), gil_busy_s (its 3rd forward spins in Python, holding the GIL,
+this long), interrupt_teacher_at (SIGINT itself twice at that forward call),
+teacher (module: the TorchScript module; function: a plain function calling it;
+last_position: a function answering the last position only, [B, 1, V]).
+Environment: TRAINER_SIGPIPE_DEFAULT=1 restores SIGPIPE's default before distill.init().
 """
 
 import argparse
 import json
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -50,10 +56,68 @@ def micro_batches(rank: int, count: int):
     return out
 
 
+def _address(hex_addr: str) -> str:
+    """/proc/net/tcp{,6}'s "0100007F:1F90" as "127.0.0.1" (the port dropped)."""
+    host = hex_addr.split(":")[0]
+    raw = b"".join(bytes.fromhex(host[i:i + 8])[::-1] for i in range(0, len(host), 8))
+    return socket.inet_ntop(socket.AF_INET if len(raw) == 4 else socket.AF_INET6, raw)
+
+
+def listening():
+    """The addresses this process listens on (TCP), from /proc/net/tcp{,6} and its descriptors."""
+    by_inode = {}
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(path) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A":  # LISTEN
+                    by_inode[fields[9]] = _address(fields[1])
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:[") and link[8:-1] in by_inode:
+            out.append(by_inode[link[8:-1]])
+    return sorted(out)
+
+
+def stranger_reads() -> str:
+    """What a plain torch TCPStore client (no job secret) reads from MASTER_ADDR:MASTER_PORT, the
+    students' world's rendezvous: "" when it is refused."""
+    from datetime import timedelta
+
+    try:
+        store = torch.distributed.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                           is_master=False, timeout=timedelta(seconds=3))
+        return f"{store.num_keys()} keys"
+    except Exception:  # noqa: BLE001  (refused: any error will do)
+        return ""
+
+
+def ctrl_c_to_the_job():
+    """What a terminal's Ctrl-C does to a job in its foreground: SIGINT to distill-run (this
+    process's parent) and to every rank it started, this one last."""
+    parent = os.getppid()
+    ranks = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == parent and int(pid) != os.getpid():
+                    ranks.append(int(pid))
+        except (OSError, ValueError, IndexError):
+            continue
+    for pid in [parent, *ranks, os.getpid()]:
+        os.kill(pid, signal.SIGINT)
+
+
 def serve(session, args):
     teacher = torch.jit.load(args.teacher)
     kill_after = int(session.trainer.get("kill_teacher_after", "0"))
     busy_s = float(session.trainer.get("gil_busy_s", "0"))
+    interrupt_at = int(session.trainer.get("interrupt_teacher_at", "0"))
+    how = session.trainer.get("teacher", "module")
     calls = [0]
 
     def forward(ids):
@@ -64,9 +128,14 @@ def serve(session, args):
             end = time.monotonic() + busy_s
             while time.monotonic() < end:
                 pass
-        return teacher(ids)
+        if calls[0] == interrupt_at:  # Ctrl-C twice: the first is noted, the second interrupts
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+        out = teacher(ids)
+        return out[:, -1:, :] if how == "last_position" else out  # nanoGPT's forward(idx), no targets
 
-    stats = distill.serve(session, forward if kill_after or busy_s else teacher)
+    plain = not (kill_after or busy_s or interrupt_at or how != "module")
+    stats = distill.serve(session, teacher if plain else forward)
     print(f"teacher served {stats['requests']} requests in {stats['batches']} batches", flush=True)
 
 
@@ -110,6 +179,9 @@ def steps(session, args):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     s = distill.Steps(session, ddp, opt)
+    report["listening"] = listening()  # the students' world is up: every socket it serves
+    if session.rank == 1 and args.mode == "steps":
+        report["stranger"] = stranger_reads()
     if session.rank == 0:
         initial = {k: v.clone() for k, v in model.state_dict().items()}
     seen, losses = [], []
@@ -118,6 +190,8 @@ def steps(session, args):
             os.kill(os.getpid(), signal.SIGKILL)
         if args.mode == "sigint" and session.rank == 1 and (mb.step, mb.acc_step) == (2, 0):
             os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C in one student: all stop after step 2
+        if args.mode == "sigint_job" and session.rank == 1 and (mb.step, mb.acc_step) == (2, 0):
+            ctrl_c_to_the_job()
         if mb.step == 1:
             seen.append(mb.inputs.tolist())
         r = s.backward(ddp(mb.inputs))
@@ -172,6 +246,8 @@ def fsdp(session, args):
 
 
 def main():
+    if os.environ.get("TRAINER_SIGPIPE_DEFAULT"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # as an embedding interpreter may leave it
     session = distill.init()
     p = argparse.ArgumentParser()
     p.add_argument("--mode", required=True)
@@ -183,6 +259,8 @@ def main():
     modes = {"lowlevel": lowlevel, "fsdp": fsdp}
     report = modes.get(args.mode, steps)(session, args)
     report["rank"] = session.rank
+    report["sigpipe_ignored"] = signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN
+    report["log_dir"] = session.config["run.log_dir"]
     with open(os.path.join(args.out, f"rank{session.rank}.json"), "w") as f:
         json.dump(report, f)
 

@@ -50,6 +50,7 @@ void Steps::start(const std::vector<at::Tensor>& buffers) {
   if (loaded) {
     resumed_ = loaded->train.step;
     resumedExtra_ = loaded->train.extra;
+    resumedRankExtra_ = loaded->rank.extra;
   }
   // Every student trains student rank 0's weights, as DDP does at start.
   broadcastParameters(session_.student->group(), params_, buffers);
@@ -218,12 +219,14 @@ bool Steps::save(int64_t step) {
   state.step = step;
   state.data.index = step;
   if (options_.checkpointExtra) state.extra = options_.checkpointExtra();
+  RankState rank;
+  if (options_.checkpointRankExtra && ckpt_->enabled()) rank.extra = options_.checkpointRankExtra(step);
   savedStep_ = step;
   if (model_) {
-    saveOk_ = ckpt_->save(step, *model_, *optimizer_, state);
+    saveOk_ = ckpt_->save(step, *model_, *optimizer_, state, rank);
   } else if (ckpt_->enabled()) {
     auto [modelBytes, optimizerBytes] = external_->saveState();
-    saveOk_ = ckpt_->saveBytes(step, std::move(modelBytes), std::move(optimizerBytes), state, {}, external_->cuda);
+    saveOk_ = ckpt_->saveBytes(step, std::move(modelBytes), std::move(optimizerBytes), state, rank, external_->cuda);
   } else {
     saveOk_ = false;
   }

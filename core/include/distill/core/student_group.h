@@ -29,12 +29,17 @@
 // the same order on every rank (as with any c10d group).
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/intrusive_ptr.h>
 
 #include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
+
+namespace c10d {
+class Store;
+} // namespace c10d
 
 namespace distill {
 
@@ -127,6 +132,14 @@ class StudentGroup {
   // "distill/students/notes/<prefix>/<key>"), with its own store connection.
   // Not a collective; callable from any thread.
   std::unique_ptr<GroupNotes> notes(const std::string& prefix);
+
+  // A store for another process group of the same students (Python's
+  // torch.distributed world): a new connection to the group's rendezvous
+  // store, authenticated as the group's own (distill's store, job_store.h),
+  // its keys under "distill/students/<prefix>/". Its closing is never taken
+  // for this rank lost (the group's own connection speaks for the rank).
+  // Under torchrun, torchrun's agent store under the same prefix.
+  c10::intrusive_ptr<c10d::Store> store(const std::string& prefix);
 
  private:
   friend class StudentContext;

@@ -87,6 +87,9 @@ struct StepsOptions {
   std::function<void(StudentStatus&)> onStatus;
   // TrainState::extra of each checkpoint (the trainer's own resume bytes).
   std::function<std::string()> checkpointExtra;
+  // RankState::extra of each checkpoint: this rank's own resume bytes (its
+  // loader's position), in this rank's file. Called with the step saved.
+  std::function<std::string(int64_t step)> checkpointRankExtra;
   // After each save: its step and CheckpointManager::save()'s verdict (false:
   // it failed and checkpoint.on_error=continue; see the log).
   std::function<void(int64_t step, bool saved)> onCheckpoint;
@@ -129,6 +132,7 @@ class Steps {
   // TrainState::extra.
   int64_t resumedStep() const { return resumed_; }
   const std::string& resumedExtra() const { return resumedExtra_; }
+  const std::string& resumedRankExtra() const { return resumedRankExtra_; } // RankState::extra
 
   // The next micro-batch, or nullopt when training is over (run.steps done,
   // a stop agreed, a loader dry): then the last checkpoint is published and
@@ -175,7 +179,7 @@ class Steps {
   std::optional<Pending> current_;
   int grad_acc_ = 1;
   int64_t resumed_ = 0, step_ = 0, accStep_ = -1, nextStep_ = 1, nextAcc_ = 0, savedStep_ = -1;
-  std::string resumedExtra_;
+  std::string resumedExtra_, resumedRankExtra_;
   bool saveOk_ = true, dry_ = false, done_ = false, stopped_ = false, stepOpen_ = false;
   double tokens_ = 0, loss_ = 0, kd_ = 0, ce_ = 0, wait_ = 0, myTokens_ = 0;
   int64_t stepStartNs_ = 0;
