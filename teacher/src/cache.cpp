@@ -8,10 +8,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <fstream>
 #include <limits>
 #include <set>
 #include <sstream>
@@ -99,28 +101,60 @@ int64_t storedCost(size_t record, int64_t pageSize) {
   return node + 8 + (16 + int64_t(record) + pageSize - 1) / pageSize * pageSize;
 }
 
-} // namespace
-
 // ---- the LMDB store ----
+
+// Where data.mdb is mapped in this process: LMDB does not say (mdb_env_info's
+// me_mapaddr is the fixed address asked for, none here), so /proc/self/maps is
+// read: the mapping at offset 0 of data.mdb's path or inode. nullptr if not found.
+const char* findMap(const std::string& file, int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return nullptr;
+  char resolved[PATH_MAX];
+  const std::string real = ::realpath(file.c_str(), resolved) ? resolved : file;
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    unsigned long start = 0, end = 0, offset = 0, inode = 0;
+    char perms[8];
+    int pathAt = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx %7s %lx %*x:%*x %lu %n", &start, &end, perms, &offset, &inode, &pathAt) <
+            5 ||
+        offset != 0) {
+      continue;
+    }
+    const std::string mapped = pathAt > 0 ? line.substr(size_t(pathAt)) : "";
+    const bool dataFile = mapped.size() >= 9 && mapped.compare(mapped.size() - 9, 9, "/data.mdb") == 0;
+    if (mapped == real || (dataFile && inode == st.st_ino)) {
+      return reinterpret_cast<const char*>(start);
+    }
+  }
+  return nullptr;
+}
+
+} // namespace
 
 struct TeacherCache::Env {
   MDB_env* env = nullptr;
   MDB_dbi dbi = 0;
   int64_t pageSize = 4096;
+  std::string file; // data.mdb
+  const char* map = nullptr; // where data.mdb is mapped (findMap)
   ~Env() {
     if (env) mdb_env_close(env);
   }
   // Does `v` (a value of a read transaction: in the map) lie inside data.mdb?
   // A damaged node could give a size past the file's end, where a read would SIGBUS.
-  bool inFile(const MDB_val& v) const {
-    MDB_envinfo info;
+  bool inFile(const MDB_val& v) {
     int fd = -1;
     struct stat st {};
-    if (mdb_env_info(env, &info) != 0 || mdb_env_get_fd(env, &fd) != 0 || ::fstat(fd, &st) != 0) return false;
-    const auto* base = static_cast<const char*>(info.me_mapaddr);
-    const auto* p = static_cast<const char*>(v.mv_data);
-    const size_t mapped = std::min<size_t>(info.me_mapsize, size_t(st.st_size));
-    return p >= base && size_t(p - base) <= mapped && v.mv_size <= mapped - size_t(p - base);
+    if (mdb_env_get_fd(env, &fd) != 0 || ::fstat(fd, &st) != 0) return false;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      if (!map || attempt == 1) map = findMap(file, fd); // again once: the map moves when another teacher grows it
+      const auto* p = static_cast<const char*>(v.mv_data);
+      const size_t size = size_t(st.st_size);
+      if (map && p >= map && size_t(p - map) <= size && v.mv_size <= size - size_t(p - map)) return true;
+    }
+    return false;
   }
 };
 
@@ -195,6 +229,7 @@ TeacherCache::TeacherCache(const TeacherOptions::CacheOptions& o, std::string co
 void TeacherCache::open(const TeacherOptions::CacheOptions& o) {
   for (int attempt = 0;; ++attempt) {
     env_ = std::make_unique<Env>();
+    env_->file = path_ + "/data.mdb";
     int rc = mdb_env_create(&env_->env);
     DISTILL_CHECK_T(IpcError, rc == 0, "teacher cache ", path_, ": mdb_env_create: ", lmdbError(rc));
     rc = mdb_env_set_mapsize(env_->env, static_cast<size_t>(maxBytes_));
@@ -277,8 +312,8 @@ void TeacherCache::readHeader() {
     DISTILL_CHECK_T(ConfigError, found == want, "teacher.cache.path: the store in ", path_, " has cache ", found,
                     ", this teacher reads and writes ", want, "; give another path or remove the store");
   } else {
-    DISTILL_CHECK_T(ConfigError, rc == MDB_NOTFOUND, "teacher.cache.path: cannot read the store in ", path_, ": ",
-                    lmdbError(rc));
+    DISTILL_CHECK_T(ConfigError, rc == MDB_NOTFOUND, "teacher.cache.path: the store in ", path_,
+                    " is damaged: its header cannot be read: ", lmdbError(rc));
     DISTILL_CHECK_T(ConfigError, writes_, "teacher.cache.path: ", path_, " holds no distill teacher cache");
     MDB_val v = val(want.data(), want.size());
     rc = mdb_put(txn.get(), env_->dbi, &key, &v, 0);
