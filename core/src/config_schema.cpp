@@ -63,6 +63,7 @@ const std::vector<KeySpec>& schema() {
       DISTILL_KEY(teacher, cache.path).runtime(), // required unless mode is off, checked across fields
       DISTILL_KEY(teacher, cache.mode).runtime(),
       DISTILL_KEY(teacher, cache.max_bytes).byteSize().min(1 << 20).runtime(),
+      DISTILL_KEY(teacher, cache.on_corrupt).runtime(),
 
       DISTILL_KEY(student, grad_acc_steps).min(1),
       DISTILL_KEY(student, in_flight).min(1).runtime(), // and <= transport.slots, checked across fields

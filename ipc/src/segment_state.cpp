@@ -1,5 +1,5 @@
 // The segment's mutable, shared gauges: the students' status areas (a seqlock
-// each), the per-teacher busy and cache-hit shares and restart counters, and
+// each), the per-teacher busy shares, cache counters and restart counters, and
 // the process table's snapshot for the hang report and the launcher.
 #include <algorithm>
 
@@ -85,16 +85,39 @@ std::optional<StudentStatus> Segment::status(int localIndex) const {
   return std::nullopt;
 }
 
-void Segment::setTeacherCacheHits(int teacher, double share) const {
-  teacherAt(*impl_, teacher).cacheHitPermille.store(permille(share), std::memory_order_relaxed);
+void Segment::setTeacherCache(int teacher, const TeacherCacheGauge& g) const {
+  auto& t = teacherAt(*impl_, teacher);
+  t.cacheLookups.store(uint64_t(g.lookups), std::memory_order_relaxed);
+  t.cacheHits.store(uint64_t(g.hits), std::memory_order_relaxed);
+  t.cacheStoredTokens.store(uint64_t(g.storedTokens), std::memory_order_relaxed);
+  t.cacheStoredBytes.store(uint64_t(g.storedBytes), std::memory_order_relaxed);
+  t.cacheFull.store(static_cast<uint32_t>(g.full), std::memory_order_relaxed);
 }
-double Segment::teacherCacheHits(int teacher) const {
-  return teacherAt(*impl_, teacher).cacheHitPermille.load(std::memory_order_relaxed) / 1000.0;
+TeacherCacheGauge Segment::teacherCache(int teacher) const {
+  const auto& t = teacherAt(*impl_, teacher);
+  TeacherCacheGauge g;
+  g.lookups = int64_t(t.cacheLookups.load(std::memory_order_relaxed));
+  g.hits = int64_t(t.cacheHits.load(std::memory_order_relaxed));
+  g.storedTokens = int64_t(t.cacheStoredTokens.load(std::memory_order_relaxed));
+  g.storedBytes = int64_t(t.cacheStoredBytes.load(std::memory_order_relaxed));
+  const uint32_t full = t.cacheFull.load(std::memory_order_relaxed);
+  g.full = full <= 2 ? static_cast<TeacherCacheGauge::Full>(full) : TeacherCacheGauge::Full::kWriteFailed;
+  return g;
 }
-double Segment::teacherCacheHits() const {
-  return meanShare(
-      *impl_, [](auto& t) -> auto& { return t.cacheHitPermille; });
+TeacherCacheGauge Segment::teacherCache() const {
+  TeacherCacheGauge sum;
+  for (int t = 0; t < impl_->numTeachers(); ++t) {
+    const TeacherCacheGauge g = teacherCache(t);
+    sum.lookups += g.lookups;
+    sum.hits += g.hits;
+    sum.storedTokens += g.storedTokens;
+    sum.storedBytes += g.storedBytes;
+    sum.full = std::max(sum.full, g.full);
+  }
+  return sum;
 }
+double Segment::teacherCacheHits(int teacher) const { return teacherCache(teacher).hitShare().value_or(0.0); }
+double Segment::teacherCacheHits() const { return teacherCache().hitShare().value_or(0.0); }
 
 void Segment::setTeacherMaxRestarts(int n) const {
   impl_->control().teacherMaxRestarts.store(n, std::memory_order_release);

@@ -35,7 +35,9 @@ constexpr uint64_t kSegmentMagic = 0x314D48534C495444ull; // "DTILSHM1", little 
 // 3: checksum over the used prefix; 4: teacherMaxRestarts; 5: recorder; 6: config areas and
 // the teacher's admission refusal (issue 14 item 13); 7: ProcessEntry::endedNs; 8: status areas;
 // 9: ControlBlock::teacherCacheHitPermille; 10: CRC32C checksums; 11: a teacher pool (numTeachers,
-// the per-teacher TeacherState array instead of one teacher's fields)
+// the per-teacher TeacherState array instead of one teacher's fields); 12: TeacherState's cache
+// counters (lookups, hits, stored tokens and bytes, full) instead of cacheHitPermille, and
+// ControlBlock::stallTimeoutMs (transport.stall_timeout_s)
 constexpr uint32_t kLayoutVersion = 12;
 constexpr uint32_t kSlotMagic = 0x544F4C53u; // "SLOT"
 
@@ -208,8 +210,12 @@ struct ControlBlock {
                                       // restart is used up
     std::atomic<uint32_t> busyPermille; // share of the last second it spent in forward, in 1/1000
                                         // (teacher stores, relaxed)
-    std::atomic<uint32_t> cacheHitPermille; // share of rows it answered from teacher.cache so far,
-                                            // in 1/1000 (teacher stores, relaxed)
+    // teacher.cache, counted since its start (teacher stores, relaxed; readers may see a torn set):
+    std::atomic<uint32_t> cacheFull; // 0; 1: teacher.cache.max_bytes reached; 2: a write failed
+    std::atomic<uint64_t> cacheLookups; // rows looked up in the store
+    std::atomic<uint64_t> cacheHits; // rows answered from the store
+    std::atomic<uint64_t> cacheStoredTokens; // tokens of the rows it stored
+    std::atomic<uint64_t> cacheStoredBytes; // what the store spends on them
   };
   TeacherState teachers[kMaxTeachers];
 };

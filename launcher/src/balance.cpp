@@ -30,12 +30,14 @@ std::string poolAdvice(double wait, std::optional<double> busy, int teachers) {
 
 } // namespace
 
-std::string balanceVerdict(double wait, std::optional<double> busy, std::optional<double> hits, int teachers) {
+std::string balanceVerdict(double wait, std::optional<double> busy, std::optional<double> hits, int teachers,
+                           const std::string& cacheNote) {
   std::ostringstream os;
   const std::string who = teachers > 1 ? "the " + std::to_string(teachers) + " teachers " : "the teacher ";
   const std::string busyText = busy ? ", " + who + std::to_string(percent(*busy)) + " % busy" : "";
   const std::string hitText =
-      hits ? ", " + std::to_string(percent(*hits)) + " % of its rows answered from its cache" : "";
+      (hits ? ", " + std::to_string(percent(*hits)) + " % of its rows answered from its cache" : "") +
+      (cacheNote.empty() ? "" : ", " + cacheNote);
   if (wait >= kTeacherBound) {
     // Were the wait gone, a step would take (1 - wait) of its time.
     os << "teacher-bound: students waited " << percent(wait) << " % of each step" << busyText << hitText
@@ -65,13 +67,13 @@ void Balance::sample(const std::vector<Rank>& ranks, std::optional<double> busy,
   if (n == 0) return;
   wait_ += wait / n, ++samples_;
   if (busy) busy_ += *busy, ++busySamples_;
-  if (hits) hits_ += *hits, ++hitSamples_;
+  if (hits) hits_ = *hits, hitSamples_ = 1; // a share since the job began: the last is the job's
 }
 
-std::string Balance::verdict(int teachers) const {
+std::string Balance::verdict(int teachers, const std::string& cacheNote) const {
   if (samples_ == 0) return "";
   return balanceVerdict(wait_ / samples_, busySamples_ ? std::optional<double>(busy_ / busySamples_) : std::nullopt,
-                        hitSamples_ ? std::optional<double>(hits_ / hitSamples_) : std::nullopt, teachers);
+                        hitSamples_ ? std::optional<double>(hits_) : std::nullopt, teachers, cacheNote);
 }
 
 } // namespace distill::launcher

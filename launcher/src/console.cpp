@@ -89,7 +89,7 @@ void Console::printStatus(const std::string& text) {
 }
 
 std::string statusText(const std::vector<Rank>& ranks, const std::vector<double>& teacherBusy,
-                       std::optional<double> cacheHits) {
+                       std::optional<double> cacheHits, const std::string& cacheNote) {
   int64_t step = -1;
   double loss = 0, tps = 0, wait = 0;
   int nLoss = 0, nTps = 0, nWait = 0;
@@ -111,6 +111,7 @@ std::string statusText(const std::vector<Rank>& ranks, const std::vector<double>
     os << (t == 0 ? teacherBusy.size() > 1 ? "teachers busy=" : "teacher busy=" : "/")
        << static_cast<int>(100 * teacherBusy[t] + 0.5) << (t + 1 == teacherBusy.size() ? "% " : "%");
   if (cacheHits) os << "cache hits=" << static_cast<int>(100 * *cacheHits + 0.5) << "% ";
+  if (!cacheNote.empty()) os << cacheNote << " ";
   if (nWait) os << "teacher wait=" << static_cast<int>(100 * wait / nWait + 0.5) << "% ";
   std::string text = os.str();
   return text.empty() ? "no status yet" : text.substr(0, text.size() - 1);

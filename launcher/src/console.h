@@ -49,12 +49,13 @@ class Console {
 // "step=12 loss=0.53 tokens/s=12000 teacher busy=43% teacher wait=20%": the
 // slowest student's step, mean loss, summed tokens/s over the students that
 // reported; each teacher's busy share once one attached (empty before; a pool
-// shows "teachers busy=71%/64%"); the
+// shows "teachers busy=71%/64%"); the cache hit share (hits / rows looked up)
+// and `cacheNote` ("cache full (6316 B/token)") when given; the
 // students' mean share of a step spent waiting for the teacher. "no status yet".
 // " stalled: teacher r2 (no heartbeat for 3.1 s)" for each attached process
 // whose heartbeat is older than two periods; "" when none is.
 std::string stallText(const std::vector<ipc::ProcessSnapshot>& procs, int heartbeatMs);
 std::string statusText(const std::vector<Rank>& ranks, const std::vector<double>& teacherBusy,
-                       std::optional<double> cacheHits = std::nullopt);
+                       std::optional<double> cacheHits = std::nullopt, const std::string& cacheNote = "");
 
 } // namespace distill::launcher

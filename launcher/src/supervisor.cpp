@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -263,10 +264,27 @@ void Supervisor::tick() {
   if (teacherAttached_) balance_.sample(ranks_, seg_->teacherBusy(), cacheHits());
 }
 
-// The teacher's cache hit share, when its cache is on.
+// The teachers' cache hit share (hits / rows looked up, since the job began), when their cache looks rows up.
 std::optional<double> Supervisor::cacheHits() const {
   if (cfg_.teacher.cache.mode == CacheMode::kOff || !teacherAttached_) return std::nullopt;
-  return seg_->teacherCacheHits();
+  return seg_->teacherCache().hitShare();
+}
+
+// "" until the teachers' cache stores no more rows; then, for the status line,
+// "cache full (6316 B/token)", and for the verdict a sentence with max_bytes.
+std::string Supervisor::cacheNote(bool verdict) const {
+  if (cfg_.teacher.cache.mode == CacheMode::kOff || !teacherAttached_) return "";
+  const ipc::TeacherCacheGauge g = seg_->teacherCache();
+  if (g.full == ipc::TeacherCacheGauge::Full::kNo) return "";
+  const auto perToken = std::to_string(std::lround(g.bytesPerToken()));
+  if (g.full == ipc::TeacherCacheGauge::Full::kWriteFailed) {
+    return verdict ? "the cache stopped storing rows: a write to " + cfg_.teacher.cache.path +
+            " failed (the teacher's log says why)"
+                   : "cache stopped storing (a write failed)";
+  }
+  if (!verdict) return "cache full (" + perToken + " B/token)";
+  return "the cache is full (teacher.cache.max_bytes=" + std::to_string(cfg_.teacher.cache.max_bytes) + " at " +
+      perToken + " bytes per stored token): rows past it are computed again in every epoch";
 }
 
 // Each student's last published status (Client::publishStatus); true once any published one.
@@ -282,7 +300,8 @@ bool Supervisor::readStatuses() {
 std::string Supervisor::status() const {
   std::vector<double> busy;
   for (int t = 0; teacherAttached_ && t < seg_->numTeachers(); ++t) busy.push_back(seg_->teacherBusy(t));
-  return statusText(ranks_, busy, cacheHits()) + stallText(seg_->processes(), cfg_.transport.heartbeat_ms);
+  return statusText(ranks_, busy, cacheHits(), cacheNote(false)) +
+      stallText(seg_->processes(), cfg_.transport.heartbeat_ms);
 }
 
 // After the last rank exited: its last output, the last status line, the summary.
@@ -292,7 +311,8 @@ int Supervisor::finish() {
   }
   const int restarts = seg_ ? seg_->teacherRestarts() : 0;
   if (seg_ && readStatuses()) console_.printStatus(status());
-  if (const std::string v = balance_.verdict(cfg_.teacher.procs); !v.empty()) DISTILL_LOG(kInfo) << "balance: " << v;
+  if (const std::string v = balance_.verdict(cfg_.teacher.procs, cacheNote(true)); !v.empty())
+    DISTILL_LOG(kInfo) << "balance: " << v;
   if (reason_.empty()) {
     DISTILL_LOG(kInfo) << "job finished: every rank exited 0"
                        << restartsText(ranks_, restarts, cfg_.teacher.max_restarts);

@@ -86,6 +86,7 @@ class Supervisor {
   bool readStatuses();
   std::string status() const;
   std::optional<double> cacheHits() const;
+  std::string cacheNote(bool verdict) const;
   int finish();
 
   std::string exitZeroProblem(const Rank& r) const;

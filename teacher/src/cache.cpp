@@ -2,12 +2,20 @@
 
 #include <lmdb.h>
 
+#include <pwd.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <ctime>
+#include <fstream>
 #include <limits>
+#include <set>
 #include <sstream>
 
 #include "distill/core/errors.h"
@@ -25,15 +33,128 @@ std::string headerValue(uint32_t version) { return "format " + std::to_string(ve
 
 std::string lmdbError(int rc) { return mdb_strerror(rc); }
 
-} // namespace
+// Damaged rows logged one by one; past this many they are only counted.
+constexpr int64_t kCorruptLogged = 10;
+
+std::string modeText(mode_t mode) {
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "0%03o", unsigned(mode & 07777));
+  return buf;
+}
+
+std::string userText(uid_t uid) {
+  struct passwd pw {};
+  struct passwd* found = nullptr;
+  char buf[1024];
+  std::string out = "uid " + std::to_string(uid);
+  if (::getpwuid_r(uid, &pw, buf, sizeof buf, &found) == 0 && found) out += " (" + std::string(found->pw_name) + ")";
+  return out;
+}
+
+// A store another user can change could serve that user's answers (the CRC
+// guards against accidents only): its folder and files must be this user's and
+// writable by no one else. `p` need not exist unless `required`.
+void checkPrivate(const std::string& p, bool required) {
+  struct stat st {};
+  if (::stat(p.c_str(), &st) != 0) {
+    const int err = errno;
+    DISTILL_CHECK_T(ConfigError, !required && err == ENOENT, "teacher.cache.path: cannot stat ", p, ": ",
+                    errnoString(err));
+    return;
+  }
+  DISTILL_CHECK_T(ConfigError, st.st_uid == ::geteuid(), "teacher.cache.path: ", p, " belongs to ", userText(st.st_uid),
+                  ", not to this process's user (", userText(::geteuid()), "; mode ", modeText(st.st_mode),
+                  "): a store another user can change could serve its answers; give a "
+                  "cache path of your own");
+  DISTILL_CHECK_T(ConfigError, (st.st_mode & (S_IWGRP | S_IWOTH)) == 0, "teacher.cache.path: ", p, " has mode ",
+                  modeText(st.st_mode), ", writable by ", (st.st_mode & S_IWOTH) ? "others" : "its group",
+                  ": a store another user can change could serve its answers; chmod go-w ", p);
+}
+
+// The store's folder: its parents as mkdir -p makes them, itself owner-only (0700).
+void makeStoreDir(const std::string& path) {
+  std::string dir = path;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  const size_t slash = dir.rfind('/');
+  std::string failedAt;
+  if (slash != std::string::npos && slash > 0) {
+    const int err = makeDirs(dir.substr(0, slash), &failedAt);
+    DISTILL_CHECK_T(ConfigError, err == 0, "teacher.cache.path: cannot create the directory ", failedAt, ": ",
+                    errnoString(err));
+  }
+  if (::mkdir(dir.c_str(), 0700) != 0) {
+    const int err = errno;
+    struct stat st {};
+    DISTILL_CHECK_T(ConfigError, err == EEXIST && ::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode),
+                    "teacher.cache.path: cannot create the directory ", dir, ": ",
+                    errnoString(err == EEXIST ? ENOTDIR : err));
+  }
+}
+
+// What LMDB spends on a row of `record` bytes (estimate): a node of header,
+// key and value in a leaf page, or, past the node limit (about half a page),
+// the value in whole overflow pages of their own.
+int64_t storedCost(size_t record, int64_t pageSize) {
+  const int64_t node = 8 + int64_t(sizeof(CacheKey)) + 2; // node header, key, its slot in the page
+  const int64_t nodeMax = ((pageSize - 16) / 2 & ~int64_t(1)) - 2;
+  if (node + int64_t(record) <= nodeMax) return node + int64_t(record);
+  return node + 8 + (16 + int64_t(record) + pageSize - 1) / pageSize * pageSize;
+}
 
 // ---- the LMDB store ----
+
+// Where data.mdb is mapped in this process: LMDB does not say (mdb_env_info's
+// me_mapaddr is the fixed address asked for, none here), so /proc/self/maps is
+// read: the mapping at offset 0 of data.mdb's path or inode. nullptr if not found.
+const char* findMap(const std::string& file, int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return nullptr;
+  char resolved[PATH_MAX];
+  const std::string real = ::realpath(file.c_str(), resolved) ? resolved : file;
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    unsigned long start = 0, end = 0, offset = 0, inode = 0;
+    char perms[8];
+    int pathAt = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx %7s %lx %*x:%*x %lu %n", &start, &end, perms, &offset, &inode, &pathAt) <
+            5 ||
+        offset != 0) {
+      continue;
+    }
+    const std::string mapped = pathAt > 0 ? line.substr(size_t(pathAt)) : "";
+    const bool dataFile = mapped.size() >= 9 && mapped.compare(mapped.size() - 9, 9, "/data.mdb") == 0;
+    if (mapped == real || (dataFile && inode == st.st_ino)) {
+      return reinterpret_cast<const char*>(start);
+    }
+  }
+  return nullptr;
+}
+
+} // namespace
 
 struct TeacherCache::Env {
   MDB_env* env = nullptr;
   MDB_dbi dbi = 0;
+  int64_t pageSize = 4096;
+  std::string file; // data.mdb
+  const char* map = nullptr; // where data.mdb is mapped (findMap)
   ~Env() {
     if (env) mdb_env_close(env);
+  }
+  // Does `v` (a value of a read transaction: in the map) lie inside data.mdb?
+  // A damaged node could give a size past the file's end, where a read would SIGBUS.
+  bool inFile(const MDB_val& v) {
+    int fd = -1;
+    struct stat st {};
+    if (mdb_env_get_fd(env, &fd) != 0 || ::fstat(fd, &st) != 0) return false;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      if (!map || attempt == 1) map = findMap(file, fd); // again once: the map moves when another teacher grows it
+      const auto* p = static_cast<const char*>(v.mv_data);
+      const size_t size = size_t(st.st_size);
+      if (map && p >= map && size_t(p - map) <= size && v.mv_size <= size - size_t(p - map)) return true;
+    }
+    return false;
   }
 };
 
@@ -64,61 +185,135 @@ class Txn {
   MDB_txn* txn_ = nullptr;
 };
 
+// mdb_txn_begin, adopting a map another teacher grew; 0 or LMDB's error.
+int beginTxn(MDB_env* env, unsigned flags, MDB_txn** txn) {
+  int rc = mdb_txn_begin(env, nullptr, flags, txn);
+  if (rc == MDB_MAP_RESIZED) {
+    mdb_env_set_mapsize(env, 0);
+    rc = mdb_txn_begin(env, nullptr, flags, txn);
+  }
+  return rc;
+}
+
 MDB_val val(const void* p, size_t n) { return MDB_val{n, const_cast<void*>(p)}; }
 
 } // namespace
 
 TeacherCache::TeacherCache(const TeacherOptions::CacheOptions& o, std::string context, std::vector<std::string> names,
-                           double temperature)
-    : env_(std::make_unique<Env>()),
-      path_(o.path),
+                           double temperature, Faults faults)
+    : path_(o.path),
       context_(std::move(context)),
       names_(std::move(names)),
       temperature_(temperature),
       maxBytes_(o.max_bytes),
       reads_(o.mode == CacheMode::kRead || o.mode == CacheMode::kReadWrite),
-      writes_(o.mode == CacheMode::kWrite || o.mode == CacheMode::kReadWrite) {
+      writes_(o.mode == CacheMode::kWrite || o.mode == CacheMode::kReadWrite),
+      faults_(std::move(faults)) {
   // POSIX calls, no std::filesystem (core/sys.h says why).
   if (writes_) {
-    std::string failedAt;
-    const int err = makeDirs(path_, &failedAt);
-    DISTILL_CHECK_T(ConfigError, err == 0, "teacher.cache.path: cannot create the directory ", failedAt, ": ",
-                    errnoString(err));
+    makeStoreDir(path_);
   } else {
     struct stat st {};
     DISTILL_CHECK_T(ConfigError, ::stat((path_ + "/data.mdb").c_str(), &st) == 0, "teacher.cache.path: ", path_,
                     " holds no cache (no data.mdb); teacher.cache.mode read needs a "
                     "store written by a run with mode write or readwrite");
   }
-  int rc = mdb_env_create(&env_->env);
-  DISTILL_CHECK_T(IpcError, rc == 0, "teacher cache ", path_, ": mdb_env_create: ", lmdbError(rc));
-  rc = mdb_env_set_mapsize(env_->env, static_cast<size_t>(maxBytes_));
-  DISTILL_CHECK_T(ConfigError, rc == 0, "teacher.cache.max_bytes=", maxBytes_, ": ", lmdbError(rc));
-  // Metadata is flushed with the data once per commit (MDB_NOMETASYNC): a
-  // killed process loses nothing committed; an OS crash may undo the last
-  // commit, never corrupt the store.
-  const unsigned flags = MDB_NOMETASYNC | (writes_ ? 0u : unsigned(MDB_RDONLY));
-  rc = mdb_env_open(env_->env, path_.c_str(), flags, 0644);
-  DISTILL_CHECK_T(ConfigError, rc == 0, "teacher.cache.path: cannot open the LMDB store in ", path_, ": ",
-                  lmdbError(rc));
+  checkPrivate(path_, true);
+  checkPrivate(path_ + "/data.mdb", false);
+  checkPrivate(path_ + "/lock.mdb", false);
+  open(o);
+  readHeader();
+}
+
+// Opens the LMDB environment; a truncated or invalid store is an error, or set aside once (on_corrupt restart).
+void TeacherCache::open(const TeacherOptions::CacheOptions& o) {
+  for (int attempt = 0;; ++attempt) {
+    env_ = std::make_unique<Env>();
+    env_->file = path_ + "/data.mdb";
+    int rc = mdb_env_create(&env_->env);
+    DISTILL_CHECK_T(IpcError, rc == 0, "teacher cache ", path_, ": mdb_env_create: ", lmdbError(rc));
+    rc = mdb_env_set_mapsize(env_->env, static_cast<size_t>(maxBytes_));
+    DISTILL_CHECK_T(ConfigError, rc == 0, "teacher.cache.max_bytes=", maxBytes_, ": ", lmdbError(rc));
+    // Metadata is flushed with the data once per commit (MDB_NOMETASYNC): a
+    // killed process loses nothing committed; an OS crash may undo the last
+    // commit, never corrupt the store. Files owner-only (0600).
+    const unsigned flags = MDB_NOMETASYNC | (writes_ ? 0u : unsigned(MDB_RDONLY));
+    rc = mdb_env_open(env_->env, path_.c_str(), flags, 0600);
+    std::string bad;
+    if (rc == MDB_INVALID || rc == MDB_CORRUPTED || rc == MDB_PAGE_NOTFOUND) {
+      bad = "LMDB finds it invalid: " + lmdbError(rc);
+    } else {
+      DISTILL_CHECK_T(ConfigError, rc == 0, "teacher.cache.path: cannot open the LMDB store in ", path_, ": ",
+                      lmdbError(rc));
+      bad = checkOpened();
+    }
+    if (bad.empty()) break;
+    const bool restart = o.on_corrupt == OnCorrupt::kRestart && writes_ && attempt == 0;
+    DISTILL_CHECK_T(ConfigError, restart, "teacher.cache.path: the store in ", path_, " is damaged: ", bad,
+                    o.on_corrupt == OnCorrupt::kRestart
+                        ? "; teacher.cache.on_corrupt restart starts anew only in mode write or readwrite"
+                        : "; remove it, or set teacher.cache.on_corrupt: restart to set it aside and start anew");
+    DISTILL_LOG(kWarning) << "teacher cache " << path_ << " is damaged (" << bad << "): set aside, starting anew";
+    setAside();
+  }
+  MDB_stat st;
+  if (mdb_env_stat(env_->env, &st) == 0) env_->pageSize = st.ms_psize;
   int dead = 0;
   mdb_reader_check(env_->env, &dead); // reader slots of dead teachers
   if (dead > 0) {
     DISTILL_LOG(kInfo) << "teacher cache " << path_ << ": cleared " << dead << " stale reader slot(s)";
   }
+}
 
+// LMDB maps data.mdb up to its last page as the meta page says, and a page past
+// the file's end is a SIGBUS at its first read: a truncated file is refused here.
+std::string TeacherCache::checkOpened() {
+  MDB_envinfo info;
+  MDB_stat st;
+  int fd = -1;
+  struct stat fs {};
+  if (mdb_env_info(env_->env, &info) != 0 || mdb_env_stat(env_->env, &st) != 0 || mdb_env_get_fd(env_->env, &fd) != 0 ||
+      ::fstat(fd, &fs) != 0) {
+    return "cannot read its size";
+  }
+  const uint64_t need = (uint64_t(info.me_last_pgno) + 1) * st.ms_psize;
+  if (uint64_t(fs.st_size) >= need) return "";
+  return "data.mdb holds " + std::to_string(fs.st_size) + " bytes, its meta page says " + std::to_string(need) +
+      " (pages 0.." + std::to_string(info.me_last_pgno) + " of " + std::to_string(st.ms_psize) +
+      " bytes): it was truncated";
+}
+
+// data.mdb renamed to data.mdb.corrupt-<UTC time>-<pid> beside it; the next open starts a new store.
+void TeacherCache::setAside() {
+  env_.reset();
+  char stamp[32];
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  ::gmtime_r(&now, &tm);
+  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &tm);
+  const std::string from = path_ + "/data.mdb";
+  const std::string to = from + ".corrupt-" + stamp + "-" + std::to_string(::getpid());
+  DISTILL_CHECK_T(ConfigError, ::rename(from.c_str(), to.c_str()) == 0, "teacher.cache.path: cannot set ", from,
+                  " aside as ", to, ": ", errnoString(errno));
+  DISTILL_LOG(kWarning) << "teacher cache " << path_ << ": the damaged store was moved to " << to;
+}
+
+void TeacherCache::readHeader() {
   Txn txn(env_->env, writes_ ? 0u : unsigned(MDB_RDONLY), path_);
-  rc = mdb_dbi_open(txn.get(), nullptr, 0, &env_->dbi);
+  int rc = mdb_dbi_open(txn.get(), nullptr, 0, &env_->dbi);
   DISTILL_CHECK_T(IpcError, rc == 0, "teacher cache ", path_, ": mdb_dbi_open: ", lmdbError(rc));
   MDB_val key = val(kHeaderKey.data(), kHeaderKey.size()), data;
   const std::string want = headerValue(kCacheFormatVersion);
   rc = mdb_get(txn.get(), env_->dbi, &key, &data);
   if (rc == 0) {
+    DISTILL_CHECK_T(ConfigError, env_->inFile(data) && data.mv_size < 64, "teacher.cache.path: the store in ", path_,
+                    " is damaged: its header record lies outside data.mdb");
     const std::string found(static_cast<const char*>(data.mv_data), data.mv_size);
     DISTILL_CHECK_T(ConfigError, found == want, "teacher.cache.path: the store in ", path_, " has cache ", found,
                     ", this teacher reads and writes ", want, "; give another path or remove the store");
   } else {
-    DISTILL_CHECK_T(IpcError, rc == MDB_NOTFOUND, "teacher cache ", path_, ": ", lmdbError(rc));
+    DISTILL_CHECK_T(ConfigError, rc == MDB_NOTFOUND, "teacher.cache.path: the store in ", path_,
+                    " is damaged: its header cannot be read: ", lmdbError(rc));
     DISTILL_CHECK_T(ConfigError, writes_, "teacher.cache.path: ", path_, " holds no distill teacher cache");
     MDB_val v = val(want.data(), want.size());
     rc = mdb_put(txn.get(), env_->dbi, &key, &v, 0);
@@ -130,45 +325,110 @@ TeacherCache::TeacherCache(const TeacherOptions::CacheOptions& o, std::string co
 
 TeacherCache::~TeacherCache() = default;
 
+// A row's record, or nullopt: not stored, or damaged (counted, logged, never served).
 std::optional<std::string> TeacherCache::lookup(const CacheKey& k) {
-  Txn txn(env_->env, MDB_RDONLY, path_);
+  if (!readable_) return std::nullopt;
+  MDB_txn* txn = nullptr;
+  int rc = beginTxn(env_->env, MDB_RDONLY, &txn);
+  if (rc != 0) { // MDB_PANIC after a failed write: nothing can be read any more
+    readable_ = false;
+    DISTILL_LOG(kWarning) << "teacher cache " << path_ << " can no longer be read (" << lmdbError(rc)
+                          << "): every row is computed from now on";
+    return std::nullopt;
+  }
   MDB_val key = val(k.data(), k.size()), data;
-  const int rc = mdb_get(txn.get(), env_->dbi, &key, &data);
-  if (rc == MDB_NOTFOUND) return std::nullopt;
-  DISTILL_CHECK_T(IpcError, rc == 0, "teacher cache ", path_, ": lookup failed: ", lmdbError(rc));
-  return std::string(static_cast<const char*>(data.mv_data), data.mv_size);
+  rc = mdb_get(txn, env_->dbi, &key, &data);
+  std::optional<std::string> out;
+  if (rc == 0) {
+    if (!env_->inFile(data)) {
+      noteCorrupt(k, "its record lies outside data.mdb");
+    } else if (!recordIntact(k, data.mv_data, data.mv_size)) {
+      noteCorrupt(k, "its record fails its CRC32C");
+      damaged_.insert(k);
+    } else {
+      out.emplace(static_cast<const char*>(data.mv_data), data.mv_size);
+    }
+  } else if (rc != MDB_NOTFOUND) {
+    noteCorrupt(k, lmdbError(rc)); // a damaged page on the way to it
+  }
+  mdb_txn_abort(txn);
+  return out;
 }
 
-void TeacherCache::insert(const std::vector<std::pair<CacheKey, std::string>>& rows) {
+void TeacherCache::noteCorrupt(const CacheKey& k, const std::string& why) {
+  ++stats_.corrupt;
+  if (stats_.corrupt <= kCorruptLogged) {
+    DISTILL_LOG(kWarning) << "teacher cache " << path_ << ": the row with key " << keyHex(k) << " is damaged (" << why
+                          << "); it is computed instead, never served from the store"
+                          << (stats_.corrupt == kCorruptLogged ? " (further damaged rows are only counted)" : "");
+  }
+}
+
+// Inserts stop for good, said once; lookups go on, and the job with them.
+void TeacherCache::stopInserting(const std::string& why) {
+  if (full_) return;
+  full_ = true;
+  maxBytesReached_ = why.rfind("is full", 0) == 0;
+  stopReason_ = why;
+  DISTILL_LOG(kWarning) << "teacher cache " << path_ << " " << why
+                        << ": no more rows are stored; rows already stored are still served";
+}
+
+void TeacherCache::insert(const std::vector<std::pair<CacheKey, std::string>>& rows,
+                          const std::vector<int64_t>& tokens) {
   if (rows.empty() || full_) return;
-  Txn txn(env_->env, 0, path_);
-  int added = 0;
-  for (const auto& [k, record] : rows) {
+  const std::string fullText = "is full (teacher.cache.max_bytes=" + std::to_string(maxBytes_) + ")";
+  MDB_txn* txn = nullptr;
+  int rc = beginTxn(env_->env, 0, &txn);
+  if (rc != 0) return stopInserting("cannot store rows: cannot begin a write transaction: " + lmdbError(rc));
+  int64_t added = 0, addedTokens = 0, addedBytes = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& [k, record] = rows[i];
     MDB_val key = val(k.data(), k.size()), data = val(record.data(), record.size());
-    // An entry another teacher wrote first stays: its bytes are what it answered.
-    const int rc = mdb_put(txn.get(), env_->dbi, &key, &data, MDB_NOOVERWRITE);
+    // An entry another teacher wrote first stays (its bytes are what it
+    // answered), unless this process found it damaged.
+    rc = mdb_put(txn, env_->dbi, &key, &data, damaged_.count(k) ? 0u : unsigned(MDB_NOOVERWRITE));
     if (rc == MDB_KEYEXIST) continue;
-    if (rc == MDB_MAP_FULL) {
-      full_ = true;
-      break;
+    if (rc != 0) {
+      // The batch's transaction is dropped whole; what was committed before stays and is served.
+      mdb_txn_abort(txn);
+      return stopInserting(rc == MDB_MAP_FULL ? fullText : "cannot store rows: a write failed: " + lmdbError(rc));
     }
-    DISTILL_CHECK_T(IpcError, rc == 0, "teacher cache ", path_, ": insert failed: ", lmdbError(rc));
     ++added;
+    addedTokens += tokens[i];
+    addedBytes += storedCost(record.size(), env_->pageSize);
   }
-  if (!full_) {
-    const int rc = txn.commit();
-    if (rc == MDB_MAP_FULL) {
-      full_ = true;
-    } else {
-      DISTILL_CHECK_T(IpcError, rc == 0, "teacher cache ", path_, ": commit failed: ", lmdbError(rc));
-      stats_.inserted += added;
-    }
+  ++commits_;
+  rc = faults_.commit ? faults_.commit(commits_) : 0;
+  if (rc != 0) {
+    mdb_txn_abort(txn);
+  } else {
+    rc = mdb_txn_commit(txn);
   }
-  if (full_) {
-    // The batch's transaction is dropped whole; what was committed before stays and is served.
-    DISTILL_LOG(kWarning) << "teacher cache " << path_ << " is full (teacher.cache.max_bytes=" << maxBytes_
-                          << "): no more rows are stored; rows already stored are still served";
+  if (rc != 0) {
+    return stopInserting(rc == MDB_MAP_FULL ? fullText : "cannot store rows: commit failed: " + lmdbError(rc));
   }
+  for (const auto& row : rows) damaged_.erase(row.first);
+  stats_.inserted += added;
+  stats_.insertedTokens += addedTokens;
+  stats_.storedBytes += addedBytes;
+}
+
+std::string TeacherCache::summary() const {
+  const CacheStats& c = stats_;
+  std::ostringstream os;
+  os << "teacher cache " << path_ << ": " << c.rows << " rows (" << c.tokens << " tokens), " << c.lookups
+     << " looked up, " << c.hits << " hits (" << (c.lookups > 0 ? 100.0 * double(c.hits) / double(c.lookups) : 0.0)
+     << "% of the rows looked up, " << c.hitTokens << " tokens), " << c.corrupt << " damaged, " << c.forwards
+     << " forwards, " << c.inserted << " rows stored (" << c.insertedTokens << " tokens), store " << storeBytes()
+     << " bytes";
+  if (c.insertedTokens > 0) os << " (" << std::lround(bytesPerStoredToken()) << " bytes per stored token)";
+  if (full_) os << "; " << stopReason_ << ": stored no more rows";
+  return os.str();
+}
+
+double TeacherCache::bytesPerStoredToken() const {
+  return stats_.insertedTokens > 0 ? double(stats_.storedBytes) / double(stats_.insertedTokens) : 0.0;
 }
 
 int64_t TeacherCache::storeBytes() const {
@@ -184,6 +444,7 @@ std::vector<Answer> TeacherCache::answer(const std::vector<std::vector<at::Tenso
     size_t request;
     int64_t row;
     CacheKey key;
+    int64_t tokens;
   };
   std::vector<std::vector<std::string>> records(requests.size());
   std::vector<Row> missing;
@@ -198,6 +459,7 @@ std::vector<Answer> TeacherCache::answer(const std::vector<std::vector<at::Tenso
       ++stats_.rows;
       stats_.tokens += tokensPerRow;
       if (reads_) {
+        ++stats_.lookups;
         if (auto record = lookup(key)) {
           records[q][size_t(r)] = std::move(*record);
           ++stats_.hits;
@@ -205,7 +467,7 @@ std::vector<Answer> TeacherCache::answer(const std::vector<std::vector<at::Tenso
           continue;
         }
       }
-      missing.push_back({q, r, key});
+      missing.push_back({q, r, key, tokensPerRow});
     }
   }
   if (!missing.empty()) {
@@ -229,16 +491,17 @@ std::vector<Answer> TeacherCache::answer(const std::vector<std::vector<at::Tenso
     ++stats_.forwards;
     roundForStorage(computed.answer, temperature_);
     std::vector<std::pair<CacheKey, std::string>> rows;
+    std::vector<int64_t> tokens;
     Answer host;
     for (auto& [name, t] : computed.answer) host[name] = t.cpu();
     for (size_t m = 0; m < missing.size(); ++m) {
       Answer row;
       for (auto& [name, t] : host) row[name] = t.narrow(0, int64_t(m), 1);
-      std::string record = encodeRow(row, computed.vocab);
-      if (writes_) rows.emplace_back(missing[m].key, record);
+      std::string record = encodeRow(row, computed.vocab, missing[m].key);
+      if (writes_) rows.emplace_back(missing[m].key, record), tokens.push_back(missing[m].tokens);
       records[missing[m].request][size_t(missing[m].row)] = std::move(record);
     }
-    if (writes_) insert(rows);
+    if (writes_) insert(rows, tokens);
   }
   // Every row, hit or computed, is answered from its record's bytes.
   std::vector<Answer> out(requests.size());

@@ -21,19 +21,36 @@
 // temperature, on which logsumexp and log_tail depend), the hidden states,
 // autocast and the device type.
 //
-// Stored rows: full logits and hidden states in their own dtype (no rounding);
-// top-k values as float16 (a row with a value outside float16's range stays
-// float32), indices in the narrowest unsigned integer that holds the
-// vocabulary (uint8, uint16, else int32), logsumexp and log_tail float32.
-// A computed top-k answer is first rounded as stored (roundForStorage): its
-// logsumexp is then recomputed from the rounded values and log_tail, since the
-// student's loss checks that the k + 1 buckets sum to 1 within 1e-4.
+// Stored rows: float32 full logits and top-k values as float16 (a row with a
+// value outside float16's range stays float32: float16 rather than bfloat16
+// because logits span a small range, where float16's 11-bit significand keeps
+// 8 times bfloat16's precision); logits of another dtype and hidden states in
+// their own dtype; indices in the narrowest unsigned integer that holds the
+// vocabulary (uint8, uint16, else int32), logsumexp and log_tail float32. Every
+// answer, hit or miss, is decoded from its record, so the rounding is the same
+// in every epoch and reads give float32 as before. A computed top-k answer is
+// first rounded as stored (roundForStorage): its logsumexp is then recomputed
+// from the rounded values and log_tail, since the student's loss checks that
+// the k + 1 buckets sum to 1 within 1e-4.
+//
+// Integrity: every record carries a CRC32C over its key and its bytes,
+// checked on every read; a record that fails it (or that LMDB cannot reach:
+// a damaged page) is a miss, never served, counted (CacheStats::corrupt) and
+// logged naming the store and the key. Against accidents, not an attacker:
+// the store's folder and files must belong to this process's user and be
+// writable by no one else (refused at open, naming the path and its mode);
+// they are created 0700 / 0600.
 //
 // Store: one LMDB environment per path, shared by every teacher of the node
 // (LMDB's lock file; readers of dead processes cleared at open); one write
 // transaction per batch. A process killed mid-write leaves the last committed
-// state. A store of another cache format is refused. When the store reaches
-// teacher.cache.max_bytes inserts stop with one warning; lookups go on.
+// state. A store of another cache format is refused. A store whose data.mdb is
+// shorter than its own meta page says (truncated: reading it would SIGBUS) or
+// that LMDB finds invalid is an error naming the path, or with
+// teacher.cache.on_corrupt: restart is set aside (data.mdb.corrupt-...) and a
+// new one started. When the store reaches teacher.cache.max_bytes, or a write
+// fails (a full or failing disk: ENOSPC, EIO), inserts stop with one warning
+// saying why; lookups go on, and the job with them.
 //
 // Not thread-safe: the teacher server's thread only.
 
@@ -45,6 +62,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -53,7 +71,7 @@
 
 namespace distill {
 
-constexpr uint32_t kCacheFormatVersion = 1;
+constexpr uint32_t kCacheFormatVersion = 2; // 2: a CRC32C per record, float16 full logits
 
 using CacheKey = std::array<uint8_t, 32>;
 using Answer = std::map<std::string, at::Tensor>; // by protocol name, dim 0 = rows
@@ -73,19 +91,31 @@ CacheKey rowKey(const std::string& context, const std::vector<std::string>& name
 
 // A row's answer (each tensor [1, ...], CPU) as stored, and back. `vocab`:
 // the logits' last dimension (top-k indices are stored in the narrowest
-// integer that holds it). decodeRow throws IpcError on a malformed record.
-std::string encodeRow(const Answer& row, int64_t vocab);
+// integer that holds it). `key`: the row's key, which the record's CRC32C
+// covers with its bytes (so a record moved under another key fails it too).
+// decodeRow throws IpcError on a malformed record; it does not check the CRC.
+std::string encodeRow(const Answer& row, int64_t vocab, const CacheKey& key = {});
 Answer decodeRow(const void* data, size_t size);
+// Does the record at `data` carry the right CRC32C for `key` and its bytes?
+bool recordIntact(const CacheKey& key, const void* data, size_t size);
+// A key as 64 hex digits (log lines).
+std::string keyHex(const CacheKey& key);
 
 // A top-k answer (any rows) as the store holds it: topk_values rounded to
 // float16 where float16 holds them, logsumexp = logaddexp(logsumexp(values /
 // T), log_tail) of the rounded values. Other answers are left as they are.
 void roundForStorage(Answer& answer, double temperature);
 
+// The one definition of the cache hit share, used by the teacher's summary,
+// the segment's gauges, distill-run's status line and its balance verdict:
+// hits / lookups (rows looked up in the store; none in mode write).
 struct CacheStats {
-  int64_t rows = 0, hits = 0; // rows looked up (or computed, mode write) and found
-  int64_t tokens = 0, hitTokens = 0;
-  int64_t inserted = 0; // rows written
+  int64_t rows = 0, tokens = 0; // rows (and their tokens) answered through the cache
+  int64_t lookups = 0; // rows looked up in the store (modes read, readwrite)
+  int64_t hits = 0, hitTokens = 0; // lookups answered from the store
+  int64_t inserted = 0, insertedTokens = 0; // rows (tokens) this process stored
+  int64_t storedBytes = 0; // what those rows take in the store (record, key, LMDB's page rounding)
+  int64_t corrupt = 0; // lookups whose record failed its CRC32C or could not be read: misses
   int64_t forwards = 0; // forward calls made through answer()
 };
 
@@ -99,12 +129,22 @@ class TeacherCache {
   };
   using Compute = std::function<Computed(const std::vector<at::Tensor>& inputs)>;
 
+  // Fault injection (tests): `commit`, when set, is called before the nth
+  // commit of rows (n from 1); a non-zero return (an errno or an LMDB code) is
+  // taken as that commit's result, the transaction being aborted instead.
+  struct Faults {
+    std::function<int(int64_t n)> commit;
+  };
+
   // Opens (or creates, unless mode read) the store of `options.path`.
   // ConfigError naming the path: no store there in mode read, another format
-  // version, or LMDB refusing to open it.
+  // version, a folder or file of another user or writable by group or others
+  // (with its mode), a truncated or invalid store (unless options.on_corrupt
+  // is restart, modes write and readwrite: then set aside and started anew),
+  // or LMDB refusing to open it.
   // `temperature`: loss.temperature, at which top-k answers' logsumexp is taken.
   TeacherCache(const TeacherOptions::CacheOptions& options, std::string context, std::vector<std::string> names,
-               double temperature = 1.0);
+               double temperature = 1.0, Faults faults = {});
   ~TeacherCache();
   TeacherCache(const TeacherCache&) = delete;
   TeacherCache& operator=(const TeacherCache&) = delete;
@@ -121,11 +161,24 @@ class TeacherCache {
   // Bytes the store's file uses now.
   int64_t storeBytes() const;
   const std::string& path() const { return path_; }
+  // No more inserts: max_bytes reached, or a write failed (stopReason() says which).
   bool full() const { return full_; }
+  const std::string& stopReason() const { return stopReason_; }
+  bool maxBytesReached() const { return maxBytesReached_; } // full, and because of max_bytes
+  // Bytes the store spends per token stored by this process (0 before any).
+  double bytesPerStoredToken() const;
+  // The exit summary: "teacher cache PATH: R rows (T tokens), L looked up, H hits (x% of the rows looked up, ...".
+  std::string summary() const;
 
  private:
+  void open(const TeacherOptions::CacheOptions& options);
+  std::string checkOpened(); // "" or why the opened store is unusable
+  void setAside();
+  void readHeader();
   std::optional<std::string> lookup(const CacheKey& key);
-  void insert(const std::vector<std::pair<CacheKey, std::string>>& rows);
+  void noteCorrupt(const CacheKey& key, const std::string& why);
+  void stopInserting(const std::string& why);
+  void insert(const std::vector<std::pair<CacheKey, std::string>>& rows, const std::vector<int64_t>& tokens);
 
   struct Env;
   std::unique_ptr<Env> env_;
@@ -136,6 +189,12 @@ class TeacherCache {
   int64_t maxBytes_;
   bool reads_, writes_;
   bool full_ = false;
+  bool readable_ = true; // false once LMDB refuses to read at all (MDB_PANIC): every row computed
+  std::string stopReason_;
+  bool maxBytesReached_ = false;
+  Faults faults_;
+  int64_t commits_ = 0;
+  std::set<CacheKey> damaged_; // keys whose record failed its CRC: replaced at the next insert
   CacheStats stats_;
 };
 

@@ -1,6 +1,7 @@
 // The teacher-output cache's rows (cache.h): the answer context and a row's
-// key (SHA-256), and a row's answer encoded compactly for the store (top-k
-// values in float16, indices in the narrowest integer that holds the vocabulary).
+// key (SHA-256), and a row's answer encoded compactly for the store (float32
+// logits and top-k values in float16, indices in the narrowest integer that
+// holds the vocabulary), sealed with a CRC32C over its key and bytes.
 #include "cache.h"
 
 #include <openssl/evp.h>
@@ -10,6 +11,7 @@
 #include <limits>
 #include <sstream>
 
+#include "distill/core/checksum.h"
 #include "distill/core/errors.h"
 #include "distill/core/protocol.h"
 #include "distill/core/strings.h"
@@ -44,16 +46,6 @@ class Sha256 {
   EVP_MD_CTX* ctx_;
 };
 
-std::string hex(const CacheKey& k) {
-  static const char* digits = "0123456789abcdef";
-  std::string s;
-  for (uint8_t b : k) {
-    s += digits[b >> 4];
-    s += digits[b & 15];
-  }
-  return s;
-}
-
 // How a tensor of a row is stored.
 enum class Encoding : uint8_t { kRaw = 0, kFloat16 = 1, kUInt8 = 2, kUInt16 = 3 };
 
@@ -87,9 +79,43 @@ class Reader {
   size_t left_;
 };
 
+// A record: the magic, a CRC32C (of the key, then of every byte after the CRC), the tensors.
 constexpr char kRecordMagic[4] = {'D', 'T', 'C', char(kCacheFormatVersion)};
+constexpr size_t kCrcAt = sizeof kRecordMagic;
+constexpr size_t kBodyAt = kCrcAt + sizeof(uint32_t);
+
+uint32_t recordCrc(const CacheKey& key, const char* data, size_t size) {
+  return crc32c(data + kBodyAt, size - kBodyAt, crc32c(key.data(), key.size()));
+}
+
+// float16 for a float32 tensor whose finite values float16 holds (|v| <= 65504): logits
+// and top-k values span a small range, where float16's 11-bit significand keeps 8 times
+// bfloat16's precision; a tensor float16 cannot hold stays float32 (nullopt).
+std::optional<at::Tensor> asFloat16(const at::Tensor& t) {
+  at::Tensor half = t.to(at::kHalf);
+  if (!at::equal(at::isfinite(half), at::isfinite(t))) return std::nullopt;
+  return half;
+}
 
 } // namespace
+
+std::string keyHex(const CacheKey& k) {
+  static const char* digits = "0123456789abcdef";
+  std::string s;
+  for (uint8_t b : k) {
+    s += digits[b >> 4];
+    s += digits[b & 15];
+  }
+  return s;
+}
+
+bool recordIntact(const CacheKey& key, const void* data, size_t size) {
+  const char* p = static_cast<const char*>(data);
+  if (size < kBodyAt || std::memcmp(p, kRecordMagic, sizeof kRecordMagic) != 0) return false;
+  uint32_t stored;
+  std::memcpy(&stored, p + kCrcAt, sizeof stored);
+  return stored == recordCrc(key, p, size);
+}
 
 std::string modelDigest(const TeacherModel& model) {
   const auto state = model.state();
@@ -104,7 +130,7 @@ std::string modelDigest(const TeacherModel& model) {
     h.addInt(static_cast<int64_t>(c.nbytes()));
     h.add(c.data_ptr(), c.nbytes());
   }
-  return hex(h.finish());
+  return keyHex(h.finish());
 }
 
 std::string answerContext(const TeacherOptions& t, double temperature, const TeacherModel& model) {
@@ -167,22 +193,19 @@ void roundForStorage(Answer& answer, double temperature) {
   lse->second = at::logaddexp(head, tail->second.to(at::kFloat)).contiguous();
 }
 
-std::string encodeRow(const Answer& row, int64_t vocab) {
+std::string encodeRow(const Answer& row, int64_t vocab, const CacheKey& key) {
   std::string out(kRecordMagic, sizeof kRecordMagic);
+  putValue<uint32_t>(out, 0); // the CRC, filled in last
   putValue<uint8_t>(out, static_cast<uint8_t>(row.size()));
   for (const auto& [name, tensor] : row) {
     at::Tensor t = tensor.detach().contiguous().cpu();
     DISTILL_INTERNAL_ASSERT(t.dim() >= 1 && t.size(0) == 1, "encodeRow takes one row");
     Encoding enc = Encoding::kRaw;
     at::Tensor stored = t;
-    if (name == protocol::kTopkValues && t.scalar_type() == at::kFloat) {
-      // float16: the top-k logits span a small range, where float16's 11-bit
-      // significand keeps 8 times bfloat16's precision. A row that float16
-      // cannot hold (|v| > 65504) stays float32.
-      at::Tensor half = t.to(at::kHalf);
-      if (at::equal(at::isfinite(half), at::isfinite(t))) {
+    if ((name == protocol::kTopkValues || name == protocol::kLogits) && t.scalar_type() == at::kFloat) {
+      if (auto half = asFloat16(t)) {
         enc = Encoding::kFloat16;
-        stored = half;
+        stored = *half;
       }
     } else if (name == protocol::kTopkIndices && t.scalar_type() == at::kInt && vocab > 0 && vocab <= 65536) {
       enc = vocab <= 256 ? Encoding::kUInt8 : Encoding::kUInt16;
@@ -211,6 +234,8 @@ std::string encodeRow(const Answer& row, int64_t vocab) {
     putValue<uint64_t>(out, stored.nbytes());
     put(out, stored.data_ptr(), stored.nbytes());
   }
+  const uint32_t crc = recordCrc(key, out.data(), out.size());
+  std::memcpy(out.data() + kCrcAt, &crc, sizeof crc);
   return out;
 }
 
@@ -218,6 +243,7 @@ Answer decodeRow(const void* data, size_t size) {
   Reader r(data, size);
   DISTILL_CHECK_T(IpcError, std::memcmp(r.take(sizeof kRecordMagic), kRecordMagic, sizeof kRecordMagic) == 0,
                   "teacher cache: record of another format");
+  r.take(sizeof(uint32_t)); // the CRC: checked by the store's lookup (recordIntact), which has the key
   Answer out;
   const int count = r.value<uint8_t>();
   for (int i = 0; i < count; ++i) {

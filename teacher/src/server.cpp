@@ -330,10 +330,7 @@ class Server {
       throw;
     }
     noteBusy(t0, Clock::now());
-    if (cache_) {
-      const CacheStats& c = cache_->stats();
-      segment_->setTeacherCacheHits(teacher_, c.rows > 0 ? double(c.hits) / double(c.rows) : 0.0);
-    }
+    if (cache_) publishCache();
 
     int64_t offset = 0;
     for (size_t b = 0; b < batch.size(); ++b) {
@@ -365,22 +362,23 @@ class Server {
                        << cache_->storeBytes() << " bytes";
   }
 
-  void logCacheSummary() {
+  // The cache's counters in the segment: distill-run's status line and balance
+  // verdict read them (the hit share is hits / lookups everywhere).
+  void publishCache() {
     const CacheStats& c = cache_->stats();
-    const int64_t bytes = cache_->storeBytes();
-    std::ostringstream os;
-    os << "teacher cache " << cache_->path() << ": " << c.rows << " rows (" << c.tokens << " tokens), " << c.hits
-       << " hits (" << (c.rows > 0 ? 100.0 * double(c.hits) / double(c.rows) : 0.0) << "%, " << c.hitTokens
-       << " tokens), " << c.forwards << " forwards, " << c.inserted << " rows stored, store " << bytes << " bytes";
-    if (c.inserted > 0 && c.rows > 0) {
-      // Tokens stored this run, taking every row as long as the average row.
-      const double perRow = double(c.tokens) / double(c.rows);
-      os << " (" << static_cast<int64_t>(double(bytes) / (double(c.inserted) * perRow) + 0.5)
-         << " bytes per stored token)";
+    ipc::TeacherCacheGauge g;
+    g.lookups = c.lookups;
+    g.hits = c.hits;
+    g.storedTokens = c.insertedTokens;
+    g.storedBytes = c.storedBytes;
+    if (cache_->full()) {
+      g.full = cache_->maxBytesReached() ? ipc::TeacherCacheGauge::Full::kMaxBytes
+                                         : ipc::TeacherCacheGauge::Full::kWriteFailed;
     }
-    if (cache_->full()) os << "; full (teacher.cache.max_bytes)";
-    DISTILL_LOG(kInfo) << os.str();
+    segment_->setTeacherCache(teacher_, g);
   }
+
+  void logCacheSummary() { DISTILL_LOG(kInfo) << cache_->summary(); }
 
   // The model's shaped answer for batched inputs (one forward call).
   TeacherCache::Computed compute(const std::vector<at::Tensor>& rows, const std::string& label) {

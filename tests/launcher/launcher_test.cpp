@@ -29,6 +29,7 @@
 #include <sstream>
 
 #include "balance.h"
+#include "console.h"
 #include "distill/distill.h"
 #include "distill/ipc/segment.h"
 #include "job_store.h"
@@ -1043,4 +1044,22 @@ TEST(BalanceVerdict, NamesTheBoundAndWhatAKeptUpTeacherWouldGive) {
   EXPECT_EQ(balanceVerdict(0.02, 0.3, std::nullopt),
             "student-bound: students waited 2 % of each step, the teacher 30 % busy; the teacher keeps up with room "
             "for a larger teacher or more students");
+}
+
+// Issue 27: one cache hit share, hits / rows looked up since the job began, in
+// the verdict as in the status line and the teacher's summary: the last share
+// the teachers published, not a mean over the status ticks (that weighed the
+// first epoch's empty cache in: 17-20 % where the teacher counted 46-57 %).
+// A full cache says so in both, with its bytes per stored token.
+TEST(BalanceVerdict, CacheHitShareIsTheJobsAndAFullCacheIsLoud) {
+  std::vector<distill::launcher::Rank> ranks(1);
+  ranks[0].published = distill::StudentStatus{};
+  ranks[0].published->teacher_wait_share = 0.2;
+  distill::launcher::Balance balance;
+  for (double hits : {0.0, 0.0, 0.0, 0.0, 0.1, 0.3, 0.5}) balance.sample(ranks, 0.9, hits);
+  const std::string note = "the cache is full (teacher.cache.max_bytes=1073741824 at 3126 bytes per stored token)";
+  const std::string v = balance.verdict(1, note);
+  EXPECT_TRUE(has(v, "the teacher 90 % busy, 50 % of its rows answered from its cache, " + note)) << v;
+  const std::string status = distill::launcher::statusText(ranks, {0.9}, 0.5, "cache full (3126 B/token)");
+  EXPECT_TRUE(has(status, "teacher busy=90% cache hits=50% cache full (3126 B/token) teacher wait=20%")) << status;
 }

@@ -2,13 +2,17 @@
 // students (this binary in a role) and bin/distill-teacher with teacher.cache
 // — a real segment and a real LMDB store shared by successive jobs.
 #include <gtest/gtest.h>
+#include <lmdb.h>
 #include <torch/torch.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <numeric>
+#include <sstream>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "distill/ipc/segment.h"
@@ -152,13 +156,14 @@ TEST(TeacherCacheEndToEnd, SecondEpochHitsBitEqualWithoutForward) {
   const std::string out = ::testing::TempDir() + dt::uniqueName("answers");
   auto [log1, hits1, studentLogs1] = runJob(yaml, "cache_student", {"1", out + "-e1-%d.pt"});
   const std::string sum1 = line(log1, "teacher cache " + dir.path + ": ");
-  EXPECT_NE(sum1.find(": 48 rows (768 tokens), 0 hits"), std::string::npos) << log1;
+  EXPECT_NE(sum1.find(": 48 rows (768 tokens), 48 looked up, 0 hits"), std::string::npos) << log1;
   EXPECT_NE(sum1.find(" 48 rows stored"), std::string::npos) << log1;
   EXPECT_EQ(hits1, 0.0);
 
   auto [log2, hits2, studentLogs2] = runJob(yaml, "cache_student", {"2", out + "-e2-%d.pt"});
   const std::string sum2 = line(log2, "teacher cache " + dir.path + ": ");
-  EXPECT_NE(sum2.find(": 48 rows (768 tokens), 48 hits (100%, 768 tokens), 0 forwards, 0 rows stored"),
+  EXPECT_NE(sum2.find(": 48 rows (768 tokens), 48 looked up, 48 hits (100% of the rows looked up, 768 tokens), 0 "
+                      "damaged, 0 forwards, 0 rows stored"),
             std::string::npos)
       << log2;
   EXPECT_NE(log2.find(" in 0 batches"), std::string::npos) << "no forward in epoch 2\n" << log2;
@@ -183,7 +188,8 @@ TEST(TeacherCacheEndToEnd, SecondEpochHitsBitEqualWithoutForward) {
                   "\n  topk: 8\n" + cacheYaml(dir.path, "readwrite"),
               1, 2);
   auto [log3, hits3, studentLogs3] = runJob(mlpYaml, "cache_student", {"2", out + "-mlp-%d.pt"});
-  EXPECT_NE(line(log3, "teacher cache " + dir.path + ": ").find(": 48 rows (768 tokens), 0 hits"), std::string::npos)
+  EXPECT_NE(line(log3, "teacher cache " + dir.path + ": ").find(": 48 rows (768 tokens), 48 looked up, 0 hits"),
+            std::string::npos)
       << log3;
   EXPECT_EQ(hits3, 0.0);
   std::remove(weights.c_str());
@@ -206,7 +212,7 @@ TEST(TeacherCacheEndToEnd, SweepSecondRunAllHits) {
   const int rows = 2 * steps * G * int(distill::testing::e2e::kBatch);
   EXPECT_NE(line(log2, "teacher cache " + dir.path + ": ")
                 .find(": " + std::to_string(rows) + " rows (" + std::to_string(rows * kSeq) + " tokens), " +
-                      std::to_string(rows) + " hits (100%"),
+                      std::to_string(rows) + " looked up, " + std::to_string(rows) + " hits (100%"),
             std::string::npos)
       << log2;
   EXPECT_NE(log2.find(" in 0 batches"), std::string::npos) << log2;
@@ -214,6 +220,82 @@ TEST(TeacherCacheEndToEnd, SweepSecondRunAllHits) {
   // Each student's loss with the cached answers equals its loss with the teacher run in its own process.
   for (const std::string& log : studentLogs2) {
     EXPECT_LE(dt::numberAfter(log, "max_loss_diff="), 1e-6) << log;
+  }
+}
+
+// A copy of the store at `from` in `to` (a new owner-only folder) with one
+// row's record damaged: its last byte flipped. Returns that row's key (hex).
+std::string copyWithOneRowDamaged(const std::string& from, const std::string& to) {
+  std::ifstream in(from + "/data.mdb", std::ios::binary);
+  std::ostringstream os;
+  os << in.rdbuf();
+  std::string file = os.str();
+  MDB_env* env = nullptr;
+  EXPECT_EQ(mdb_env_create(&env), 0);
+  EXPECT_EQ(mdb_env_open(env, from.c_str(), MDB_RDONLY, 0600), 0);
+  MDB_txn* txn = nullptr;
+  MDB_dbi dbi;
+  MDB_cursor* cur = nullptr;
+  EXPECT_EQ(mdb_txn_begin(env, nullptr, MDB_RDONLY, &txn), 0);
+  EXPECT_EQ(mdb_dbi_open(txn, nullptr, 0, &dbi), 0);
+  EXPECT_EQ(mdb_cursor_open(txn, dbi, &cur), 0);
+  MDB_val key, data;
+  std::string keyHex;
+  for (int rc = mdb_cursor_get(cur, &key, &data, MDB_FIRST); rc == 0; rc = mdb_cursor_get(cur, &key, &data, MDB_NEXT)) {
+    if (key.mv_size != 32) continue; // the header
+    const std::string record(static_cast<const char*>(data.mv_data), data.mv_size);
+    const size_t at = file.find(record);
+    EXPECT_NE(at, std::string::npos);
+    file[at + record.size() - 1] ^= 0x04;
+    static const char* digits = "0123456789abcdef";
+    for (size_t i = 0; i < 32; ++i) {
+      const auto b = static_cast<const uint8_t*>(key.mv_data)[i];
+      keyHex += digits[b >> 4];
+      keyHex += digits[b & 15];
+    }
+    break;
+  }
+  mdb_cursor_close(cur);
+  mdb_txn_abort(txn);
+  mdb_env_close(env);
+  EXPECT_EQ(::mkdir(to.c_str(), 0700), 0);
+  std::ofstream out(to + "/data.mdb", std::ios::binary);
+  out.write(file.data(), std::streamsize(file.size()));
+  EXPECT_TRUE(out.good());
+  out.close();
+  ::chmod((to + "/data.mdb").c_str(), 0600);
+  return keyHex;
+}
+
+// Issue 27 item 4.1: a read job over a copy of a good store with one row's
+// record damaged never serves it: that row is computed (the same bytes as the
+// store held before the damage), the teacher names the store and the key and
+// counts it; the hit share is hits / rows looked up, as its summary says.
+TEST(TeacherCacheEndToEnd, ReadJobNeverServesADamagedRow) {
+  CacheDir dir, copy;
+  const std::string out = ::testing::TempDir() + dt::uniqueName("answers");
+  runJob(jobYaml(scriptTeacher(8) + cacheYaml(dir.path, "readwrite"), 1, 2), "cache_student", {"1", out + "-e1-%d.pt"});
+  const std::string key = copyWithOneRowDamaged(dir.path, copy.path);
+  ASSERT_EQ(key.size(), 64u);
+  auto [log, hits, studentLogs] =
+      runJob(jobYaml(scriptTeacher(8) + cacheYaml(copy.path, "read"), 1, 2), "cache_student", {"2", out + "-e2-%d.pt"});
+  EXPECT_NE(log.find("teacher cache " + copy.path + ": the row with key " + key +
+                     " is damaged (its record fails its CRC32C); it is computed instead, never served from the store"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(line(log, "teacher cache " + copy.path + ": ")
+                .find(": 48 rows (768 tokens), 48 looked up, 47 hits (97.9167% of the rows looked up, 752 tokens), 1 "
+                      "damaged, 1 forwards"),
+            std::string::npos)
+      << log;
+  EXPECT_DOUBLE_EQ(hits, 47.0 / 48.0);
+  for (int s = 0; s < 2; ++s) {
+    const auto e1 = loadAnswers(out + "-e1-" + std::to_string(s) + ".pt");
+    const auto e2 = loadAnswers(out + "-e2-" + std::to_string(s) + ".pt");
+    ASSERT_EQ(e2.size(), e1.size());
+    for (size_t i = 0; i < e1.size(); ++i) EXPECT_TRUE(bitEqual(e1[i], e2[i])) << "student " << s << " tensor " << i;
+    std::remove((out + "-e1-" + std::to_string(s) + ".pt").c_str());
+    std::remove((out + "-e2-" + std::to_string(s) + ".pt").c_str());
   }
 }
 

@@ -1,10 +1,14 @@
 // The teacher-output cache (teacher/src/cache.h, issue 16): row keys, the
 // answer context, the compact encoding, the LMDB store in one process, and a
 // writer SIGKILLed mid-write (a real process, fork+exec of this binary).
+#include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <lmdb.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <torch/torch.h>
@@ -12,6 +16,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <random>
+#include <set>
+#include <sstream>
 
 #include "cache.h"
 #include "distill/core/errors.h"
@@ -74,6 +82,9 @@ bool bitEqual(const Answer& a, const Answer& b) {
   }
   return true;
 }
+
+// Float32 full logits as the store keeps them: through float16.
+at::Tensor asStored(const at::Tensor& logits) { return logits.to(at::kHalf).to(at::kFloat); }
 
 Answer rowOf(const Answer& a, int64_t r) {
   Answer out;
@@ -179,17 +190,26 @@ TEST(TeacherCacheEncoding, RoundTripsCompactly) {
     EXPECT_GT(record.size(), payload);
     EXPECT_LT(record.size(), payload + 200) << "header overhead";
   }
-  // Full logits and other outputs: their own dtype, bit for bit.
+  // Full logits of another dtype and other outputs: their own dtype, bit for
+  // bit; float32 full logits through float16, read back as float32.
   for (auto dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
     Answer a{{"logits", at::randn({1, 16, 64}).to(dtype)}, {"h", at::randn({1, 16, 3})}};
     const std::string record = distill::encodeRow(a, 64);
-    EXPECT_TRUE(bitEqual(a, distill::decodeRow(record.data(), record.size())));
+    Answer b = distill::decodeRow(record.data(), record.size());
+    EXPECT_TRUE(bitEqual(a.at("h"), b.at("h")));
+    EXPECT_TRUE(
+        bitEqual(dtype == at::kFloat ? a.at("logits").to(at::kHalf).to(at::kFloat) : a.at("logits"), b.at("logits")));
+    EXPECT_EQ(record.size(), 16 * 64 * (dtype == at::kFloat ? 2 : c10::elementSize(dtype)) + 16 * 3 * 4 + 72);
   }
   // A top-k value float16 cannot hold: that row stays float32.
   Answer big = shaped(ids(1, 4, 5), 4).answer;
   big["topk_values"][0][1][0] = 1e6f;
   const std::string record = distill::encodeRow(big, 64);
   EXPECT_TRUE(bitEqual(big.at("topk_values"), distill::decodeRow(record.data(), record.size()).at("topk_values")));
+  Answer bigDense{{"logits", at::randn({1, 4, 64})}};
+  bigDense["logits"][0][2][7] = -1e6f;
+  const std::string dense = distill::encodeRow(bigDense, 64);
+  EXPECT_TRUE(bitEqual(bigDense.at("logits"), distill::decodeRow(dense.data(), dense.size()).at("logits")));
   // A damaged record is an error, never a wild read.
   EXPECT_THROW(distill::decodeRow(record.data(), record.size() - 3), distill::IpcError);
   EXPECT_THROW(distill::decodeRow(record.data(), 2), distill::IpcError);
@@ -304,7 +324,7 @@ TEST(TeacherCacheStore, FullStoreSaysSoOnceAndKeepsServing) {
   for (uint64_t seed = 100; seed < 140; ++seed) {
     at::Tensor x = ids(4, 16, seed);
     std::vector<Answer> a = cache.answer({{x}}, compute, at::kCPU);
-    EXPECT_TRUE(bitEqual(a[0].at("logits"), tableLogits(x, 1024))); // answered all the same
+    EXPECT_TRUE(bitEqual(a[0].at("logits"), asStored(tableLogits(x, 1024)))); // answered all the same
   }
   const std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_TRUE(cache.full());
@@ -385,7 +405,7 @@ TEST(TeacherCacheStore, SigkillMidWriteLeavesACorrectStore) {
     }
     EXPECT_TRUE(rowsHit == 0 || rowsHit == 8) << "batch " << i << " half stored: " << rowsHit;
     if (rowsHit == 8) {
-      EXPECT_TRUE(bitEqual(a[0].at("logits"), tableLogits(x, 2048))) << "batch " << i;
+      EXPECT_TRUE(bitEqual(a[0].at("logits"), asStored(tableLogits(x, 2048)))) << "batch " << i;
       found += 8;
     }
     if (rowsHit == 0 && i >= committed) break;
@@ -428,6 +448,400 @@ TEST(TeacherCacheEncoding, Float16ValuesBarelyMoveTheLoss) {
   };
   const double l32 = out(exact), l16 = out(rounded);
   std::printf("top-8 KL loss, values float32 %.9f, float16 %.9f, relative difference %.2e\n", l32, l16,
+              std::abs(l16 - l32) / std::abs(l32));
+  EXPECT_LT(std::abs(l16 - l32), 1e-3 * std::abs(l32));
+}
+
+// ---- integrity (issue 27 items 4.1, 4.2, 4.7, 4.11) ----
+
+std::string readAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+void writeAll(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), std::streamsize(bytes.size()));
+  ASSERT_TRUE(out.good()) << path;
+}
+
+// A store's copy: a new owner-only folder holding `bytes` as data.mdb (0600).
+struct StoreCopy : TempDir {
+  explicit StoreCopy(const std::string& bytes) {
+    EXPECT_EQ(::mkdir(path.c_str(), 0700), 0) << path;
+    writeAll(path + "/data.mdb", bytes);
+    ::chmod((path + "/data.mdb").c_str(), 0600);
+  }
+};
+
+// The rows the integrity tests store: 40 rows of 16 tokens, full logits over 256 entries
+// (8 KiB records, in LMDB's overflow pages) or the top-4 (small records, in leaf pages).
+constexpr int64_t kIntegrityRows = 40;
+at::Tensor integrityRows() { return ids(kIntegrityRows, 16, 2027); }
+TeacherCache::Computed integrityAnswer(const at::Tensor& x, int64_t k) { return shaped(x, k, 256); }
+
+// Writes the rows into a new store at `dir`; returns every row's answer as served.
+std::vector<Answer> writeIntegrityStore(const std::string& dir, int64_t k) {
+  TeacherCache cache(options(dir, "readwrite"), kContext, kNames);
+  at::Tensor x = integrityRows();
+  std::vector<std::vector<at::Tensor>> batches;
+  for (int64_t r = 0; r < kIntegrityRows; r += 8) batches.push_back({x.narrow(0, r, 8)});
+  auto out = cache.answer(
+      batches, [&](const std::vector<at::Tensor>& in) { return integrityAnswer(in[0], k); }, at::kCPU);
+  std::vector<Answer> rows;
+  for (auto& b : out) {
+    for (int64_t r = 0; r < 8; ++r) rows.push_back(rowOf(b, r));
+  }
+  EXPECT_EQ(cache.stats().inserted, kIntegrityRows);
+  return rows;
+}
+
+// Where each row's record lies in data.mdb's bytes: read through LMDB, found in
+// the file (every copy: LMDB's copy-on-write leaves older copies of a leaf page
+// in pages it has freed; one of them is the live one).
+std::vector<std::vector<size_t>> recordOffsets(const std::string& dir, const std::string& file,
+                                               std::vector<size_t>* sizes) {
+  MDB_env* env = nullptr;
+  EXPECT_EQ(mdb_env_create(&env), 0);
+  EXPECT_EQ(mdb_env_set_mapsize(env, size_t(64) << 20), 0);
+  EXPECT_EQ(mdb_env_open(env, dir.c_str(), MDB_RDONLY, 0600), 0);
+  MDB_txn* txn = nullptr;
+  MDB_dbi dbi;
+  EXPECT_EQ(mdb_txn_begin(env, nullptr, MDB_RDONLY, &txn), 0);
+  EXPECT_EQ(mdb_dbi_open(txn, nullptr, 0, &dbi), 0);
+  at::Tensor x = integrityRows();
+  std::vector<std::vector<size_t>> offsets;
+  for (int64_t r = 0; r < kIntegrityRows; ++r) {
+    CacheKey k = distill::rowKey(kContext, kNames, {x}, r);
+    MDB_val key{k.size(), k.data()}, data;
+    EXPECT_EQ(mdb_get(txn, dbi, &key, &data), 0);
+    const std::string record(static_cast<const char*>(data.mv_data), data.mv_size);
+    offsets.emplace_back();
+    for (size_t at = file.find(record); at != std::string::npos; at = file.find(record, at + 1)) {
+      offsets.back().push_back(at);
+    }
+    EXPECT_FALSE(offsets.back().empty()) << "row " << r;
+    sizes->push_back(record.size());
+  }
+  mdb_txn_abort(txn);
+  mdb_env_close(env);
+  return offsets;
+}
+
+struct ReadBack {
+  int64_t served = 0, computed = 0, corrupt = 0, wrong = 0;
+  std::string log;
+  std::string refused; // the ConfigError of a store that would not open (damage where its header lives)
+};
+
+// A read job over the store at `dir`: every row asked once, missing rows
+// computed (correctly); counts the rows served that differ from `truth`.
+ReadBack readBack(const std::string& dir, int64_t k, const std::vector<Answer>& truth) {
+  ReadBack r;
+  ::testing::internal::CaptureStderr();
+  try {
+    TeacherCache cache(options(dir, "read"), kContext, kNames);
+    at::Tensor x = integrityRows();
+    for (int64_t b = 0; b < kIntegrityRows; b += 5) {
+      auto out = cache.answer(
+          {{x.narrow(0, b, 5)}},
+          [&](const std::vector<at::Tensor>& in) {
+            r.computed += in[0].size(0);
+            return integrityAnswer(in[0], k);
+          },
+          at::kCPU);
+      for (int64_t i = 0; i < 5; ++i) r.wrong += bitEqual(rowOf(out[0], i), truth[size_t(b + i)]) ? 0 : 1;
+    }
+    r.served = cache.stats().hits;
+    r.corrupt = cache.stats().corrupt;
+  } catch (const distill::ConfigError& e) {
+    r.refused = e.what();
+    r.computed = kIntegrityRows; // a job would answer every row by a forward
+  }
+  r.log = ::testing::internal::GetCapturedStderr();
+  return r;
+}
+
+// The fault campaign's damage on copies of a good store: one logit changed in
+// one row and in every row, a zeroed 4 KiB page, random bit flips. No damaged
+// row is ever served: each is a miss (computed again) and counted.
+TEST(TeacherCacheIntegrity, DamagedRowsAreMissesNeverServed) {
+  for (int64_t k : {0, 4}) {
+    SCOPED_TRACE(k == 0 ? "full logits" : "top-4");
+    TempDir good;
+    const std::vector<Answer> truth = writeIntegrityStore(good.path, k);
+    const std::string file = readAll(good.path + "/data.mdb");
+    std::vector<size_t> sizes;
+    const std::vector<std::vector<size_t>> at = recordOffsets(good.path, file, &sizes);
+    {
+      StoreCopy intact(file);
+      ReadBack r = readBack(intact.path, k, truth);
+      EXPECT_EQ(r.served, kIntegrityRows);
+      EXPECT_EQ(r.corrupt, 0);
+      EXPECT_EQ(r.wrong, 0);
+    }
+    { // one logit (its last byte) of row 7
+      std::string bad = file;
+      for (size_t copy : at[7]) bad[copy + sizes[7] - 1] ^= 0x10;
+      StoreCopy copy(bad);
+      ReadBack r = readBack(copy.path, k, truth);
+      EXPECT_EQ(r.wrong, 0);
+      EXPECT_EQ(r.corrupt, 1);
+      EXPECT_EQ(r.served, kIntegrityRows - 1);
+      EXPECT_EQ(r.computed, 1);
+      const std::string key = distill::keyHex(distill::rowKey(kContext, kNames, {integrityRows()}, 7));
+      EXPECT_NE(r.log.find("teacher cache " + copy.path + ": the row with key " + key + " is damaged"),
+                std::string::npos)
+          << r.log;
+    }
+    { // one value in every row
+      std::string bad = file;
+      for (int64_t r = 0; r < kIntegrityRows; ++r) {
+        for (size_t copy : at[size_t(r)]) bad[copy + sizes[size_t(r)] - 2] ^= 0x01;
+      }
+      StoreCopy copy(bad);
+      ReadBack r = readBack(copy.path, k, truth);
+      EXPECT_EQ(r.wrong, 0);
+      EXPECT_EQ(r.corrupt, kIntegrityRows);
+      EXPECT_EQ(r.served, 0);
+    }
+    { // the 4 KiB page holding the middle of row 20's record (each copy's)
+      std::string bad = file;
+      for (size_t copy : at[20]) std::memset(&bad[(copy + sizes[20] / 2) / 4096 * 4096], 0, 4096);
+      StoreCopy copy(bad);
+      ReadBack r = readBack(copy.path, k, truth);
+      EXPECT_EQ(r.wrong, 0);
+      EXPECT_TRUE(r.corrupt >= 1 || r.refused.find(copy.path) != std::string::npos) << r.refused;
+      EXPECT_EQ(r.served + r.computed, kIntegrityRows);
+    }
+    for (uint32_t seed = 1; seed <= 6; ++seed) { // 20 random bit flips past the two meta pages
+      SCOPED_TRACE(seed);
+      std::string bad = file;
+      std::mt19937 rng(seed);
+      std::set<size_t> recordsHit;
+      for (int i = 0; i < 20; ++i) {
+        const size_t byte = 8192 + rng() % (file.size() - 8192);
+        bad[byte] ^= char(1u << (rng() % 8));
+        for (size_t r = 0; r < at.size(); ++r) { // records with one copy only: that one is live
+          if (at[r].size() == 1 && byte >= at[r][0] + 8 && byte < at[r][0] + sizes[r]) recordsHit.insert(r);
+        }
+      }
+      StoreCopy copy(bad);
+      ReadBack r = readBack(copy.path, k, truth);
+      EXPECT_EQ(r.wrong, 0);
+      EXPECT_EQ(r.served + r.computed, kIntegrityRows);
+      if (r.refused.empty()) {
+        EXPECT_GE(r.corrupt, int64_t(recordsHit.size())) << r.log;
+      } else {
+        EXPECT_NE(r.refused.find(copy.path), std::string::npos) << r.refused;
+      }
+      std::printf("%s, seed %u: 20 bit flips, %zu records hit: %lld served, %lld computed, %lld counted damaged%s\n",
+                  k == 0 ? "full logits" : "top-4", seed, recordsHit.size(), static_cast<long long>(r.served),
+                  static_cast<long long>(r.computed), static_cast<long long>(r.corrupt),
+                  r.refused.empty() ? "" : ", store refused");
+    }
+  }
+}
+
+std::vector<std::string> listDir(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) names.emplace_back(e->d_name);
+    ::closedir(d);
+  }
+  return names;
+}
+
+mode_t modeOf(const std::string& path) {
+  struct stat st {};
+  EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+  return st.st_mode & 07777;
+}
+
+void expectRefused(const std::string& dir, const std::vector<std::string>& parts) {
+  for (const char* mode : {"read", "readwrite"}) {
+    try {
+      TeacherCache c(options(dir, mode), kContext, kNames);
+      ADD_FAILURE() << "no ConfigError (mode " << mode << ")";
+    } catch (const distill::ConfigError& e) {
+      for (const auto& part : parts) EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  }
+}
+
+// The store is created owner-only; a folder or file another user owns or can
+// write is refused, naming the path and its mode.
+TEST(TeacherCacheIntegrity, StoreOthersCanChangeIsRefused) {
+  TempDir dir;
+  { TeacherCache c(options(dir.path, "readwrite"), kContext, kNames); }
+  EXPECT_EQ(modeOf(dir.path), 0700u);
+  EXPECT_EQ(modeOf(dir.path + "/data.mdb"), 0600u);
+  EXPECT_EQ(modeOf(dir.path + "/lock.mdb"), 0600u);
+  ASSERT_EQ(::chmod(dir.path.c_str(), 0770), 0);
+  expectRefused(dir.path, {dir.path + " has mode 0770, writable by its group", "chmod go-w"});
+  ASSERT_EQ(::chmod(dir.path.c_str(), 0702), 0);
+  expectRefused(dir.path, {dir.path + " has mode 0702, writable by others"});
+  ASSERT_EQ(::chmod(dir.path.c_str(), 0755), 0); // readable by others is fine
+  { TeacherCache c(options(dir.path, "read"), kContext, kNames); }
+  ASSERT_EQ(::chmod((dir.path + "/data.mdb").c_str(), 0666), 0);
+  expectRefused(dir.path, {dir.path + "/data.mdb has mode 0666"});
+  ASSERT_EQ(::chmod((dir.path + "/data.mdb").c_str(), 0600), 0);
+  if (::geteuid() != 0) GTEST_SKIP() << "another owner needs root (chown)";
+  ASSERT_EQ(::chown((dir.path + "/data.mdb").c_str(), 65534, 65534), 0);
+  expectRefused(dir.path, {dir.path + "/data.mdb belongs to uid 65534", "not to this process's user (uid 0"});
+  ASSERT_EQ(::chown((dir.path + "/data.mdb").c_str(), 0, 0), 0);
+  ASSERT_EQ(::chown(dir.path.c_str(), 65534, 65534), 0);
+  expectRefused(dir.path, {dir.path + " belongs to uid 65534"});
+  ASSERT_EQ(::chown(dir.path.c_str(), 0, 0), 0);
+}
+
+// A truncated data.mdb (half, 8 KiB) is an error naming the store, never a
+// SIGBUS; with on_corrupt restart it is set aside and a new store started.
+TEST(TeacherCacheIntegrity, TruncatedStoreIsAnErrorOrSetAside) {
+  TempDir good;
+  const std::vector<Answer> truth = writeIntegrityStore(good.path, 0);
+  const std::string file = readAll(good.path + "/data.mdb");
+  ASSERT_GT(file.size(), size_t(64) << 10);
+  for (size_t size : {file.size() / 2, size_t(8192)}) {
+    SCOPED_TRACE(size);
+    StoreCopy copy(file.substr(0, size));
+    expectRefused(copy.path,
+                  {"the store in " + copy.path + " is damaged: data.mdb holds " + std::to_string(size) + " bytes",
+                   "truncated", "teacher.cache.on_corrupt: restart"});
+    auto o = options(copy.path, "readwrite");
+    o.on_corrupt = distill::OnCorrupt::kRestart;
+    TeacherCache fresh(o, kContext, kNames);
+    at::Tensor x = integrityRows();
+    auto out = fresh.answer(
+        {{x.narrow(0, 0, 4)}}, [&](const std::vector<at::Tensor>& in) { return integrityAnswer(in[0], 0); }, at::kCPU);
+    EXPECT_EQ(fresh.stats().hits, 0);
+    EXPECT_EQ(fresh.stats().inserted, 4);
+    EXPECT_TRUE(bitEqual(rowOf(out[0], 3), truth[3]));
+    // The damaged file is kept beside it, whole.
+    bool kept = false;
+    for (const std::string& name : listDir(copy.path)) {
+      if (name.rfind("data.mdb.corrupt-", 0) == 0) {
+        kept = readAll(copy.path + "/" + name).size() == size;
+        ::unlink((copy.path + "/" + name).c_str());
+      }
+    }
+    EXPECT_TRUE(kept);
+  }
+}
+
+// A commit that fails (a full or failing disk) stops inserts with one warning
+// saying why; answers and lookups go on.
+TEST(TeacherCacheIntegrity, FailedCommitStopsInsertingOnce) {
+  for (int fault : {EIO, ENOSPC, MDB_MAP_FULL}) {
+    SCOPED_TRACE(fault);
+    TempDir dir;
+    TeacherCache::Faults faults;
+    faults.commit = [&](int64_t n) { return n == 3 ? fault : 0; };
+    TeacherCache cache(options(dir.path, "readwrite"), kContext, kNames, 1.0, faults);
+    auto compute = [](const std::vector<at::Tensor>& in) { return shaped(in[0], 0, 128); };
+    ::testing::internal::CaptureStderr();
+    for (uint64_t seed = 300; seed < 310; ++seed) {
+      at::Tensor x = ids(4, 16, seed);
+      std::vector<Answer> a = cache.answer({{x}}, compute, at::kCPU);
+      EXPECT_TRUE(bitEqual(a[0].at("logits"), asStored(tableLogits(x, 128))));
+    }
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_TRUE(cache.full());
+    EXPECT_EQ(cache.maxBytesReached(), fault == MDB_MAP_FULL);
+    EXPECT_EQ(cache.stats().inserted, 8); // the first two commits
+    const std::string said = fault == MDB_MAP_FULL
+        ? dir.path + " is full (teacher.cache.max_bytes="
+        : dir.path + " cannot store rows: commit failed: " + mdb_strerror(fault);
+    EXPECT_NE(err.find(said), std::string::npos) << err;
+    EXPECT_EQ(err.find("no more rows are stored"), err.rfind("no more rows are stored")) << "said twice: " << err;
+    // What was committed before still hits.
+    cache.answer({{ids(4, 16, 301)}}, compute, at::kCPU);
+    EXPECT_EQ(cache.stats().hits, 4);
+  }
+}
+
+// The same with a real full disk: a 2 MiB tmpfs under a store whose max_bytes is 64 MiB.
+TEST(TeacherCacheIntegrity, FullDiskStopsInserting) {
+  TempDir dir;
+  ASSERT_EQ(::mkdir(dir.path.c_str(), 0700), 0);
+  if (::mount("tmpfs", dir.path.c_str(), "tmpfs", 0, "size=2m,mode=0700") != 0) {
+    const int err = errno;
+    ::rmdir(dir.path.c_str());
+    GTEST_SKIP() << "cannot mount a tmpfs: " << std::strerror(err);
+  }
+  const std::string store = dir.path + "/store";
+  {
+    TeacherCache cache(options(store, "readwrite"), kContext, kNames);
+    auto compute = [](const std::vector<at::Tensor>& in) { return shaped(in[0], 0, 1024); }; // 32 KiB a row
+    ::testing::internal::CaptureStderr();
+    for (uint64_t seed = 400; seed < 440; ++seed) { // 5 MiB of rows
+      at::Tensor x = ids(4, 16, seed);
+      std::vector<Answer> a = cache.answer({{x}}, compute, at::kCPU);
+      EXPECT_TRUE(bitEqual(a[0].at("logits"), asStored(tableLogits(x, 1024))));
+    }
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_TRUE(cache.full());
+    EXPECT_FALSE(cache.maxBytesReached());
+    EXPECT_NE(err.find(store + " cannot store rows: "), std::string::npos) << err;
+    // LMDB says EIO for a short write (mdb_page_flush), ENOSPC when nothing was written.
+    EXPECT_TRUE(err.find("commit failed: Input/output error") != std::string::npos ||
+                err.find("No space left on device") != std::string::npos)
+        << err;
+    const int64_t hits = cache.stats().hits;
+    cache.answer({{ids(4, 16, 400)}}, compute, at::kCPU);
+    EXPECT_EQ(cache.stats().hits, hits + 4);
+  }
+  ::unlink((store + "/data.mdb").c_str());
+  ::unlink((store + "/lock.mdb").c_str());
+  ::rmdir(store.c_str());
+  ::umount(dir.path.c_str());
+}
+
+// Bytes per stored token of a dense (full-logits) row, float32 (as stored before:
+// a raw float32 tensor) and as stored now (float16), for a 1551- and a 32000-entry
+// vocabulary, 64 tokens a row; and what float16 full logits do to the loss.
+TEST(TeacherCacheEncoding, DenseRowsTakeTwoBytesPerLogit) {
+  for (int64_t vocab : {1551, 32000}) {
+    double perToken[2] = {0, 0};
+    for (int half = 0; half < 2; ++half) {
+      TempDir dir;
+      TeacherCache cache(options(dir.path, "write", int64_t(256) << 20), kContext, kNames);
+      const int64_t before = cache.storeBytes();
+      // "logits" float32 goes through float16; the same tensor under another name stays float32.
+      const std::string name = half ? "logits" : "h";
+      cache.answer(
+          {{ids(16, 64, 77)}},
+          [&](const std::vector<at::Tensor>& in) {
+            Answer a{{name, at::randn({in[0].size(0), 64, vocab}) * 4}};
+            return TeacherCache::Computed{a, vocab};
+          },
+          at::kCPU);
+      perToken[half] = double(cache.storeBytes() - before) / (16 * 64);
+      const double estimate = cache.bytesPerStoredToken();
+      EXPECT_NEAR(estimate, perToken[half], 0.05 * perToken[half]) << "the estimate the gauges publish";
+    }
+    std::printf("V=%lld dense row of 64 tokens: %.0f bytes per stored token as float32, %.0f as float16\n",
+                static_cast<long long>(vocab), perToken[0], perToken[1]);
+    EXPECT_GE(perToken[0], 4.0 * double(vocab));
+    EXPECT_LT(perToken[1], 2.0 * double(vocab) * 1.02);
+  }
+  // The loss on float16 full logits: KL at T=2 of a random student.
+  at::Tensor x = ids(8, 64, 12);
+  at::Tensor exact = tableLogits(x, 64) * 2;
+  distill::LossOptions lo;
+  lo.temperature = 2.0;
+  lo.alpha = 1.0;
+  at::Tensor student = at::randn({8, 64, 64}, at::make_generator<at::CPUGeneratorImpl>(5)) * 2;
+  at::Tensor labels = at::randint(0, 64, {8, 64}, at::make_generator<at::CPUGeneratorImpl>(6), at::kLong);
+  auto loss = [&](const at::Tensor& logits) {
+    distill::TeacherOutput o;
+    o.logits = logits;
+    return distill::distillLoss(student, labels, o, lo, 8 * 64).loss.item<double>();
+  };
+  const double l32 = loss(exact), l16 = loss(asStored(exact));
+  std::printf("full-logits KL loss, float32 %.9f, float16 %.9f, relative difference %.2e\n", l32, l16,
               std::abs(l16 - l32) / std::abs(l32));
   EXPECT_LT(std::abs(l16 - l32), 1e-3 * std::abs(l32));
 }

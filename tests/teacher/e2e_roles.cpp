@@ -60,7 +60,9 @@ std::function<at::Tensor(const at::Tensor&)> inProcessTeacher(const std::string&
 distill::TeacherOutput shapeLikeServer(const at::Tensor& logits, const distill::Config& cfg) {
   distill::TeacherOutput o;
   if (cfg.teacher.topk == 0) {
-    o.logits = logits;
+    // teacher.cache stores float32 full logits as float16 and answers every row from the store.
+    const bool cached = cfg.teacher.cache.mode != distill::CacheMode::kOff && logits.scalar_type() == at::kFloat;
+    o.logits = cached ? logits.to(at::kHalf).to(at::kFloat) : logits;
     return o;
   }
   auto out = distill::topkOutput(logits, cfg.teacher.topk, cfg.loss.temperature);

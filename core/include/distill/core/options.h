@@ -139,6 +139,7 @@ struct TeacherOptions {
     std::string path; // the store's directory ("" with mode off)
     CacheMode mode = CacheMode::kOff; // off | read | write | readwrite
     int64_t max_bytes = int64_t(1) << 30; // the store's size limit; full: inserts stop, hits go on
+    OnCorrupt on_corrupt = OnCorrupt::kError; // error | restart: a truncated or invalid store is set aside
   };
   CacheOptions cache;
 };

@@ -57,6 +57,22 @@ struct ProcessSnapshot {
   int64_t waitForMs = 0; // how long the current wait has lasted
 };
 
+// A teacher's teacher.cache counters (Segment::teacherCache).
+struct TeacherCacheGauge {
+  enum class Full : uint32_t { kNo = 0, kMaxBytes = 1, kWriteFailed = 2 }; // why it stores no more rows
+  Full full = Full::kNo;
+  int64_t lookups = 0; // rows looked up in the store
+  int64_t hits = 0; // of which answered from it
+  int64_t storedTokens = 0; // tokens of the rows stored
+  int64_t storedBytes = 0; // what the store spends on them
+  // hits / lookups, nullopt before any lookup (mode write looks nothing up).
+  std::optional<double> hitShare() const {
+    return lookups > 0 ? std::optional<double>(double(hits) / double(lookups)) : std::nullopt;
+  }
+  // Bytes the store spends per stored token, 0 before any row is stored.
+  double bytesPerToken() const { return storedTokens > 0 ? double(storedBytes) / double(storedTokens) : 0.0; }
+};
+
 class Segment {
  public:
   // Launcher only. Creates the segment `name` (mode 0600, zero-filled) and
@@ -120,9 +136,14 @@ class Segment {
   void setTeacherBusy(int teacher, double share) const;
   double teacherBusy(int teacher) const;
   double teacherBusy() const;
-  // Share of rows teacher `teacher` answered from teacher.cache so far, 0..1
-  // (0 without a cache); without an index: the mean over the teachers.
-  void setTeacherCacheHits(int teacher, double share) const;
+  // Teacher `teacher`'s teacher.cache counters since its start (the teacher
+  // stores them after each batch; relaxed); without an index: summed over the
+  // teachers (full if any is). teacherCacheHits: the hit share, hits / rows
+  // looked up (TeacherCacheGauge::hitShare, 0 before any lookup) — the one
+  // definition the teacher's summary, the status line and the verdict use.
+  void setTeacherCache(int teacher, const TeacherCacheGauge& gauge) const;
+  TeacherCacheGauge teacherCache(int teacher) const;
+  TeacherCacheGauge teacherCache() const;
   double teacherCacheHits(int teacher) const;
   double teacherCacheHits() const;
 
