@@ -88,6 +88,8 @@ constexpr double kMaxTimeoutS = 30 * 24 * 3600; // 30 days: 2592000 s
 // at most 255 students (ipc/src/wire.h kMaxStudents) and 16 teachers (kMaxTeachers).
 constexpr int kMaxProcsPerNode = 256;
 constexpr int kMaxTeachersPerNode = 16; // teacher.procs (== ipc's wire::kMaxTeachers)
+// teacher.hidden_states: a response holds 4 tensors (ipc's kMaxTensors), the logits one of them.
+constexpr int kMaxHiddenStates = 3;
 
 // run: how the job is laid out and how long anything may wait.
 struct RunOptions {
