@@ -146,7 +146,8 @@ CheckpointManager::CheckpointManager(StudentContext& ctx, CheckpointOptions opts
   c.opts = std::move(opts);
   while (c.opts.dir.size() > 1 && c.opts.dir.back() == '/') c.opts.dir.pop_back();
   c.fingerprint = std::move(teacherFingerprint);
-  c.fs = fs ? std::move(fs) : posixFileSystem();
+  c.fs = fs ? std::move(fs)
+             : posixFileSystem(fileModeBits(ctx.config().run.file_mode), dirModeBits(ctx.config().run.file_mode));
   c.cfgHash = configHash(ctx.config());
   c.config = ctx.config();
   c.configYaml = dumpConfig(c.config);

@@ -287,6 +287,32 @@ TEST_F(LauncherTest, HelloEndsCleanlyWithLogsPerRank) {
   expectSegmentGone(l);
 }
 
+// The permission bits of `path` (-1: no such file).
+int modeOf(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<int>(st.st_mode & 07777) : -1;
+}
+
+// Issue 27 (4.11): the log folder and the rank logs were 0755 / 0644, readable
+// by every user; they are owner-only by default, group-readable with
+// run.file_mode: group (both less the umask, as the folder's mkdir has it).
+TEST_F(LauncherTest, LogsAreOwnerOnlyByDefaultAndGroupReadableWithFileModeGroup) {
+  const mode_t mask = ::umask(022);
+  ::umask(mask);
+  for (const std::string mode : {"private", "group"}) {
+    SCOPED_TRACE(mode);
+    const std::string logs = dir_ + "/logs-" + mode + "/nested";
+    Launch l({"--config", sourcePath("configs/hello.yaml"), "--log-dir", logs, "--master-port",
+              std::to_string(freePort()), "--set", "run.file_mode=" + mode, "--", binPath("distill-hello")});
+    auto st = l.finish();
+    ASSERT_TRUE(st.exited && st.code == 0) << st.describe() << "\n" << l.text();
+    const int dirMode = (mode == "group" ? 0750 : 0700) & ~mask, fileMode = (mode == "group" ? 0640 : 0600) & ~mask;
+    EXPECT_EQ(modeOf(logs), dirMode) << logs;
+    EXPECT_EQ(modeOf(dir_ + "/logs-" + mode), dirMode) << "the parent mkdir -p made";
+    for (int r = 0; r < 3; ++r) EXPECT_EQ(modeOf(logs + "/rank_" + std::to_string(r) + ".log"), fileMode) << r;
+  }
+}
+
 TEST_F(LauncherTest, PrefixesRawLinesAndShowsStatus) {
   Launch l(jobArgs({"--status-every-s", "3600"}, {"ok"}));
   auto st = l.finish();

@@ -47,6 +47,8 @@ enum class OnCorrupt { kError, kRestart };
 DISTILL_OPTION_ENUM_NAMES(OnCorrupt, "error", "restart");
 enum class CacheMode { kOff, kRead, kWrite, kReadWrite };
 DISTILL_OPTION_ENUM_NAMES(CacheMode, "off", "read", "write", "readwrite");
+enum class FileMode { kPrivate, kGroup };
+DISTILL_OPTION_ENUM_NAMES(FileMode, "private", "group");
 
 #undef DISTILL_OPTION_ENUM_NAMES
 
@@ -70,6 +72,11 @@ template <class E, class = decltype(EnumNames<E>::names)>
 std::ostream& operator<<(std::ostream& os, E value) {
   return os << toString(value);
 }
+
+// run.file_mode's permissions (the umask may take more away): the files that
+// hold model state, teacher outputs or logs, and the folders distill makes for them.
+inline unsigned fileModeBits(FileMode m) { return m == FileMode::kGroup ? 0640 : 0600; }
+inline unsigned dirModeBits(FileMode m) { return m == FileMode::kGroup ? 0750 : 0700; }
 
 // A device option (teacher.device, student.device) as config.cpp accepts it:
 // "cpu", "cuda" (the current device) or "cuda:N". The option stays a string
@@ -100,6 +107,9 @@ struct RunOptions {
   std::string master_addr = "127.0.0.1"; // student group rendezvous host (student rank 0); the store binds to it only
   int master_port = 29500; // student group rendezvous port (1..65535; 0: a free one, single node)
   std::string log_dir = "logs"; // per-rank log files, metrics, hang reports
+  // private | group: checkpoints, the teacher cache and the log files are 0600
+  // in 0700 folders (owner only), or 0640 in 0750 (group-shared runs).
+  FileMode file_mode = FileMode::kPrivate;
   double startup_timeout_s = 60; // admission: students <-> teacher, store connect (0.001 .. 2592000)
   double collective_timeout_s = 300; // each student-group collective (0.001 .. 2592000)
   double hang_timeout_s = 300; // no progress on any rank for this long = hang (0.001 .. 2592000)
