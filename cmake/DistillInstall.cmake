@@ -23,8 +23,12 @@ set(_cfgdir ${CMAKE_INSTALL_LIBDIR}/cmake/distill)
 install(EXPORT distillTargets NAMESPACE distill:: DESTINATION ${_cfgdir})
 configure_package_config_file(cmake/distillConfig.cmake.in
   ${PROJECT_BINARY_DIR}/distillConfig.cmake INSTALL_DESTINATION ${_cfgdir})
+# find_package(distill X.Y) takes this package only when X.Y is its major.minor
+# and the request is no newer: before 1.0 a minor bump is incompatible (the
+# version is bumped on every incompatible change, CHANGELOG.md), so 0.1 is
+# refused by 0.2 and 0.2 is taken by 0.2.z.
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/distillConfigVersion.cmake
-  COMPATIBILITY SameMinorVersion)
+  VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/distillConfig.cmake
               ${PROJECT_BINARY_DIR}/distillConfigVersion.cmake
               cmake/DistillTorch.cmake

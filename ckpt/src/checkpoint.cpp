@@ -32,6 +32,7 @@ struct CheckpointManager::Impl {
   StudentGroup* group = nullptr;
   std::shared_ptr<CheckpointCore> core;
   int64_t saveSeq = 0; // async saves so far: the same on every rank (save() is collective)
+  std::string lastError; // failSave's text of the last save()/wait() that failed ("" after one that did not)
 
   // Async only.
   std::shared_ptr<Writer> writer;
@@ -50,6 +51,7 @@ struct CheckpointManager::Impl {
   // on_error policy for a failed save; every rank calls it with the same outcome.
   bool failSave(int64_t step, const std::string& why) {
     const std::string text = "checkpoint step " + std::to_string(step) + " not saved: " + why;
+    lastError = text;
     if (core->opts.on_error == OnSaveError::kContinue) {
       DISTILL_LOG(kError) << text << " (checkpoint.on_error=continue: training goes on)";
       return false;
@@ -146,7 +148,8 @@ CheckpointManager::CheckpointManager(StudentContext& ctx, CheckpointOptions opts
   c.opts = std::move(opts);
   while (c.opts.dir.size() > 1 && c.opts.dir.back() == '/') c.opts.dir.pop_back();
   c.fingerprint = std::move(teacherFingerprint);
-  c.fs = fs ? std::move(fs) : posixFileSystem();
+  c.fs = fs ? std::move(fs)
+             : posixFileSystem(fileModeBits(ctx.config().run.file_mode), dirModeBits(ctx.config().run.file_mode));
   c.cfgHash = configHash(ctx.config());
   c.config = ctx.config();
   c.configYaml = dumpConfig(c.config);
@@ -223,7 +226,12 @@ bool CheckpointManager::due(int64_t step) const {
   return enabled() && impl_->core->opts.every_steps > 0 && step % impl_->core->opts.every_steps == 0;
 }
 
-bool CheckpointManager::wait() { return enabled() ? impl_->finishPending() : true; }
+bool CheckpointManager::wait() {
+  impl_->lastError.clear();
+  return enabled() ? impl_->finishPending() : true;
+}
+
+const std::string& CheckpointManager::lastError() const { return impl_->lastError; }
 
 bool CheckpointManager::save(int64_t step, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                              const TrainState& train, const RankState& rank, std::mt19937_64* rng) {
@@ -246,6 +254,7 @@ bool CheckpointManager::saveRef(int64_t step, const ModelRef& state, const Train
                                 std::mt19937_64* rng) {
   auto& s = *impl_;
   CheckpointCore& c = *s.core;
+  s.lastError.clear();
   if (!enabled()) return false;
   DISTILL_CHECK_T(CheckpointError, step >= 0, "checkpoint step must be >= 0, got ", step);
   trace::Scope recorded(checkpointEvent("save", step)); // the hang table shows a stuck save

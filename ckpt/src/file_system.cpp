@@ -64,14 +64,20 @@ const char* fsOpName(FsOp op) {
 
 void PosixFileSystem::createDirs(const std::string& path) {
   std::string at;
-  const int e = makeDirs(path, &at, [&](const std::string& dir) { return fault(FsOp::kMkdir, dir); });
+  const int e = makeDirs(path, &at, [&](const std::string& dir) { return fault(FsOp::kMkdir, dir); }, dirMode_);
   if (e != 0) fail("create directory", at, e);
 }
 
 void PosixFileSystem::writeFile(const std::string& path, const std::string& bytes) {
   if (int e = fault(FsOp::kOpen, path)) fail("open for writing", path, e);
-  Fd fd(retryEintr([&] { return ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644); }));
+  Fd fd(retryEintr([&] { return ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, fileMode_); }));
   if (fd.get() < 0) fail("open for writing", path, errno);
+  // A file left by an earlier run (latest.tmp after a crash) keeps its mode
+  // through O_TRUNC: take away what fileMode_ does not give.
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) fail("stat", path, errno);
+  if ((st.st_mode & 07777 & ~fileMode_) != 0 && ::fchmod(fd.get(), st.st_mode & 07777 & fileMode_) != 0)
+    fail("chmod", path, errno);
   size_t done = 0;
   while (done < bytes.size()) {
     if (int e = fault(FsOp::kWrite, path)) fail("write", path, e);
@@ -88,10 +94,16 @@ void PosixFileSystem::writeFile(const std::string& path, const std::string& byte
 
 std::string PosixFileSystem::readFile(const std::string& path) {
   if (int e = fault(FsOp::kOpen, path)) fail("open", path, e);
-  Fd fd(retryEintr([&] { return ::open(path.c_str(), O_RDONLY | O_CLOEXEC); }));
+  // O_NONBLOCK: opening a FIFO planted in a checkpoint returns at once
+  // (refused below) instead of waiting for a writer; regular files ignore it.
+  Fd fd(retryEintr([&] { return ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK); }));
   if (fd.get() < 0) fail("open", path, errno);
   struct stat st;
   if (::fstat(fd.get(), &st) != 0) fail("stat", path, errno);
+  if (!S_ISREG(st.st_mode)) {
+    throw FileSystemError(EINVAL, "cannot read " + path + ": it is " + fileTypeName(st.st_mode) + ", not a regular file",
+                          __FILE__, __LINE__);
+  }
   std::string out(static_cast<size_t>(st.st_size), '\0');
   size_t done = 0;
   for (;;) {
@@ -155,6 +167,8 @@ int FaultyFileSystem::fault(FsOp op, const std::string& path) {
   return calls_.fetch_add(1) + 1 == nth_ ? err_ : 0;
 }
 
-std::shared_ptr<FileSystem> posixFileSystem() { return std::make_shared<PosixFileSystem>(); }
+std::shared_ptr<FileSystem> posixFileSystem(unsigned fileMode, unsigned dirMode) {
+  return std::make_shared<PosixFileSystem>(fileMode, dirMode);
+}
 
 } // namespace distill

@@ -253,6 +253,20 @@ void checkAcrossFields(const Config& config, const std::vector<std::optional<Set
     problems.push_back("teacher.cache.path: required when teacher.cache.mode is " +
                        std::string(toString(config.teacher.cache.mode)) + suffix("teacher.cache.mode"));
   }
+  // A response holds four tensors (ipc kMaxTensors): the logits and up to
+  // three hidden states, or the top-k output's four and none.
+  if (ok("teacher.hidden_states") && ok("teacher.topk") && config.teacher.topk > 0 &&
+      !config.teacher.hidden_states.empty()) {
+    problems.push_back("teacher.hidden_states: cannot be returned with teacher.topk (" +
+                       std::to_string(config.teacher.topk) +
+                       "): the top-k output's four tensors fill a response; set teacher.topk: 0 or "
+                       "teacher.hidden_states: []" +
+                       suffix("teacher.hidden_states"));
+  } else if (ok("teacher.hidden_states") && config.teacher.hidden_states.size() > size_t(kMaxHiddenStates)) {
+    problems.push_back("teacher.hidden_states: at most " + std::to_string(kMaxHiddenStates) +
+                       " fit in a response next to the logits, found " +
+                       std::to_string(config.teacher.hidden_states.size()) + suffix("teacher.hidden_states"));
+  }
   if (ok("student.in_flight") && ok("transport.slots") && config.student.in_flight > config.transport.slots) {
     problems.push_back("student.in_flight: must be <= transport.slots (" + std::to_string(config.transport.slots) +
                        "), found " + std::to_string(config.student.in_flight) + suffix("student.in_flight"));

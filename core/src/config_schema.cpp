@@ -30,6 +30,7 @@ const std::vector<KeySpec>& schema() {
       DISTILL_KEY(run, master_addr).nonEmpty().runtime(),
       DISTILL_KEY(run, master_port).min(0).max(65535).runtime(), // 0: a free port (single node, distill-run)
       DISTILL_KEY(run, log_dir).nonEmpty().runtime(),
+      DISTILL_KEY(run, file_mode).runtime(), // who may read what a job writes, not what it trains
       DISTILL_KEY(run, startup_timeout_s).min(kMinTimeoutS).max(kMaxTimeoutS).runtime(),
       DISTILL_KEY(run, collective_timeout_s).min(kMinTimeoutS).max(kMaxTimeoutS).runtime(),
       DISTILL_KEY(run, hang_timeout_s).min(kMinTimeoutS).max(kMaxTimeoutS).runtime(),

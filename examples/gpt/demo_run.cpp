@@ -145,15 +145,22 @@ void DemoRun::validated(int64_t step, double valLoss) {
   line(buf);
 }
 
-void DemoRun::checkpointed(int64_t step, bool saved) {
-  line("[" + name() + "] " +
-       (saved ? "checkpoint saved at step " + std::to_string(step)
-              : "checkpoint at step " + std::to_string(step) + ": a save failed (the log says which and why)"));
+void DemoRun::checkpointed(int64_t step, bool saved, const std::string& why) {
+  const std::string failed = why.empty() ? "checkpoint step " + std::to_string(step) + " not saved" : why;
+  line("[" + name() + "] " + (saved ? "checkpoint saved at step " + std::to_string(step) : failed));
 }
 
-void DemoRun::stopped(int64_t step, bool saved) {
-  line("[" + name() + "] stopped at step " + std::to_string(step) +
-       (saved ? " (checkpoint saved)" : " (a checkpoint failed: see the log)") + ": run again to resume");
+void DemoRun::stopped(int64_t step, bool saved, const std::string& why, bool checkpoints) {
+  std::string text = "[" + name() + "] stopped at step " + std::to_string(step);
+  if (!checkpoints) {
+    text += " (checkpoint.dir is \"\": nothing saved, a rerun starts over)";
+  } else if (saved) {
+    text += " (checkpoint saved): run again to resume";
+  } else {
+    text += " (" + (why.empty() ? std::string("its checkpoint was not saved") : why) +
+        "): run again to resume from the last checkpoint published";
+  }
+  line(text);
 }
 
 void DemoRun::finish(double valLoss, int64_t parameters, JsonLine extra) {

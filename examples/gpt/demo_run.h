@@ -58,8 +58,10 @@ class DemoRun {
   void line(const std::string& text); // rank 0
   void trained(const StepRecord& r);
   void validated(int64_t step, double valLoss);
-  void checkpointed(int64_t step, bool saved);
-  void stopped(int64_t step, bool saved);
+  // A checkpoint at `step`; one that failed says why (`why`: the file and the error).
+  void checkpointed(int64_t step, bool saved, const std::string& why = "");
+  // Stopped before the last step; `checkpoints` false: checkpoint.dir is "" (nothing saved).
+  void stopped(int64_t step, bool saved, const std::string& why = "", bool checkpoints = true);
   // Writes done.json (+ `extra` fields) and the closing line.
   void finish(double valLoss, int64_t parameters, JsonLine extra = {});
 

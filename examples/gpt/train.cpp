@@ -81,7 +81,7 @@ int trainStudent(distill::Session& s) {
   distill::StepsOptions hooks; // distill: the demo's bookkeeping, called by the step API
   hooks.teacherFingerprint = teacherPrint;
   hooks.checkpointExtra = [&] { return run.resumeNote(); };
-  hooks.onCheckpoint = [&](int64_t step, bool saved) { run.checkpointed(step, saved); };
+  hooks.onCheckpoint = [&](const distill::CheckpointReport& c) { run.checkpointed(c.step, c.saved, c.error); };
   hooks.onStep = [&](const distill::StepReport& r) {
     ex::StepRecord rec;
     rec.step = r.step, rec.hasKd = true, rec.lr = ex::learningRate(set.lr, r.step, steps, set.warmup, set.minLrRatio);
@@ -117,7 +117,7 @@ int trainStudent(distill::Session& s) {
     }
   }
   if (train.stopped()) { // a stop request (or a loader run dry): saved and published; the teacher told
-    run.stopped(train.step(), train.saved());
+    run.stopped(train.step(), train.saved(), train.saveError(), train.checkpoints().enabled());
     return 0;
   }
   if (std::isnan(lastVal)) lastVal = validate(); // resumed from the last step's checkpoint

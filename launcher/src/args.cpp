@@ -16,9 +16,10 @@ constexpr const char* kUsage =
     "-- TRAINER ARGS...   (distill-run --help explains each)";
 
 constexpr const char* kFooter = R"(
-TRAINER ARGS... (after --) is the trainer's command. Local ranks 0..N-2 run it
-as students; local rank N-1 runs the teacher (bin/distill-teacher, or the
-trainer itself when teacher.kind is self).
+TRAINER ARGS... (after --) is the trainer's command. With teacher.procs: K
+(default 1), local ranks 0..N-K-1 run it as students and the last K local
+ranks, N-K..N-1, run the teachers (bin/distill-teacher, or the trainer itself
+when teacher.kind is self).
 
 Each option but --config, --set and --dry-run stands for a run.* key of the
 config (--nproc-per-node N is --set run.nproc_per_node=N): it is validated as
@@ -91,7 +92,7 @@ std::optional<Args> parseArgs(int argc, char** argv) {
   for (++i; i < argc; ++i) a.trainer.push_back(argv[i]);
   checkSetWords(words);
 
-  CLI::App app("distill-run: starts the local ranks of one node of a distill job (students and a teacher).",
+  CLI::App app("distill-run: starts the local ranks of one node of a distill job (students and teachers).",
                "distill-run");
   app.footer(kFooter);
   app.formatter(std::make_shared<Formatter>());

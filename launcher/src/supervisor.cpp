@@ -57,7 +57,7 @@ int Supervisor::run() {
 
   if (node_ == 0) bindStore(); // before anything starts: a port in use fails here, at once
   std::string at;
-  if (const int err = makeDirs(run.log_dir, &at))
+  if (const int err = makeDirs(run.log_dir, &at, {}, dirModeBits(run.file_mode)))
     DISTILL_THROW(ConfigError, "run.log_dir: cannot create '", at, "': ", errnoString(err));
   blockSignals();
   createSegment(segment, jobId);
@@ -132,8 +132,15 @@ void Supervisor::blockSignals() {
   DISTILL_CHECK_T(IpcError, sigfd_.valid(), "signalfd: ", errnoString(errno));
 }
 
+// A log file of run.log_dir made (or kept) with run.file_mode's permissions
+// before it is opened for writing; a failure is left to that open to report.
+void Supervisor::privateLog(const std::string& name) const {
+  createWithMode(cfg_.run.log_dir + "/" + name, fileModeBits(cfg_.run.file_mode));
+}
+
 void Supervisor::start(Rank& r) {
   const int inherit = &r == storeRank_ ? storeFd_.get() : -1; // the store's socket, for student rank 0 only
+  if (!r.log.is_open()) privateLog("rank_" + std::to_string(r.topo.globalRank) + ".log");
   spawn(r, cfg_.run.log_dir, oldMask_, inherit);
   // It is student rank 0's now: the port is free again when that rank ends.
   if (inherit >= 0) storeFd_.reset();
@@ -311,7 +318,7 @@ int Supervisor::finish() {
   }
   const int restarts = seg_ ? seg_->teacherRestarts() : 0;
   if (seg_ && readStatuses()) console_.printStatus(status());
-  if (const std::string v = balance_.verdict(cfg_.teacher.procs, cacheNote(true)); !v.empty())
+  if (const std::string v = balance_.verdict(nodeShape(cfg_), cacheNote(true)); !v.empty())
     DISTILL_LOG(kInfo) << "balance: " << v;
   if (reason_.empty()) {
     DISTILL_LOG(kInfo) << "job finished: every rank exited 0"
@@ -388,6 +395,7 @@ void Supervisor::restartTeacher(Rank& r) {
 void Supervisor::reportHang(const std::string& table) {
   console_.leaveLiveLine();
   console_.write(table);
+  privateLog("hang_report.txt");
   std::ofstream f(cfg_.run.log_dir + "/hang_report.txt", std::ios::app);
   f << table << "\n";
 }

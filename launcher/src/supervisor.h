@@ -73,6 +73,7 @@ class Supervisor {
   void blockSignals();
   void createSegment(const std::string& segment, const std::string& jobId);
   void start(Rank& r);
+  void privateLog(const std::string& name) const;
 
   int loop();
   void pollOnce();

@@ -37,4 +37,4 @@ from .session import Session, init  # noqa: F401
 from .steps import StepItem, Steps  # noqa: F401
 from .teacher import serve  # noqa: F401
 
-__version__ = "0.1.0"
+__version__ = _C.__version__  # CMakeLists.txt's project(VERSION), compiled in

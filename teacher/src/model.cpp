@@ -9,6 +9,7 @@
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
 #include "distill/core/strings.h"
+#include "distill/core/sys.h"
 
 namespace distill {
 namespace {
@@ -117,9 +118,9 @@ std::string fileFingerprint(const std::string& path) {
 
 std::shared_ptr<TeacherModel> loadTeacherModel(const TeacherOptions& o) {
   if (o.kind == TeacherKind::kTorchscript) {
-    struct stat st {};
-    DISTILL_CHECK_T(ConfigError, ::stat(o.path.c_str(), &st) == 0, "teacher.path: '", o.path,
-                    "': ", errnoString(errno));
+    // Only a regular file: torch::jit::load on a FIFO blocks until a writer comes.
+    const std::string problem = regularFileProblem(o.path);
+    DISTILL_CHECK_T(ConfigError, problem.empty(), "teacher.path: '", o.path, "': ", problem);
     return std::make_shared<ScriptTeacher>(o);
   }
   if (o.kind == TeacherKind::kRegistered) {
@@ -140,9 +141,8 @@ std::shared_ptr<TeacherModel> loadTeacherModel(const TeacherOptions& o) {
         ConfigError, factory != nullptr, "teacher.module: no teacher registered as '", o.module, "' in '", o.library,
         "'; registered: ", (registeredTeachers().empty() ? std::string("(none)") : join(registeredTeachers())));
     if (!o.weights.empty()) {
-      struct stat st {};
-      DISTILL_CHECK_T(ConfigError, ::stat(o.weights.c_str(), &st) == 0, "teacher.weights: '", o.weights,
-                      "': ", errnoString(errno));
+      const std::string problem = regularFileProblem(o.weights);
+      DISTILL_CHECK_T(ConfigError, problem.empty(), "teacher.weights: '", o.weights, "': ", problem);
     }
     return factory(o);
   }

@@ -60,6 +60,7 @@ distill::Config childConfig(const Args& a) {
   if (a.count("alpha")) c.loss.alpha = std::stod(get(a, "alpha"));
   if (a.count("seed")) c.run.seed = std::stoll(get(a, "seed"));
   if (a.count("log_dir")) c.run.log_dir = get(a, "log_dir");
+  if (a.count("file_mode")) c.run.file_mode = distill::parseEnum<distill::FileMode>(get(a, "file_mode")).value();
   return c;
 }
 
@@ -419,6 +420,46 @@ TEST_F(CkptTest, StudentsCheckpointWhileTeacherNeverJoins) {
   EXPECT_TRUE(fileExists(ckpt("step_48")));
   EXPECT_FALSE(fileExists(ckpt("step_47")));
   EXPECT_EQ(dt::readFile(ckpt("latest")), "step_50\n");
+}
+
+// The permission bits of `path` (-1: no such file).
+int modeOf(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<int>(st.st_mode & 07777) : -1;
+}
+
+// Issue 27 (4.11): checkpoints hold model state: they were 0644 files in 0755
+// folders; now owner-only by default, group-readable with run.file_mode: group
+// (less the umask, as open and mkdir have it).
+TEST_F(CkptTest, CheckpointsAreOwnerOnlyByDefaultAndGroupReadableWithFileModeGroup) {
+  const mode_t mask = ::umask(022);
+  ::umask(mask);
+  for (const std::string mode : {"private", "group"}) {
+    SCOPED_TRACE(mode);
+    distill::PosixFileSystem().removeAll(ckpt());
+    expectAllOk(run("faulty", 2, {"steps=2", "file_mode=" + mode}));
+    const int dirMode = (mode == "group" ? 0750 : 0700) & ~mask, fileMode = (mode == "group" ? 0640 : 0600) & ~mask;
+    for (const std::string d : {"", "step_1", "step_2"}) EXPECT_EQ(modeOf(ckpt(d)), dirMode) << ckpt(d);
+    EXPECT_EQ(modeOf(ckpt("latest")), fileMode);
+    for (const std::string f : {"manifest.json", "model.pt", "optimizer.pt", "train_state.pt", "rank_0.pt",
+                                "rank_1.pt", "config.yaml"})
+      EXPECT_EQ(modeOf(ckpt("step_2/" + f)), fileMode) << f;
+  }
+}
+
+// Issue 27 (4.10): a FIFO in place of model.pt blocked the load until the
+// watchdog fired; it is a corrupt checkpoint naming the file and what it is,
+// and the one before it loads.
+TEST_F(CkptTest, AFifoInPlaceOfModelPtIsSkippedAtOnceNamingIt) {
+  expectAllOk(run("faulty", 2, {"steps=2"}));
+  ASSERT_EQ(::unlink(ckpt("step_2/model.pt").c_str()), 0);
+  ASSERT_EQ(::mkfifo(ckpt("step_2/model.pt").c_str(), 0600), 0);
+  auto again = run("resume", 2, {}, false, seconds(40));
+  expectAllOk(again);
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(contains(again.logs[i], "LOADED 1")) << again.logs[i];
+  EXPECT_TRUE(contains(again.logs[0], "cannot read " + ckpt("step_2/model.pt") +
+                                          ": it is a FIFO (named pipe), not a regular file"))
+      << again.logs[0];
 }
 
 // 40 steps straight == 20 (+5 more after an async save at 20) then new

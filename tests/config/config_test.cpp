@@ -161,6 +161,12 @@ const std::vector<BadCase>& badCases() {
       // across fields
       {kSelf + "student:\n  in_flight: 5\n", "student.in_flight: must be <= transport.slots (4), found 5"},
       {kSelf + "run:\n  node_rank: 1\n", "run.node_rank: must be < run.nnodes (1), found 1"},
+      // Issue 27: what the reference says cannot be is refused at validation (and so by --dry-run).
+      {"teacher:\n  kind: self\n  topk: 8\n  hidden_states: [h]\n",
+       "teacher.hidden_states: cannot be returned with teacher.topk (8): the top-k output's four tensors fill a "
+       "response; set teacher.topk: 0 or teacher.hidden_states: []"},
+      {"teacher:\n  kind: self\n  hidden_states: [a, b, c, d]\n",
+       "teacher.hidden_states: at most 3 fit in a response next to the logits, found 4"},
       // shape of the document
       {kSelf + "run: 3\n", "run: expected a map, found number 3"},
       {"- a\n- b\n", "(document): expected a map of sections, found a list"},
@@ -222,7 +228,6 @@ TEST(Config, GoodConfigRoundTrips) {
       "  library: /opt/lib/libm.so\n"
       "  module: tiny_lm\n"
       "  inputs: [input_ids, attention_mask]\n"
-      "  hidden_states: [h3]\n"
       "  device: cuda:1\n"
       "  autocast: bfloat16\n"
       "  topk: 64\n"
@@ -246,6 +251,9 @@ TEST(Config, GoodConfigRoundTrips) {
   const Config again = parseConfig(dumped);
   EXPECT_EQ(dumpConfig(again), dumped);
   EXPECT_EQ(configHash(again), configHash(c));
+  // hidden_states go with full logits only (teacher.topk: 0).
+  const Config h = parseConfig("teacher:\n  kind: self\n  hidden_states: [h3, h4]\n");
+  EXPECT_EQ(parseConfig(dumpConfig(h)).teacher.hidden_states, (std::vector<std::string>{"h3", "h4"}));
 }
 
 // Options with a fixed set of values are parsed once into enums (options.h),
@@ -390,7 +398,7 @@ TEST(Config, DumpAndHashAreStableAndSensitive) {
 
 TEST(Config, KeysInSchemaOrder) {
   const auto keys = configKeys();
-  EXPECT_EQ(keys.size(), 59u);
+  EXPECT_EQ(keys.size(), 60u);
   EXPECT_EQ(keys.front(), "run.name");
   EXPECT_EQ(keys.back(), "checkpoint.on_corrupt");
   EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()).size(), keys.size());

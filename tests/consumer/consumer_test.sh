@@ -42,8 +42,27 @@ if [ "$used" != "$work/torch/share/cmake/Torch" ]; then
   exit 1
 fi
 
-# 3. Without one, torch is found through python3 at configure time; build and run.
-cmake -S "$src/tests/consumer/project" -B "$work/build" -G Ninja \
+# 3. Versions: the package is the version CMakeLists.txt's project() states; a request for
+#    another minor (before 1.0, incompatible: CHANGELOG.md) is refused, its own is taken.
+version=$(sed -n 's/^set(PACKAGE_VERSION "\(.*\)")$/\1/p' "$pkg/distillConfigVersion.cmake")
+stated=$(sed -n 's/^project(distill VERSION \([0-9.]*\) .*/\1/p' "$src/CMakeLists.txt")
+[ -n "$version" ] && [ "$version" = "$stated" ] || { echo "FAIL: package version '$version', CMakeLists.txt says '$stated'"; exit 1; }
+major=${version%%.*} rest=${version#*.} minor=${rest%%.*}
+bad_requests="$major.$((minor + 1))"
+[ "$minor" -gt 0 ] && bad_requests="$major.$((minor - 1)) $bad_requests"
+for bad in $bad_requests; do
+  if cmake -S "$src/tests/consumer/project" -B "$work/build-$bad" -G Ninja -DCMAKE_PREFIX_PATH="$work/prefix" \
+        -DDISTILL_REQUEST="$bad" >"$work/configure-$bad.log" 2>&1; then
+    echo "FAIL: find_package(distill $bad) accepted distill $version"; exit 1
+  fi
+  grep -q "requested version \"$bad\"" "$work/configure-$bad.log" ||
+    { echo "FAIL: find_package(distill $bad) failed for another reason:"; cat "$work/configure-$bad.log"; exit 1; }
+done
+echo "find_package(distill X.Y) for X.Y in $bad_requests: refused by distill $version"
+
+# 4. Without a Torch_DIR, torch is found through python3 at configure time; build and run
+#    (asking for the package's own major.minor).
+cmake -S "$src/tests/consumer/project" -B "$work/build" -G Ninja -DDISTILL_REQUEST="$major.$minor" \
       -DCMAKE_PREFIX_PATH="$work/prefix" >"$work/configure.log" 2>&1 || { cat "$work/configure.log"; exit 1; }
 cmake --build "$work/build" >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
 "$work/build/consumer"

@@ -159,6 +159,9 @@ TEST(Demo, InterruptedDistilledRunResumesAndTheDemoFinishes) {
   EXPECT_NE(text.find("[distilled] resumed from step " + std::to_string(stoppedAt) + " (launch 2)"), std::string::npos)
       << text;
   EXPECT_EQ(text.find("[label_only] resumed"), std::string::npos) << text;
+  // Issue 27: the cached phase runs with checkpoint.dir "": no save, and no word of a failed one.
+  EXPECT_EQ(text.find("[distilled_cached] checkpoint"), std::string::npos) << text;
+  EXPECT_EQ(text.find("not saved"), std::string::npos) << text;
 
   // Every step trained exactly once: the first launch up to the stop, the second after it.
   for (const char* phase : {"distilled", "label_only"}) {

@@ -288,6 +288,32 @@ TEST_F(LauncherTest, HelloEndsCleanlyWithLogsPerRank) {
   expectSegmentGone(l);
 }
 
+// The permission bits of `path` (-1: no such file).
+int modeOf(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<int>(st.st_mode & 07777) : -1;
+}
+
+// Issue 27 (4.11): the log folder and the rank logs were 0755 / 0644, readable
+// by every user; they are owner-only by default, group-readable with
+// run.file_mode: group (both less the umask, as the folder's mkdir has it).
+TEST_F(LauncherTest, LogsAreOwnerOnlyByDefaultAndGroupReadableWithFileModeGroup) {
+  const mode_t mask = ::umask(022);
+  ::umask(mask);
+  for (const std::string mode : {"private", "group"}) {
+    SCOPED_TRACE(mode);
+    const std::string logs = dir_ + "/logs-" + mode + "/nested";
+    Launch l({"--config", sourcePath("configs/hello.yaml"), "--log-dir", logs, "--master-port",
+              std::to_string(freePort()), "--set", "run.file_mode=" + mode, "--", binPath("distill-hello")});
+    auto st = l.finish();
+    ASSERT_TRUE(st.exited && st.code == 0) << st.describe() << "\n" << l.text();
+    const int dirMode = (mode == "group" ? 0750 : 0700) & ~mask, fileMode = (mode == "group" ? 0640 : 0600) & ~mask;
+    EXPECT_EQ(modeOf(logs), dirMode) << logs;
+    EXPECT_EQ(modeOf(dir_ + "/logs-" + mode), dirMode) << "the parent mkdir -p made";
+    for (int r = 0; r < 3; ++r) EXPECT_EQ(modeOf(logs + "/rank_" + std::to_string(r) + ".log"), fileMode) << r;
+  }
+}
+
 TEST_F(LauncherTest, PrefixesRawLinesAndShowsStatus) {
   Launch l(jobArgs({"--status-every-s", "3600"}, {"ok"}));
   auto st = l.finish();
@@ -332,6 +358,10 @@ TEST_F(LauncherTest, HelpListsTheOptionsAndSetInTwoWordsNamesTheRightForm) {
                            "run.nproc_per_node (default 3)", "--set KEY=VALUE", "--dry-run", "--log-dir D",
                            "run.status_every_s (default 30)"})
     EXPECT_TRUE(has(help.text(), want)) << want << "\n" << help.text();
+  // Issue 27: which local ranks run the teachers, with a pool (teacher.procs) too.
+  EXPECT_TRUE(has(help.text(), "With teacher.procs: K")) << help.text();
+  EXPECT_TRUE(has(help.text(), "ranks, N-K..N-1, run the teachers")) << help.text();
+  EXPECT_FALSE(has(help.text(), "local rank N-1 runs the teacher")) << help.text();
 
   Launch two({"--config", config(), "--set", "run.steps", "3", "--dry-run", "--", binPath("distill-test-trainer")});
   st = two.finish(Ms(10000));
@@ -1019,6 +1049,60 @@ TEST_F(TwoNodeTest, NodeWithAnotherSecretIsRefused) {
 }
 
 } // namespace
+
+// Issue 27: the teacher.procs advice weighs what the node has. On 2 cores
+// with 2 students a second teacher made the job slower (83.0 s vs 66.6 s)
+// though the verdict advised it: now it says more teachers cannot help there,
+// caps the advice at what the node holds, and names a pool larger than that.
+TEST(BalanceVerdict, TeacherProcsAdviceWeighsTheNodesCoresAndGpus) {
+  using distill::launcher::balanceVerdict;
+  using distill::launcher::NodeShape;
+  using distill::launcher::teacherRoom;
+  NodeShape twoCores;
+  twoCores.teachers = 1, twoCores.students = 2, twoCores.cores = 2;
+  EXPECT_EQ(teacherRoom(twoCores), 0);
+  const std::string full = balanceVerdict(0.41, 0.95, std::nullopt, twoCores);
+  EXPECT_TRUE(has(full, "more teacher processes cannot help here (the node's 2 cores already run 2 students and 1 "
+                        "teacher: another would share them and slow every process down); what can: a smaller or "
+                        "faster teacher"))
+      << full;
+  EXPECT_FALSE(has(full, "teacher.procs: 2")) << full;
+  EXPECT_FALSE(has(balanceVerdict(0.41, std::nullopt, std::nullopt, twoCores), "more teacher processes (")) << full;
+
+  // 8 cores, 2 students, teachers of 2 threads: room for 3; 1.6 teachers' worth -> 2.
+  NodeShape eight = twoCores;
+  eight.cores = 8, eight.teacherThreads = 2;
+  EXPECT_EQ(teacherRoom(eight), 3);
+  const std::string fits = balanceVerdict(0.41, 0.95, std::nullopt, eight);
+  EXPECT_TRUE(has(fits, "teacher.procs: 2 (their work at the students' pace is 1.6 teachers' worth), ")) << fits;
+  // 6 teachers' worth wanted, 3 fit.
+  const std::string capped = balanceVerdict(0.84, 0.95, std::nullopt, eight);
+  EXPECT_TRUE(has(capped, "teacher.procs: 3 (their work at the students' pace is 5.9 teachers' worth; 7 would, but "
+                          "the node's 8 cores hold 3 next to its 2 students)"))
+      << capped;
+  EXPECT_TRUE(has(balanceVerdict(0.41, std::nullopt, std::nullopt, eight), "(teacher.procs, up to 3 on this node)"));
+
+  // 2 teachers on 2 cores next to 2 students: fewer may be faster, whatever the bound.
+  NodeShape crowded = twoCores;
+  crowded.teachers = 2;
+  const std::string slow = balanceVerdict(0.02, 0.3, std::nullopt, crowded);
+  EXPECT_TRUE(has(slow, "; teacher.procs: 2 is more than the node holds (the node's 2 cores already run 2 students "
+                        "and 2 teachers): fewer teachers (teacher.procs: 1) may be faster"))
+      << slow;
+  EXPECT_FALSE(has(balanceVerdict(0.02, 0.3, std::nullopt, eight), "more than the node holds"));
+
+  // GPU teachers: one per GPU.
+  NodeShape gpus;
+  gpus.teachers = 2, gpus.students = 6, gpus.cores = 64, gpus.gpus = 2, gpus.teacherOnGpu = true;
+  EXPECT_EQ(teacherRoom(gpus), 2);
+  const std::string gpuFull = balanceVerdict(0.5, 0.9, std::nullopt, gpus);
+  EXPECT_TRUE(has(gpuFull, "more teacher processes cannot help here (the node's 2 GPUs already hold 2 teachers"))
+      << gpuFull;
+  gpus.gpus = 8;
+  EXPECT_TRUE(has(balanceVerdict(0.5, 0.9, std::nullopt, gpus), "teacher.procs: 4 (")) << gpuFull;
+  gpus.gpus = 0; // unknown: no bound
+  EXPECT_EQ(teacherRoom(gpus), -1);
+}
 
 // Issue 16: the verdict's closed forms (launcher/src/balance.cpp).
 TEST(BalanceVerdict, NamesTheBoundAndWhatAKeptUpTeacherWouldGive) {

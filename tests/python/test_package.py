@@ -33,6 +33,12 @@ def test_pip_install_of_a_fresh_clone(tmp_path, tiny_lm):
     where, run_bin = p.stdout.split()
     assert where.startswith(str(venv)), where
     assert run_bin.startswith(str(venv)), run_bin
+    # One version: the wheel's metadata (pyproject's, from CMakeLists.txt) is distill.__version__.
+    p = subprocess.run([py, "-c", "import distill, importlib.metadata as m; print(m.version('distill'), distill.__version__)"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    installed, package = p.stdout.split()
+    assert installed == package, p.stdout
     # distill-run from PATH runs a job of Python students and a TorchScript teacher.
     cfg = tmp_path / "job.yaml"
     cfg.write_text(f"run: {{name: pip, steps: 2, log_dir: logs}}\nteacher: {{kind: torchscript, path: {tiny_lm}}}\n"

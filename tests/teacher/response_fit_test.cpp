@@ -2,13 +2,19 @@
 // tensors): the top-k output takes four (values, indices, logsumexp, log tail),
 // so hidden states next to it are refused at start-up, naming the keys, rather
 // than failing every reply.
+#include <sys/stat.h>
+
 #include <gtest/gtest.h>
+
+#include <csignal>
 
 #include "distill/core/config.h"
 #include "distill/core/context.h"
 #include "distill/core/errors.h"
 #include "distill/core/topology.h"
+#include "distill/teacher/model.h"
 #include "distill/teacher/server.h"
+#include "support/process.h"
 
 namespace {
 
@@ -41,6 +47,37 @@ TEST(TeacherResponse, TopkLeavesNoRoomForHiddenStates) {
   // What fits goes on to the next start-up step.
   EXPECT_TRUE(has(startupError(8, {}), "no segment")) << startupError(8, {});
   EXPECT_TRUE(has(startupError(0, {"a", "b", "c"}), "no segment"));
+}
+
+// Issue 27 (4.10): a FIFO in place of the model file blocked the teacher in
+// torch::jit::load until the watchdog fired; only a regular file is opened,
+// anything else is a ConfigError naming the path and what it is. In a child,
+// so that a load that blocks fails the test instead of hanging it.
+TEST(TeacherModelFile, OnlyARegularFileIsLoadedAFifoIsRefusedAtOnce) {
+  const std::string dir = "/tmp/" + distill::testing::uniqueName("distill-model-file");
+  ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);
+  const std::string fifo = dir + "/model.pt";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto refusal = [](const std::string& path) {
+    distill::TeacherOptions o;
+    o.kind = distill::TeacherKind::kTorchscript;
+    o.path = path;
+    try {
+      distill::loadTeacherModel(o);
+    } catch (const distill::ConfigError& e) {
+      return e.message();
+    }
+    return std::string("loaded");
+  };
+  const std::string wantFifo = "teacher.path: '" + fifo + "': a FIFO (named pipe), not a regular file";
+  const std::string wantDir = "teacher.path: '" + dir + "': a directory, not a regular file";
+  auto child = distill::testing::forkChild([&] { return refusal(fifo) == wantFifo && refusal(dir) == wantDir ? 0 : 1; });
+  auto st = child.waitFor(std::chrono::seconds(30));
+  if (!st) child.kill(SIGKILL);
+  ASSERT_TRUE(st) << "loading " << fifo << " blocked for 30 s";
+  EXPECT_TRUE(st->exited && st->code == 0) << st->describe() << "; " << refusal(dir);
+  ::unlink(fifo.c_str());
+  ::rmdir(dir.c_str());
 }
 
 } // namespace

@@ -85,11 +85,18 @@ int lowLevel(distill::Session& s, Net& net, torch::optim::SGD& opt) {
 // student 0 goes on at once (it reads the stop flag, still down, at once),
 // student 1 waits for distill-run's stop request before its next next(): the
 // students see the flag at different steps and must still agree.
-int withSteps(distill::Session& s, Net& net, torch::optim::SGD& opt, int64_t dryAfter, int64_t readyAt) {
+// `leaveAfter` > 0: the trainer leaves the loop itself after that step (run.steps
+// 0), then calls finish() when `finishIt`.
+int withSteps(distill::Session& s, Net& net, torch::optim::SGD& opt, int64_t dryAfter, int64_t readyAt,
+              int64_t leaveAfter = 0, bool finishIt = false) {
   const int rank = s.topology.studentRank, G = s.config.student.grad_acc_steps;
   const int64_t inFlight = s.config.student.in_flight, steps = s.config.run.steps;
   distill::StepsOptions hooks;
   hooks.onStep = [&](const distill::StepReport& r) { printStep(r.step, r.loss, r.kd, r.ce); };
+  hooks.onCheckpoint = [&](const distill::CheckpointReport& c) {
+    std::printf("CKPT step=%lld saved=%d error=%s\n", static_cast<long long>(c.step), c.saved ? 1 : 0,
+                c.error.c_str());
+  };
   distill::Steps train(s, net, opt, hooks);
   std::printf("RESUMED %lld\n", static_cast<long long>(train.resumedStep()));
   int64_t read = 0;
@@ -107,6 +114,7 @@ int withSteps(distill::Session& s, Net& net, torch::optim::SGD& opt, int64_t dry
     DISTILL_CHECK(torch::equal(mb->inputs, microBatch(rank, mb->step, mb->accStep).inputs), "micro-batch order");
     train.backward(net.forward(mb->inputs));
     if (train.stepEnds()) opt.step(), opt.zero_grad();
+    if (train.stepEnds() && mb->step == leaveAfter) break;
     if (train.stepEnds() && mb->step == readyAt) {
       std::printf("READY student %d\n", rank);
       const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -116,6 +124,7 @@ int withSteps(distill::Session& s, Net& net, torch::optim::SGD& opt, int64_t dry
       }
     }
   }
+  if (finishIt) train.finish();
   std::printf("STOPPED step=%lld stopped=%d saved=%d\n", static_cast<long long>(train.step()), train.stopped() ? 1 : 0,
               train.saved() ? 1 : 0);
   return 0;
@@ -141,6 +150,7 @@ DISTILL_TEST_ROLE(steps) {
   torch::optim::SGD opt(net.parameters(), torch::optim::SGDOptions(0.5));
   const std::string mode = args.at(0);
   if (mode == "lowlevel") return lowLevel(s, net, opt);
+  if (mode == "leave" || mode == "leave-finish") return withSteps(s, net, opt, 0, -1, 3, mode == "leave-finish");
   return withSteps(s, net, opt, mode == "dry" ? 5 : 0, mode == "stop" ? 2 : -1);
 }
 
@@ -148,11 +158,13 @@ namespace {
 
 class StepsTest : public LauncherFixture {
  protected:
-  std::vector<std::string> args(const std::string& mode, int64_t steps) {
-    return jobArgs({"--set", "student.grad_acc_steps=2", "--set", "student.in_flight=2", "--set",
-                    "run.steps=" + std::to_string(steps), "--set", "checkpoint.dir=" + dir_ + "/ckpt", "--set",
-                    "checkpoint.every_steps=0", "--set", "loss.alpha=0.6", "--set", "loss.temperature=2"},
-                   {mode}, "steps");
+  std::vector<std::string> args(const std::string& mode, int64_t steps, std::vector<std::string> more = {}) {
+    std::vector<std::string> sets = {"--set", "student.grad_acc_steps=2", "--set", "student.in_flight=2", "--set",
+                                     "run.steps=" + std::to_string(steps), "--set", "checkpoint.dir=" + dir_ + "/ckpt",
+                                     "--set", "checkpoint.every_steps=0", "--set", "loss.alpha=0.6", "--set",
+                                     "loss.temperature=2"};
+    for (auto& m : more) sets.insert(sets.end(), {"--set", m}); // later ones win
+    return jobArgs(sets, {mode}, "steps");
   }
   // The LOSS lines of student `rank`, in order.
   std::vector<std::string> losses(const std::string& text, int rank) {
@@ -237,6 +249,51 @@ TEST_F(StepsTest, ResumesFromTheCheckpointOfAStopWithTheUninterruptedLosses) {
     EXPECT_EQ(losses(rest.text(), r), expected) << rest.text();
   }
   EXPECT_EQ(publishedStep(), 6);
+}
+
+// Issue 27: with checkpoints off no save is attempted and none is reported
+// (the demo printed "a save failed" for each); a save that fails says which
+// file and why in its report.
+TEST_F(StepsTest, NoCheckpointIsReportedWithCheckpointsOffAndAFailedOneSaysWhichFileAndWhy) {
+  Launch off(args("steps", 3, {"checkpoint.dir=\"\""}));
+  auto st = off.finish();
+  ASSERT_TRUE(st.exited && st.code == 0) << st.describe() << "\n" << off.text();
+  EXPECT_FALSE(has(off.text(), "CKPT")) << off.text();
+  EXPECT_TRUE(has(off.text(), "[r0 student] STOPPED step=3 stopped=0 saved=1")) << off.text();
+
+  // step_2.tmp is a file: every rank's save of step 2 fails to make its folder.
+  ASSERT_EQ(std::system(("mkdir -p " + dir_ + "/ckpt && touch " + dir_ + "/ckpt/step_2.tmp").c_str()), 0);
+  Launch bad(args("steps", 4, {"checkpoint.every_steps=2", "checkpoint.on_error=continue"}));
+  st = bad.finish();
+  ASSERT_TRUE(st.exited && st.code == 0) << st.describe() << "\n" << bad.text();
+  EXPECT_TRUE(has(bad.text(), "[r0 student] CKPT step=2 saved=0 error=checkpoint step 2 not saved: cannot create "
+                              "directory " +
+                                  dir_ + "/ckpt/step_2.tmp: Not a directory"))
+      << bad.text();
+  EXPECT_TRUE(has(bad.text(), "[r0 student] CKPT step=4 saved=1 error=\n")) << bad.text();
+  EXPECT_EQ(publishedStep(), 4);
+}
+
+// Issue 27: run.steps 0 and a trainer that leaves the loop itself left an
+// empty checkpoint folder without a word; now ~Steps warns, and finish()
+// saves and publishes the step the trainer stopped after.
+TEST_F(StepsTest, LeavingTheLoopWithoutACheckpointIsWarnedAndFinishSavesIt) {
+  Launch left(args("leave", 0));
+  auto st = left.finish();
+  ASSERT_TRUE(st.exited && st.code == 0) << st.describe() << "\n" << left.text();
+  EXPECT_TRUE(has(left.text(), "[r0 student] STOPPED step=3 stopped=0 saved=1")) << left.text();
+  EXPECT_TRUE(has(left.text(), "the trainer left the loop after step 3 without next() returning nullopt or "
+                               "finish(): steps 1..3 are in no checkpoint in " +
+                                   dir_ + "/ckpt (none was taken); call finish() after the loop"))
+      << left.text();
+  EXPECT_EQ(publishedStep(), -1);
+
+  Launch finished(args("leave-finish", 0));
+  st = finished.finish();
+  ASSERT_TRUE(st.exited && st.code == 0) << st.describe() << "\n" << finished.text();
+  EXPECT_TRUE(has(finished.text(), "[r0 student] CKPT step=3 saved=1")) << finished.text();
+  EXPECT_FALSE(has(finished.text(), "left the loop")) << finished.text();
+  EXPECT_EQ(publishedStep(), 3);
 }
 
 } // namespace

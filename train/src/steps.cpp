@@ -3,6 +3,8 @@
 
 #include <torch/torch.h>
 
+#include <exception>
+
 #include "distill/core/clock.h"
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
@@ -62,7 +64,31 @@ void Steps::start(const std::vector<at::Tensor>& buffers) {
   nextStep_ = resumed_ + 1;
 }
 
-Steps::~Steps() = default;
+// A trainer that left the loop itself without finish(): the steps after the
+// last checkpoint are in none. Said once, by student rank 0; not while an
+// exception unwinds (it says what happened).
+Steps::~Steps() {
+  if (done_ || !ckpt_ || !ckpt_->enabled() || step_ <= savedStep_ || std::uncaught_exceptions() > 0) return;
+  if (session_.student->group().rank() != 0) return;
+  DISTILL_LOG(kWarning) << "distill::Steps: the trainer left the loop after step " << step_
+                        << " without next() returning nullopt or finish(): steps " << savedStep_ + 1 << ".." << step_
+                        << " are in no checkpoint in " << ckpt_->options().dir
+                        << (savedStep_ > 0 ? " (the last one taken: step " + std::to_string(savedStep_) + ")"
+                                           : " (none was taken)")
+                        << "; call finish() after the loop (it saves step " << step_
+                        << "), or bound it with run.steps or checkpoint.every_steps";
+}
+
+void Steps::finish() {
+  if (done_) return;
+  DISTILL_CHECK(!current_, "distill::Steps::finish() before backward() of micro-batch ",
+                mbName(current_->step, current_->accStep));
+  if (stepEnds()) finishStep(); // the step's all-reduce, its report, its checkpoint when due
+  if (done_) return;
+  DISTILL_CHECK(!stepOpen_, "distill::Steps::finish() inside step ", step_, " (after acc_step ", accStep_,
+                "): call it once stepEnds() and the optimizer step are done");
+  end();
+}
 
 // Reads the loader until `count` micro-batches are queued; never past run.steps.
 bool Steps::fill(const Loader& loader, size_t count) {
@@ -209,7 +235,7 @@ void Steps::finishStep() {
   if (options_.onStep) options_.onStep(rep);
   const int64_t bound = session_.config.run.steps;
   const bool last = bound > 0 && step_ >= bound;
-  if (last || rep.stop || ckpt_->due(step_)) save(step_);
+  if (ckpt_->enabled() && (last || rep.stop || ckpt_->due(step_))) save(step_);
   if (rep.stop && !last) stopped_ = true;
   if (last || rep.stop) end();
 }
@@ -230,14 +256,22 @@ bool Steps::save(int64_t step) {
   } else {
     saveOk_ = false;
   }
-  if (options_.onCheckpoint) options_.onCheckpoint(step, saveOk_);
+  saveError_ = ckpt_->lastError();
+  if (options_.onCheckpoint) options_.onCheckpoint(CheckpointReport{step, saveOk_, saveError_});
   return saveOk_;
 }
 
-// Training is over: the last step saved (once), every save published, the teacher told.
+// Training is over: the last step saved (once), every save published, the
+// teacher told. Checkpoints off: nothing saved, nothing awaited.
 void Steps::end() {
-  if (step_ > savedStep_) save(step_);
-  if (!ckpt_->wait()) saveOk_ = false;
+  if (ckpt_->enabled()) {
+    if (step_ > savedStep_) save(step_);
+    if (!ckpt_->wait()) { // an async save failed after save() handed it over
+      saveOk_ = false;
+      saveError_ = ckpt_->lastError();
+      if (options_.onCheckpoint) options_.onCheckpoint(CheckpointReport{savedStep_, false, saveError_});
+    }
+  }
   session_.client->finish();
   done_ = true;
 }

@@ -221,6 +221,13 @@ class CheckpointManager {
   // needed before destruction; useful to learn the last save's outcome.
   bool wait();
 
+  // Why the last save(), saveBytes() or wait() that returned false failed, as
+  // the log words it: "checkpoint step N not saved: " and the file and
+  // strerror(errno) on the rank that failed (the failed ranks on the others),
+  // and which checkpoint is left in place. "" after a call that returned true
+  // (and after save() on a disabled manager, which saves nothing).
+  const std::string& lastError() const;
+
   // Collective. Loads the published checkpoint (scanCheckpoints: the one
   // `latest` names, or the newest older one that verifies) into `model` and
   // `optimizer` (on the device of the model's parameters), restores this

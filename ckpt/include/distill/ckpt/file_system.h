@@ -46,7 +46,8 @@ class FileSystem {
   // Creates or truncates `path`, writes all of `bytes`, fsyncs and closes it.
   // On failure the file may be partial; the caller never publishes it.
   virtual void writeFile(const std::string& path, const std::string& bytes) = 0;
-  // The whole file; a missing file is an error (ENOENT).
+  // The whole file; a missing file is an error (ENOENT), and so is anything
+  // but a regular file (a FIFO is refused, never waited on).
   virtual std::string readFile(const std::string& path) = 0;
   virtual bool exists(const std::string& path) = 0;
   // Names (not paths) of the entries of `dir`, sorted.
@@ -61,6 +62,12 @@ class FileSystem {
 
 class PosixFileSystem : public FileSystem {
  public:
+  // Files it writes get `fileMode`, directories it makes `dirMode` (less the
+  // umask): run.file_mode's (core/options.h fileModeBits, dirModeBits);
+  // owner-only by default. Existing directories keep theirs.
+  explicit PosixFileSystem(unsigned fileMode = 0600, unsigned dirMode = 0700)
+      : fileMode_(fileMode), dirMode_(dirMode) {}
+
   void createDirs(const std::string& path) override;
   void writeFile(const std::string& path, const std::string& bytes) override;
   std::string readFile(const std::string& path) override;
@@ -78,6 +85,9 @@ class PosixFileSystem : public FileSystem {
   // kWrite). Return 0 to go on, or an errno value to make that call fail with it
   // without doing it. Called on the thread doing the I/O. Default: 0.
   virtual int fault(FsOp op, const std::string& path) { return 0; }
+
+ private:
+  unsigned fileMode_, dirMode_;
 };
 
 // For tests and failure drills: fails the `nth` (1-based) call of `op` whose
@@ -101,6 +111,7 @@ class FaultyFileSystem : public PosixFileSystem {
   std::atomic<int64_t> calls_{0};
 };
 
-std::shared_ptr<FileSystem> posixFileSystem();
+// A PosixFileSystem with the given modes (owner-only by default).
+std::shared_ptr<FileSystem> posixFileSystem(unsigned fileMode = 0600, unsigned dirMode = 0700);
 
 } // namespace distill

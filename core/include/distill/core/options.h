@@ -47,6 +47,8 @@ enum class OnCorrupt { kError, kRestart };
 DISTILL_OPTION_ENUM_NAMES(OnCorrupt, "error", "restart");
 enum class CacheMode { kOff, kRead, kWrite, kReadWrite };
 DISTILL_OPTION_ENUM_NAMES(CacheMode, "off", "read", "write", "readwrite");
+enum class FileMode { kPrivate, kGroup };
+DISTILL_OPTION_ENUM_NAMES(FileMode, "private", "group");
 
 #undef DISTILL_OPTION_ENUM_NAMES
 
@@ -71,6 +73,11 @@ std::ostream& operator<<(std::ostream& os, E value) {
   return os << toString(value);
 }
 
+// run.file_mode's permissions (the umask may take more away): the files that
+// hold model state, teacher outputs or logs, and the folders distill makes for them.
+inline unsigned fileModeBits(FileMode m) { return m == FileMode::kGroup ? 0640 : 0600; }
+inline unsigned dirModeBits(FileMode m) { return m == FileMode::kGroup ? 0750 : 0700; }
+
 // A device option (teacher.device, student.device) as config.cpp accepts it:
 // "cpu", "cuda" (the current device) or "cuda:N". The option stays a string
 // (torch::Device takes it as is); modules that need its parts call parseDevice.
@@ -88,6 +95,8 @@ constexpr double kMaxTimeoutS = 30 * 24 * 3600; // 30 days: 2592000 s
 // at most 255 students (ipc/src/wire.h kMaxStudents) and 16 teachers (kMaxTeachers).
 constexpr int kMaxProcsPerNode = 256;
 constexpr int kMaxTeachersPerNode = 16; // teacher.procs (== ipc's wire::kMaxTeachers)
+// teacher.hidden_states: a response holds 4 tensors (ipc's kMaxTensors), the logits one of them.
+constexpr int kMaxHiddenStates = 3;
 
 // run: how the job is laid out and how long anything may wait.
 struct RunOptions {
@@ -98,6 +107,9 @@ struct RunOptions {
   std::string master_addr = "127.0.0.1"; // student group rendezvous host (student rank 0); the store binds to it only
   int master_port = 29500; // student group rendezvous port (1..65535; 0: a free one, single node)
   std::string log_dir = "logs"; // per-rank log files, metrics, hang reports
+  // private | group: checkpoints, the teacher cache and the log files are 0600
+  // in 0700 folders (owner only), or 0640 in 0750 (group-shared runs).
+  FileMode file_mode = FileMode::kPrivate;
   double startup_timeout_s = 60; // admission: students <-> teacher, store connect (0.001 .. 2592000)
   double collective_timeout_s = 300; // each student-group collective (0.001 .. 2592000)
   double hang_timeout_s = 300; // no progress on any rank for this long = hang (0.001 .. 2592000)

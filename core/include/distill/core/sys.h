@@ -55,12 +55,29 @@ class Fd {
   int fd_ = -1;
 };
 
-// mkdir -p `dir` (mode 0755); an existing directory is fine. Returns 0, or the
-// errno of the first directory that could not be made (ENOTDIR when a part is
-// an existing non-directory), with its path in `*failedAt`. `before`, when
-// given, is called with each directory before its mkdir; a non-zero return is
-// taken as that mkdir's errno (checkpoint fault injection).
+// mkdir -p `dir`: each directory it makes gets `mode` (less the umask); an
+// existing directory is fine and keeps its mode. Returns 0, or the errno of
+// the first directory that could not be made (ENOTDIR when a part is an
+// existing non-directory), with its path in `*failedAt`. `before`, when given,
+// is called with each directory before its mkdir; a non-zero return is taken
+// as that mkdir's errno (checkpoint fault injection).
 int makeDirs(const std::string& dir, std::string* failedAt = nullptr,
-             const std::function<int(const std::string&)>& before = {});
+             const std::function<int(const std::string&)>& before = {}, unsigned mode = 0755);
+
+// What a st_mode's file type is, for messages: "a regular file", "a
+// directory", "a FIFO (named pipe)", "a socket", "a character device", "a
+// block device", "a symbolic link", "an unknown kind of file".
+const char* fileTypeName(unsigned stMode);
+
+// "" when `path` is a regular file (links followed); otherwise what it is
+// instead ("a FIFO (named pipe), not a regular file") or why stat failed
+// (strerror). Opening a FIFO for reading blocks until a writer comes: check
+// before handing a path to a loader that opens it.
+std::string regularFileProblem(const std::string& path);
+
+// Creates `path` if missing (O_CREAT, `mode` less the umask); an existing
+// one loses the permissions `mode` does not give (a log of an earlier run,
+// 0644, becomes 0600); the content is kept. Returns 0 or the errno.
+int createWithMode(const std::string& path, unsigned mode);
 
 } // namespace distill

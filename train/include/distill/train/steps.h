@@ -26,9 +26,10 @@
 //   the same step; the status to distill-run (loss, kd, ce, tokens/s, teacher
 //   wait share) and StepsOptions::onStep (metrics.jsonl);
 // - checkpoints (CheckpointManager) when checkpoint.every_steps is due, on a
-//   stop, at run.steps and when a loader runs dry; the last save is awaited
-//   (published) before next() returns nullopt, and the teacher is told this
-//   student finished.
+//   stop, at run.steps and when a loader runs dry (none with checkpoint.dir
+//   ""); the last save is awaited (published) before next() returns nullopt,
+//   and the teacher is told this student finished (finish() does the same for
+//   a trainer that leaves the loop itself).
 // A loader that runs dry on any student (fewer micro-batches than a step
 // needs) is a stop agreed at the step's start, never a hang. run.steps > 0
 // bounds the loop.
@@ -77,6 +78,17 @@ struct StepReport {
   bool stop = false; // the students agreed to stop after this step
 };
 
+// One checkpoint the step API took (StepsOptions::onCheckpoint).
+struct CheckpointReport {
+  int64_t step = 0;
+  // CheckpointManager::save()'s verdict: true when it is published (sync) or
+  // handed to the background writer with the previous one published (async).
+  bool saved = false;
+  // Why it failed ("" when saved): CheckpointManager::lastError(), naming the
+  // file and strerror(errno) on the rank that failed, and what is left in place.
+  std::string error;
+};
+
 struct StepsOptions {
   // Names the teacher in the checkpoints (a mismatch on load is a warning).
   std::string teacherFingerprint;
@@ -90,9 +102,9 @@ struct StepsOptions {
   // RankState::extra of each checkpoint: this rank's own resume bytes (its
   // loader's position), in this rank's file. Called with the step saved.
   std::function<std::string(int64_t step)> checkpointRankExtra;
-  // After each save: its step and CheckpointManager::save()'s verdict (false:
-  // it failed and checkpoint.on_error=continue; see the log).
-  std::function<void(int64_t step, bool saved)> onCheckpoint;
+  // After each save (never with checkpoint.dir "": nothing is saved). A
+  // failed one (checkpoint.on_error=continue) says which file and why.
+  std::function<void(const CheckpointReport&)> onCheckpoint;
   // Overlap the gradient all-reduce with backward (GradientSync, hooks on the
   // model's parameters); false: all-reduce after the step's last backward.
   // The same sums either way (tests/student/grad_test.cpp).
@@ -138,6 +150,12 @@ class Steps {
   // a stop agreed, a loader dry): then the last checkpoint is published and
   // the teacher told. Collective at each step's boundary.
   std::optional<StepItem> next(const Loader& loader);
+  // For a trainer that leaves the loop itself (run.steps 0) after a step's
+  // optimizer step: what next() does when training is over — the step closed,
+  // saved and published, the teacher told. Collective (every student, after
+  // the same step). A no-op once next() returned nullopt. Left out, the
+  // destructor warns when checkpoints are on and the last steps are in none.
+  void finish();
   // The teacher's answer for the current micro-batch, distillLoss with the
   // step's token count, backward; after the step's last micro-batch the
   // students' gradients are summed. Returns the loss parts of this call.
@@ -148,7 +166,10 @@ class Steps {
   int64_t step() const { return step_; } // the current step
   double stepTokens() const { return tokens_; } // its global token count
   bool stopped() const { return stopped_; } // ended before run.steps by a stop or a dry loader
-  bool saved() const { return saveOk_; } // the last save and its publication succeeded
+  // The last save and its publication succeeded (true when none was made:
+  // checkpoint.dir ""); saveError() says why one failed.
+  bool saved() const { return saveOk_; }
+  const std::string& saveError() const { return saveError_; }
   const StepReport& last() const { return last_; } // the last finished step
   CheckpointManager& checkpoints() { return *ckpt_; }
 
@@ -179,7 +200,7 @@ class Steps {
   std::optional<Pending> current_;
   int grad_acc_ = 1;
   int64_t resumed_ = 0, step_ = 0, accStep_ = -1, nextStep_ = 1, nextAcc_ = 0, savedStep_ = -1;
-  std::string resumedExtra_, resumedRankExtra_;
+  std::string resumedExtra_, resumedRankExtra_, saveError_;
   bool saveOk_ = true, dry_ = false, done_ = false, stopped_ = false, stepOpen_ = false;
   double tokens_ = 0, loss_ = 0, kd_ = 0, ce_ = 0, wait_ = 0, myTokens_ = 0;
   int64_t stepStartNs_ = 0;
