@@ -75,8 +75,8 @@ DataCheck logsumexpCheck(const Problem& pb, const at::Tensor& keep) {
     const int64_t row = bad.nonzero().select(1, 0)[0].item<int64_t>();
     const double sv = s[row].item<double>(), lv = lse[row].item<double>(), tv = tol[row].item<double>();
     const bool tail = pb.tLogTail.defined();
-    DISTILL_THROW(ProtocolError, pb.fn, ": teacher top-k, token row ", row, " of ", pb.n, ": the sent logsumexp ",
-                  lv, " contradicts the sent top-k",
+    DISTILL_THROW(ProtocolError, pb.fn, ": teacher top-k, token row ", row, " of ", pb.n, ": the sent logsumexp ", lv,
+                  " contradicts the sent top-k",
                   tail ? " and log tail: logaddexp(logsumexp(values / T), log_tail)" : ": logsumexp(values / T)", " = ",
                   sv, " at T = loss.temperature = ", pb.temperature, "; they differ by ", sv - lv, " (the ",
                   tail ? "k+1 buckets'" : "top-k", " probabilities would sum to ", std::exp(sv - lv),
@@ -97,8 +97,8 @@ void rowLogsumexp(const double* x, int64_t n, int64_t k, double t, double* out) 
 // The options' part of a Problem.
 Problem fromOptions(const LossOptions& o, double normalizer, const char* fn) {
   validateLossOptions(o);
-  DISTILL_CHECK_T(ConfigError, std::isfinite(normalizer) && normalizer >= 0,
-                  fn, ": normalizer must be a positive token count (0 only for a call without "
+  DISTILL_CHECK_T(ConfigError, std::isfinite(normalizer) && normalizer >= 0, fn,
+                  ": normalizer must be a positive token count (0 only for a call without "
                   "non-ignored tokens), found ",
                   normalizer);
   Problem pb;
@@ -136,9 +136,8 @@ StudentShape studentShape(const at::Tensor& z, bool allowFused) {
 namespace {
 
 void readLabels(Problem& pb, const StudentShape& z, const at::Tensor& labels, bool cpuFused) {
-  DISTILL_CHECK_T(ProtocolError, labels.defined() && labels.scalar_type() == at::kLong && labels.numel() == pb.n,
-                  pb.fn, ": labels: expected int64 with ", pb.n, " elements (", z.what, " ", z.shape,
-                  "), found ",
+  DISTILL_CHECK_T(ProtocolError, labels.defined() && labels.scalar_type() == at::kLong && labels.numel() == pb.n, pb.fn,
+                  ": labels: expected int64 with ", pb.n, " elements (", z.what, " ", z.shape, "), found ",
                   labels.defined() ? shapeOf(labels) + " " + std::string(c10::toString(labels.scalar_type()))
                                    : std::string("undefined"));
   checkDevice("labels", labels, z);
@@ -152,9 +151,9 @@ bool nkShape(const Problem& pb, const at::Tensor& t, int64_t k) {
 
 void readDenseTeacher(Problem& pb, const TeacherOutput& teacher, const StudentShape& z) {
   const at::Tensor& tl = teacher.logits;
-  DISTILL_CHECK_T(ProtocolError, nkShape(pb, tl, pb.v) && at::isFloatingType(tl.scalar_type()),
-                  pb.fn, ": teacher logits: expected floating [", pb.n, ", ", pb.v, "] (or the student's ",
-                  z.shape, "), found ", shapeOf(tl), " ", c10::toString(tl.scalar_type()));
+  DISTILL_CHECK_T(ProtocolError, nkShape(pb, tl, pb.v) && at::isFloatingType(tl.scalar_type()), pb.fn,
+                  ": teacher logits: expected floating [", pb.n, ", ", pb.v, "] (or the student's ", z.shape,
+                  "), found ", shapeOf(tl), " ", c10::toString(tl.scalar_type()));
   checkDevice("teacher logits", tl, z);
   pb.tLogits = tl.reshape({pb.n, pb.v});
 }
@@ -162,23 +161,23 @@ void readDenseTeacher(Problem& pb, const TeacherOutput& teacher, const StudentSh
 // The top-k values, indices and per-token tensors: shapes, dtypes, devices. Returns k.
 int64_t readTopkTeacher(Problem& pb, const TeacherOutput& teacher, const StudentShape& z) {
   const at::Tensor &tv = teacher.topkValues, &ti = teacher.topkIndices;
-  DISTILL_CHECK_T(ProtocolError, tv.defined() && ti.defined(),
-                  pb.fn, ": teacher output has neither logits nor top-k values and indices");
+  DISTILL_CHECK_T(ProtocolError, tv.defined() && ti.defined(), pb.fn,
+                  ": teacher output has neither logits nor top-k values and indices");
   const int64_t k = tv.dim() >= 1 ? tv.size(-1) : 0;
   DISTILL_CHECK_T(ProtocolError, k >= 1 && k <= pb.v && nkShape(pb, tv, k) && at::isFloatingType(tv.scalar_type()),
                   pb.fn, ": teacher top-k values: expected floating [", pb.n, ", k] with 1 <= k <= V = ", pb.v,
                   ", found ", shapeOf(tv), " ", c10::toString(tv.scalar_type()));
   DISTILL_CHECK_T(ProtocolError, nkShape(pb, ti, k) && (ti.scalar_type() == at::kInt || ti.scalar_type() == at::kLong),
-                  pb.fn, ": teacher top-k indices: expected int32|int64 [", pb.n, ", ", k,
-                  "] like the values, found ", shapeOf(ti), " ", c10::toString(ti.scalar_type()));
+                  pb.fn, ": teacher top-k indices: expected int32|int64 [", pb.n, ", ", k, "] like the values, found ",
+                  shapeOf(ti), " ", c10::toString(ti.scalar_type()));
   checkDevice("teacher top-k values", tv, z);
   checkDevice("teacher top-k indices", ti, z);
   pb.tValues = tv.reshape({pb.n, k});
   pb.tIndices = ti.reshape({pb.n, k}).to(at::kLong);
   pb.eps = std::max(epsOf(pb.compute), epsOf(tv.scalar_type()));
   auto perToken = [&](const char* what, const at::Tensor& t) {
-    DISTILL_CHECK_T(ProtocolError, t.numel() == pb.n && at::isFloatingType(t.scalar_type()), pb.fn, ": teacher ",
-                    what, ": expected floating [", pb.n, "], found ", shapeOf(t), " ", c10::toString(t.scalar_type()));
+    DISTILL_CHECK_T(ProtocolError, t.numel() == pb.n && at::isFloatingType(t.scalar_type()), pb.fn, ": teacher ", what,
+                    ": expected floating [", pb.n, "], found ", shapeOf(t), " ", c10::toString(t.scalar_type()));
     checkDevice((std::string("teacher ") + what).c_str(), t, z);
     pb.eps = std::max(pb.eps, epsOf(t.scalar_type()));
     return t.reshape({pb.n});
@@ -314,8 +313,8 @@ Problem prepare(const StudentShape& z, const at::Tensor& labels, const TeacherOu
   } else {
     const int64_t k = readTopkTeacher(pb, teacher, z);
     checks.push_back({((pb.tIndices >= 0) & (pb.tIndices < pb.v)).all(), [&] {
-                        DISTILL_THROW(ProtocolError,
-                                      pb.fn, ": teacher top-k indices: every index must "
+                        DISTILL_THROW(ProtocolError, pb.fn,
+                                      ": teacher top-k indices: every index must "
                                       "be in [0, ",
                                       pb.v, ")");
                       }});
@@ -325,9 +324,8 @@ Problem prepare(const StudentShape& z, const at::Tensor& labels, const TeacherOu
   runChecks(checks);
   pb.valid = keep.nonzero().squeeze(1);
   pb.allValid = pb.valid.size(0) == pb.n;
-  DISTILL_CHECK_T(ConfigError, normalizer > 0 || pb.valid.size(0) == 0,
-                  pb.fn, ": normalizer is 0 but this call has ", pb.valid.size(0),
-                  " non-ignored token(s); pass the step's token count (stepTokenCount)");
+  DISTILL_CHECK_T(ConfigError, normalizer > 0 || pb.valid.size(0) == 0, pb.fn, ": normalizer is 0 but this call has ",
+                  pb.valid.size(0), " non-ignored token(s); pass the step's token count (stepTokenCount)");
   pb.fused = cpuFused;
   if (pb.fused) {
     pb.labels = pb.labels.contiguous();

@@ -81,17 +81,17 @@ Errors compare(Head& head, const at::Tensor& labels, const TeacherOutput& teache
                double normalizer, int64_t chunk, bool aten) {
   Errors e;
   clearGrads(head);
-  at::Tensor logits = head.bias.defined() ? at::addmm(head.bias, head.hidden, head.weight.t())
-                                          : at::mm(head.hidden, head.weight.t());
+  at::Tensor logits =
+      head.bias.defined() ? at::addmm(head.bias, head.hidden, head.weight.t()) : at::mm(head.hidden, head.weight.t());
   LossResult ref = aten ? detail::distillLossAtenOps(logits, labels, teacher, o, normalizer)
                         : distillLoss(logits, labels, teacher, o, normalizer);
   ref.loss.backward();
   const at::Tensor gh = head.hidden.grad().clone(), gw = head.weight.grad().clone();
   const at::Tensor gb = head.bias.defined() ? head.bias.grad().clone() : at::Tensor();
   clearGrads(head);
-  LossResult got = aten ? detail::fusedLinearLossAtenOps(head.hidden, head.weight, head.bias, labels, teacher, o,
-                                                         normalizer, chunk)
-                        : fusedLinearLoss(head.hidden, head.weight, head.bias, labels, teacher, o, normalizer, chunk);
+  LossResult got = aten
+      ? detail::fusedLinearLossAtenOps(head.hidden, head.weight, head.bias, labels, teacher, o, normalizer, chunk)
+      : fusedLinearLoss(head.hidden, head.weight, head.bias, labels, teacher, o, normalizer, chunk);
   got.loss.backward();
   EXPECT_EQ(got.tokens, ref.tokens);
   e.loss = relErr(got.loss, ref.loss);
@@ -126,10 +126,10 @@ TEST(FusedLinearLoss, EqualsTheUnfusedLossOnMaterialisedLogits) {
               at::Tensor labels = labelsFor(n, v, static_cast<uint64_t>(cases), false);
               Errors e = compare(head, labels, teacherFor(mode, t, o.temperature), o, 57.0, chunk, aten);
               worst = std::max(worst, e.worst());
-              EXPECT_LE(e.worst(), 1e-6) << kind << " " << mode << (aten ? " aten" : " fused") << " bias "
-                                         << withBias << " chunk " << chunk << " alpha " << alpha << ": loss "
-                                         << e.loss << " kd " << e.kd << " ce " << e.ce << " d/dhidden " << e.h
-                                         << " d/dweight " << e.w << " d/dbias " << e.b;
+              EXPECT_LE(e.worst(), 1e-6) << kind << " " << mode << (aten ? " aten" : " fused") << " bias " << withBias
+                                         << " chunk " << chunk << " alpha " << alpha << ": loss " << e.loss << " kd "
+                                         << e.kd << " ce " << e.ce << " d/dhidden " << e.h << " d/dweight " << e.w
+                                         << " d/dbias " << e.b;
               ++cases;
             }
           }
@@ -170,8 +170,8 @@ TEST(FusedLinearLoss, BackwardScalesNoGradAndFrozenWeight) {
   r1.loss.backward();
   const at::Tensor gh = head.hidden.grad().clone(), gw = head.weight.grad().clone();
   clearGrads(head);
-  LossResult r3 = fusedLinearLoss(head.hidden.view({3, 4, 5}), head.weight, head.bias, labels.view({3, 4}), teacher,
-                                  o, 11.0, 5);
+  LossResult r3 =
+      fusedLinearLoss(head.hidden.view({3, 4, 5}), head.weight, head.bias, labels.view({3, 4}), teacher, o, 11.0, 5);
   (r3.loss * 3.0).backward();
   EXPECT_LE(relErr(head.hidden.grad(), gh * 3.0), 1e-12);
   EXPECT_LE(relErr(head.weight.grad(), gw * 3.0), 1e-12);
@@ -204,8 +204,7 @@ TEST(FusedLinearLoss, BadShapesNameTheTensors) {
     return std::string("no ProtocolError");
   };
   EXPECT_NE(message(head.hidden, head.weight.t(), head.bias, labels).find("weight [4, 9]"), std::string::npos);
-  EXPECT_NE(message(head.hidden, head.weight, head.bias.narrow(0, 0, 8), labels).find("bias [8]"),
-            std::string::npos);
+  EXPECT_NE(message(head.hidden, head.weight, head.bias.narrow(0, 0, 8), labels).find("bias [8]"), std::string::npos);
   EXPECT_NE(message(head.hidden.to(at::kFloat), head.weight, head.bias, labels).find("Float"), std::string::npos);
   const std::string m = message(head.hidden, head.weight, head.bias, at::zeros({5}, at::kLong));
   EXPECT_NE(m.find("fusedLinearLoss: labels"), std::string::npos) << m;
