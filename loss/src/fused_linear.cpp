@@ -145,9 +145,9 @@ class FusedLinearFunction : public torch::autograd::Function<FusedLinearFunction
                                                 const Linear* lin) {
     Grads g;
     LossResult r = runLinear(*pb, *lin, g);
-    ctx->saved_data["h"] = g.h.defined() ? g.h.view(hidden.sizes()) : g.h;
-    ctx->saved_data["w"] = g.w;
-    ctx->saved_data["b"] = g.b;
+    if (g.h.defined()) ctx->saved_data["h"] = g.h.view(hidden.sizes());
+    if (g.w.defined()) ctx->saved_data["w"] = g.w;
+    if (g.b.defined()) ctx->saved_data["b"] = g.b;
     ctx->saved_data["pending"] = true;
     ctx->mark_non_differentiable({r.kd, r.ce});
     return {r.loss, r.kd, r.ce};
@@ -161,8 +161,10 @@ class FusedLinearFunction : public torch::autograd::Function<FusedLinearFunction
     torch::autograd::variable_list out(5);
     const char* names[] = {"h", "w", "b"};
     for (int i = 0; i < 3; ++i) {
-      out[i] = ctx->saved_data[names[i]].toTensor();
-      ctx->saved_data.erase(names[i]); // autograd may take the buffer over
+      auto it = ctx->saved_data.find(names[i]);
+      if (it == ctx->saved_data.end()) continue; // not wanted
+      out[i] = it->second.toTensor();
+      ctx->saved_data.erase(it); // autograd may take the buffer over
     }
     ctx->saved_data.erase("pending");
     if (!gradOut[0].defined()) return torch::autograd::variable_list(5);
