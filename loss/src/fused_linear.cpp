@@ -202,7 +202,9 @@ LossResult fusedLinear(const at::Tensor& hidden, const at::Tensor& weight, const
   lin.h = lin.h.detach();
   lin.w = lin.w.detach();
   if (lin.b.defined()) lin.b = lin.b.detach();
-  torch::autograd::variable_list out = FusedLinearFunction::apply(hidden, weight, bias, &pb, &lin);
+  // An autograd input must be defined: no bias is an empty tensor there.
+  const at::Tensor biasInput = bias.defined() ? bias : at::empty({0}, weight.options());
+  torch::autograd::variable_list out = FusedLinearFunction::apply(hidden, weight, biasInput, &pb, &lin);
   return LossResult{out[0], out[1], out[2], pb.valid.size(0)};
 }
 

@@ -162,7 +162,7 @@ TEST(FusedLinearLoss, AllIgnoredGivesZeroLossAndZeroGradients) {
 TEST(FusedLinearLoss, BackwardScalesNoGradAndFrozenWeight) {
   Head head = makeHead(12, 5, 19, true, 9);
   at::Tensor t = at::randn({12, 19}, at::kDouble);
-  at::Tensor labels = labelsFor(12, 19, 3, false).narrow(0, 0, 12).clone();
+  at::Tensor labels = labelsFor(29, 19, 3, false).narrow(0, 0, 12).clone();
   LossOptions o;
   o.kind = LossKind::kJsd;
   TeacherOutput teacher = teacherFor("dense", t, 1.0);
