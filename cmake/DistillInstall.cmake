@@ -10,7 +10,7 @@ install(TARGETS ${_libs} distill EXPORT distillTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-foreach(m core ipc teacher student ckpt train)
+foreach(m core loss ipc teacher student ckpt train)
   if(EXISTS ${PROJECT_SOURCE_DIR}/${m}/include)
     install(DIRECTORY ${PROJECT_SOURCE_DIR}/${m}/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
   endif()

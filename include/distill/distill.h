@@ -23,7 +23,7 @@
 #include "distill/student/grad.h"
 #include "distill/student/grad_sync.h"
 #include "distill/student/init.h"
-#include "distill/student/losses.h"
+#include "distill/loss/losses.h"
 #include "distill/teacher/model.h"
 #include "distill/teacher/server.h"
 #include "distill/train/steps.h"

@@ -32,7 +32,7 @@ from ._C import (  # noqa: F401
     TimeoutError,
     count_tokens,
 )
-from .loss import LossResult, loss  # noqa: F401
+from .loss import LossResult, fused_linear_loss, loss  # noqa: F401
 from .session import Session, init  # noqa: F401
 from .steps import StepItem, Steps  # noqa: F401
 from .teacher import serve  # noqa: F401

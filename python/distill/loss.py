@@ -25,3 +25,16 @@ def loss(logits, labels, teacher, normalizer: float, session=None, **overrides) 
     alpha=0.5, kind="jsd", ignore_index=-1, ...), checked as the config's keys are."""
     c = session._c if session is not None else None
     return LossResult(*_C._loss(logits, labels, teacher, float(normalizer), c, overrides))
+
+
+def fused_linear_loss(hidden, weight, bias, labels, teacher, normalizer: float, session=None, chunk_tokens: int = 0,
+                      **overrides) -> LossResult:
+    """The loss of one micro-batch from the student's last hidden states [..., d] and its output
+    projection (weight [V, d], bias [V] or None), as distill::fusedLinearLoss computes it: the same
+    value and gradients as loss(hidden @ weight.T + bias, ...), with the projection chunked together
+    with the loss (chunk_tokens tokens at a time; 0: automatic), so the [N, V] logits and their
+    gradient are never held. Gradients reach hidden, weight and bias through autograd as usual.
+    labels, teacher, normalizer, session and the keyword overrides are those of loss()."""
+    c = session._c if session is not None else None
+    return LossResult(*_C._fused_linear_loss(hidden, weight, bias, labels, teacher, float(normalizer), c,
+                                             int(chunk_tokens), overrides))

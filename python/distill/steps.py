@@ -143,10 +143,26 @@ class Steps:
                 return
             yield item
 
-    def backward(self, logits: torch.Tensor) -> LossResult:
+    def backward(self, logits: torch.Tensor, lm_head=None, chunk_tokens: int = 0) -> LossResult:
         """The teacher's answer for the current micro-batch, the loss, backward; after the step's
-        last micro-batch the students' gradients are summed."""
-        return LossResult(*self._c.backward(logits))
+        last micro-batch the students' gradients are summed.
+
+        With lm_head (the model's output projection: a torch.nn.Linear, or its weight [V, d], or a
+        (weight, bias) pair), the first argument is the last hidden states [..., d] and the loss is
+        distill.fused_linear_loss (chunk_tokens tokens at a time, 0: automatic): the same value and
+        gradients as on lm_head(hidden), without the [N, V] logits in memory."""
+        if lm_head is None:
+            return LossResult(*self._c.backward(logits))
+        if isinstance(lm_head, torch.nn.Linear):
+            weight, bias = lm_head.weight, lm_head.bias
+        elif isinstance(lm_head, torch.Tensor):
+            weight, bias = lm_head, None
+        elif isinstance(lm_head, (tuple, list)) and len(lm_head) == 2:
+            weight, bias = lm_head
+        else:
+            raise _C.ConfigError(f"distill.Steps.backward: lm_head must be a torch.nn.Linear, a weight tensor or "
+                                 f"a (weight, bias) pair, found {type(lm_head).__name__}")
+        return LossResult(*self._c.backward_linear(logits, weight, bias, int(chunk_tokens)))
 
     def step_ends(self) -> bool:
         """True after backward() of the step's last micro-batch: step the optimizer."""

@@ -1,10 +1,11 @@
 // The low-level student API (Client: submit/get) and the loss, on torch tensors.
 #include <memory>
+#include <optional>
 
 #include "distill/core/config.h"
 #include "distill/core/errors.h"
+#include "distill/loss/losses.h"
 #include "distill/student/client.h"
-#include "distill/student/losses.h"
 #include "session.h"
 
 namespace distill::py {
@@ -93,6 +94,19 @@ pyb::tuple loss(const at::Tensor& logits, const at::Tensor& labels, const pyb::o
   return pyb::make_tuple(r.loss, r.kd, r.ce, r.tokens);
 }
 
+pyb::tuple fusedLinearLoss(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                           const at::Tensor& labels, const pyb::object& teacher, double normalizer,
+                           const pyb::object& session, int64_t chunkTokens, const pyb::dict& overrides) {
+  TeacherOutput t = teacherOutputOf(teacher);
+  LossOptions o = lossOptions(session.is_none() ? nullptr : session.cast<SessionPtr>().get(), overrides);
+  LossResult r;
+  {
+    pyb::gil_scoped_release nogil;
+    r = distill::fusedLinearLoss(hidden, weight, bias.value_or(at::Tensor()), labels, t, o, normalizer, chunkTokens);
+  }
+  return pyb::make_tuple(r.loss, r.kd, r.ce, r.tokens);
+}
+
 } // namespace
 
 void bindClient(pyb::module_& m) {
@@ -149,6 +163,9 @@ void bindClient(pyb::module_& m) {
       pyb::arg("tokens_per_s") = StudentStatus::kUnset, pyb::arg("teacher_wait_share") = StudentStatus::kUnset);
   m.def("_loss", &loss, pyb::arg("logits"), pyb::arg("labels"), pyb::arg("teacher"), pyb::arg("normalizer"),
         pyb::arg("session") = pyb::none(), pyb::arg("overrides") = pyb::dict());
+  m.def("_fused_linear_loss", &fusedLinearLoss, pyb::arg("hidden"), pyb::arg("weight"), pyb::arg("bias"),
+        pyb::arg("labels"), pyb::arg("teacher"), pyb::arg("normalizer"), pyb::arg("session") = pyb::none(),
+        pyb::arg("chunk_tokens") = 0, pyb::arg("overrides") = pyb::dict());
   m.def("count_tokens", &countTokens, pyb::arg("labels"), pyb::arg("ignore_index") = -100);
 }
 

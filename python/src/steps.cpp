@@ -103,12 +103,23 @@ pyb::tuple backward(PySteps& p, const at::Tensor& logits) {
   return pyb::make_tuple(r.loss.detach(), r.kd, r.ce, r.tokens);
 }
 
+pyb::tuple backwardLinear(PySteps& p, const at::Tensor& hidden, const at::Tensor& weight,
+                          const std::optional<at::Tensor>& bias, int64_t chunkTokens) {
+  LossResult r;
+  {
+    pyb::gil_scoped_release nogil;
+    r = p.steps->backward(hidden, OutputHead{weight, bias.value_or(at::Tensor()), chunkTokens});
+  }
+  return pyb::make_tuple(r.loss.detach(), r.kd, r.ce, r.tokens);
+}
+
 } // namespace
 
 void bindSteps(pyb::module_& m) {
   pyb::class_<PySteps, StepsPtr>(m, "Steps")
       .def("next", &next)
       .def("backward", &backward)
+      .def("backward_linear", &backwardLinear)
       .def("step_ends", [](const PySteps& p) { return p.steps->stepEnds(); })
       .def_property_readonly("step", [](const PySteps& p) { return p.steps->step(); })
       .def_property_readonly("step_tokens", [](const PySteps& p) { return p.steps->stepTokens(); })

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Reference values for tests/losses: straight float64 formulas with torch.nn.functional
-and autograd, written from the definitions in student/include/distill/student/losses.h,
+and autograd, written from the definitions in loss/include/distill/loss/losses.h,
 not from the C++ implementation.
 
 usage: reference.py --seed S --out DIR [--batch B --seq L --vocab V --topk K]

@@ -59,3 +59,38 @@ def test_a_bad_override_is_a_config_error():
     x = torch.zeros(2, 3)
     with pytest.raises(distill.ConfigError, match="temperature"):
         distill.loss(x, torch.zeros(2, dtype=torch.long), {"logits": x}, 2, temperature=-1)
+
+
+def _teacher(t, form, T):
+    if form == "full":
+        return {"logits": t}
+    v, i = t.topk(5, -1)
+    return {"topk_values": v, "topk_indices": i, "logsumexp": torch.logsumexp(t / T, -1)}
+
+
+@pytest.mark.parametrize("kind", ["forward_kl", "reverse_kl", "jsd"])
+@pytest.mark.parametrize("form", ["full", "topk"])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_fused_linear_loss_equals_the_loss_on_materialised_logits(kind, form, with_bias):
+    g = torch.Generator().manual_seed(11)
+    hidden = torch.randn(3, 7, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    head = torch.nn.Linear(6, 23, bias=with_bias, dtype=torch.float64)
+    t = 2 * torch.randn(3, 7, 23, generator=g, dtype=torch.float64)
+    labels = torch.randint(0, 23, (3, 7), generator=g)
+    labels[0, :] = -100  # with chunk_tokens=4 tokens 0..6 would hold a chunk without a valid token
+    labels[2, 3] = -100
+    teacher = _teacher(t.reshape(21, 23), form, 1.5)
+    opts = dict(alpha=0.4, temperature=1.5, kind=kind)
+    want = distill.loss(head(hidden), labels, teacher, 19, **opts)
+    want.loss.backward()
+    params = [hidden] + list(head.parameters())
+    wants = [p.grad.clone() for p in params]
+    for p in params:
+        p.grad = None
+    got = distill.fused_linear_loss(hidden, head.weight, head.bias, labels, teacher, 19, chunk_tokens=4, **opts)
+    got.loss.backward()
+    assert got.tokens == want.tokens == 13
+    assert math.isclose(got.loss.item(), want.loss.item(), rel_tol=1e-6)
+    assert math.isclose(got.kd.item(), want.kd.item(), rel_tol=1e-6)
+    for p, w in zip(params, wants):
+        assert (p.grad - w).abs().max().item() <= 1e-6 * w.abs().max().item()

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstdio>
 #include <regex>
 #include <thread>
@@ -87,8 +88,9 @@ int lowLevel(distill::Session& s, Net& net, torch::optim::SGD& opt) {
 // students see the flag at different steps and must still agree.
 // `leaveAfter` > 0: the trainer leaves the loop itself after that step (run.steps
 // 0), then calls finish() when `finishIt`.
+// `fused`: backward(hidden, {fc weight, fc bias}), the fused linear loss.
 int withSteps(distill::Session& s, Net& net, torch::optim::SGD& opt, int64_t dryAfter, int64_t readyAt,
-              int64_t leaveAfter = 0, bool finishIt = false) {
+              int64_t leaveAfter = 0, bool finishIt = false, bool fused = false) {
   const int rank = s.topology.studentRank, G = s.config.student.grad_acc_steps;
   const int64_t inFlight = s.config.student.in_flight, steps = s.config.run.steps;
   distill::StepsOptions hooks;
@@ -112,7 +114,11 @@ int withSteps(distill::Session& s, Net& net, torch::optim::SGD& opt, int64_t dry
       std::printf("DEPTH %lld at step %lld acc %lld\n", static_cast<long long>(s.client->outstanding()),
                   static_cast<long long>(mb->step), static_cast<long long>(mb->accStep));
     DISTILL_CHECK(torch::equal(mb->inputs, microBatch(rank, mb->step, mb->accStep).inputs), "micro-batch order");
-    train.backward(net.forward(mb->inputs));
+    if (fused) {
+      train.backward(torch::tanh(net.emb(mb->inputs)), distill::OutputHead{net.fc->weight, net.fc->bias, 5});
+    } else {
+      train.backward(net.forward(mb->inputs));
+    }
     if (train.stepEnds()) opt.step(), opt.zero_grad();
     if (train.stepEnds() && mb->step == leaveAfter) break;
     if (train.stepEnds() && mb->step == readyAt) {
@@ -132,7 +138,7 @@ int withSteps(distill::Session& s, Net& net, torch::optim::SGD& opt, int64_t dry
 
 } // namespace
 
-// args: mode (steps | lowlevel | stop | dry)
+// args: mode (steps | fused | lowlevel | stop | dry)
 DISTILL_TEST_ROLE(steps) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   int argc = 1;
@@ -151,6 +157,7 @@ DISTILL_TEST_ROLE(steps) {
   const std::string mode = args.at(0);
   if (mode == "lowlevel") return lowLevel(s, net, opt);
   if (mode == "leave" || mode == "leave-finish") return withSteps(s, net, opt, 0, -1, 3, mode == "leave-finish");
+  if (mode == "fused") return withSteps(s, net, opt, 0, -1, 0, false, /*fused=*/true);
   return withSteps(s, net, opt, mode == "dry" ? 5 : 0, mode == "stop" ? 2 : -1);
 }
 
@@ -195,6 +202,32 @@ TEST_F(StepsTest, LossesEqualTheLowLevelLoopAndEveryAnswerIsItsMicroBatchs) {
   EXPECT_EQ(losses(api.text(), 0), losses(api.text(), 1));
   EXPECT_TRUE(has(api.text(), "[r0 student] STOPPED step=6 stopped=0 saved=1")) << api.text();
   EXPECT_EQ(publishedStep(), 6);
+}
+
+// backward(hidden, head): fusedLinearLoss on the model's last hidden states and
+// its output projection trains the same model as backward(logits) (the same
+// losses, step after step, to float32 rounding).
+TEST_F(StepsTest, FusedOutputHeadTrainsAsTheLogitsDo) {
+  Launch low(args("lowlevel", 6));
+  auto st = low.finish();
+  ASSERT_TRUE(st.exited && st.code == 0) << st.describe() << "\n" << low.text();
+  Launch fused(args("fused", 6));
+  st = fused.finish();
+  ASSERT_TRUE(st.exited && st.code == 0) << st.describe() << "\n" << fused.text();
+  const std::regex num("loss=([^ ]+) kd=([^ ]+) ce=([^ ]+)");
+  for (int r : {0, 1}) {
+    const auto a = losses(low.text(), r), b = losses(fused.text(), r);
+    ASSERT_EQ(a.size(), 6u) << low.text();
+    ASSERT_EQ(b.size(), 6u) << fused.text();
+    for (size_t i = 0; i < a.size(); ++i) {
+      std::smatch ma, mb;
+      ASSERT_TRUE(std::regex_search(a[i], ma, num) && std::regex_search(b[i], mb, num)) << a[i] << " / " << b[i];
+      for (int k = 1; k <= 3; ++k) {
+        const double x = std::stod(ma[k]), y = std::stod(mb[k]);
+        EXPECT_NEAR(y, x, 1e-5 * std::abs(x)) << "student " << r << ": " << a[i] << " / " << b[i];
+      }
+    }
+  }
 }
 
 TEST_F(StepsTest, StopRequestStopsBothStudentsAfterTheSameStepWithAPublishedCheckpoint) {

@@ -8,8 +8,8 @@
 #include "distill/core/clock.h"
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
+#include "distill/loss/losses.h"
 #include "distill/student/grad.h"
-#include "distill/student/losses.h"
 
 namespace distill {
 
@@ -171,6 +171,19 @@ std::optional<StepItem> Steps::next(const Loader& loader) {
 }
 
 LossResult Steps::backward(const at::Tensor& logits) {
+  return backwardWith([&](const at::Tensor& labels, const TeacherOutput& teacher) {
+    return distillLoss(logits, labels, teacher, session_.config.loss, tokens_);
+  });
+}
+
+LossResult Steps::backward(const at::Tensor& hidden, const OutputHead& head) {
+  return backwardWith([&](const at::Tensor& labels, const TeacherOutput& teacher) {
+    return fusedLinearLoss(hidden, head.weight, head.bias, labels, teacher, session_.config.loss, tokens_,
+                           head.chunkTokens);
+  });
+}
+
+LossResult Steps::backwardWith(const LossFn& loss) {
   DISTILL_CHECK(current_, "distill::Steps::backward() without a micro-batch: call next() first");
   const Pending p = std::move(*current_);
   current_.reset();
@@ -180,7 +193,7 @@ LossResult Steps::backward(const at::Tensor& logits) {
   DISTILL_CHECK_T(ProtocolError, reply.handle() == *p.handle, at(p.step, p.accStep),
                   "distill::Steps: the teacher's answer for ", mbName(p.step, p.accStep), " carries the tag ",
                   mbName(reply.handle().step, reply.handle().accStep), " seq ", reply.handle().seq);
-  LossResult r = distillLoss(logits, p.mb.labels, reply.output(), session_.config.loss, tokens_);
+  LossResult r = loss(p.mb.labels, reply.output());
   if (sync_) sync_->setSyncing(p.accStep + 1 == grad_acc_); // the step's last: its buckets go during backward
   if (external_ && external_->trainerAverages) {
     (r.loss * static_cast<double>(session_.student->worldSize())).backward(); // the trainer's average = the sum

@@ -30,7 +30,7 @@
 #include "distill/core/status.h"
 #include "distill/core/tag.h"
 #include "distill/core/topology.h"
-#include "distill/student/losses.h"
+#include "distill/loss/losses.h"
 
 namespace distill {
 

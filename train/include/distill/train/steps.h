@@ -7,6 +7,7 @@
 //   distill::Steps steps(session, *model, opt);                 // resumes from the checkpoint
 //   while (auto mb = steps.next(loader)) {                      // loader: () -> optional<MicroBatch>
 //     steps.backward(model->forward(mb->inputs));               // teacher's answer, loss, backward
+//     // or, without [N, V] logits: steps.backward(hidden, {lmHead->weight, lmHead->bias});
 //     if (steps.stepEnds()) opt.step(), opt.zero_grad();        // gradients already summed
 //   }                                                           // saved, published, finished
 //
@@ -126,6 +127,15 @@ struct ExternalModel {
   std::function<void(const std::string& model, const std::string& optimizer)> loadState;
 };
 
+// The student's output projection (its lm_head: logits = hidden @ weight.T +
+// bias) for Steps::backward(hidden, head): the loss is then fusedLinearLoss
+// (losses.h), which never holds the [N, V] logits.
+struct OutputHead {
+  at::Tensor weight; // [V, d]
+  at::Tensor bias; // [V], or undefined (no bias)
+  int64_t chunkTokens = 0; // tokens per chunk of fusedLinearLoss (0: automatic)
+};
+
 class Steps {
  public:
   using Loader = std::function<std::optional<MicroBatch>()>;
@@ -160,6 +170,10 @@ class Steps {
   // step's token count, backward; after the step's last micro-batch the
   // students' gradients are summed. Returns the loss parts of this call.
   LossResult backward(const at::Tensor& logits);
+  // The same from the model's last hidden states [..., d] and its output
+  // projection: fusedLinearLoss instead of distillLoss (same value and
+  // gradients; no [N, V] logits nor their gradient in memory).
+  LossResult backward(const at::Tensor& hidden, const OutputHead& head);
   // True after backward() of the step's last micro-batch: step the optimizer.
   bool stepEnds() const;
 
@@ -179,6 +193,8 @@ class Steps {
     int64_t step = 0, accStep = 0;
     std::optional<Handle> handle;
   };
+  using LossFn = std::function<LossResult(const at::Tensor& labels, const TeacherOutput& teacher)>;
+  LossResult backwardWith(const LossFn& loss);
   bool fill(const Loader& loader, size_t count);
   void submitAhead();
   bool openStep(const Loader& loader);

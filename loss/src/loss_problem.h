@@ -1,8 +1,9 @@
 #pragma once
 
-// What the loss's files share (internal to student/src):
+// What the loss's files share (internal to loss/src):
 //   loss_inputs.cpp  the inputs of one call checked and flattened into a Problem
-//   losses.cpp       the chunks (fused CPU kernel or ATen ops), autograd, the public calls
+//   losses.cpp       the chunks (fused CPU kernel or ATen ops), autograd, distillLoss
+//   fused_linear.cpp fusedLinearLoss: the output projection chunked with the loss
 
 #include <ATen/ATen.h>
 
@@ -10,7 +11,7 @@
 #include <sstream>
 #include <string>
 
-#include "distill/student/losses.h"
+#include "distill/loss/losses.h"
 #include "loss_kernel.h"
 
 namespace distill::loss_impl {
@@ -28,8 +29,27 @@ inline std::string shapeOf(const at::Tensor& t) {
 // LossOptions built in code (not parsed) may hold any value: one outside the enum is a ConfigError.
 Kind kindOf(LossKind k);
 
+// What prepare() needs of the student side: the logits' shape, dtype and
+// device. fusedLinearLoss has no logits: there [N, V] is what hidden @ weight.T
+// would be.
+struct StudentShape {
+  int64_t n = 0, v = 0;
+  at::ScalarType dtype = at::kFloat;
+  at::Device device = at::kCPU;
+  std::string shape; // for messages, e.g. "[4, 128, 32000]"
+  const char* what = "student logits"; // for messages
+  const char* fn = "distillLoss"; // the call, for messages
+  bool fusable = false; // the fused CPU kernel can compute the chunks (CPU, float32 | float64, contiguous rows)
+};
+
+// The student logits' shape (ProtocolError when they are not floating [..., V]).
+// `allowFused`: the fused CPU kernel may compute the chunks (tests turn it off
+// to compare with the ATen-op path).
+StudentShape studentShape(const at::Tensor& z, bool allowFused);
+
 // Everything one call needs, flattened to tokens.
 struct Problem {
+  const char* fn = "distillLoss"; // the call, for messages
   Kind kind = Kind::kForward;
   double temperature = 1, alpha = 0.5, beta = 0.5, normalizer = 1;
   bool needKd = true, needCe = true; // terms of nonzero weight: the others are not computed
@@ -50,15 +70,24 @@ struct Problem {
   // float64 student logits with contiguous rows. Otherwise (CUDA, half,
   // bfloat16) the ATen-op path below, which is also its reference in tests.
   bool fused = false;
-  at::Tensor zc; // [N, V] contiguous student logits (fused)
+  at::Tensor zc; // [N, V] contiguous student logits (fused; set by the caller of prepare)
   at::Tensor kValues, kLse, kLogTail; // top-k teacher data in the arithmetic dtype, contiguous (fused)
 };
 
 // Checks the inputs of one distillLoss call (shapes, dtypes, devices, label
 // and index ranges, the teacher's logsumexp; one device sync for the data
-// checks) and flattens them to tokens. `allowFused`: the fused CPU kernel may
-// compute the chunks (tests turn it off to compare with the ATen-op path).
-Problem prepare(const at::Tensor& z, const at::Tensor& labels, const TeacherOutput& teacher, const LossOptions& o,
-                double normalizer, bool allowFused);
+// checks) and flattens them to tokens. Problem::zc is the caller's to set.
+Problem prepare(const StudentShape& z, const at::Tensor& labels, const TeacherOutput& teacher, const LossOptions& o,
+                double normalizer);
+
+// The chunks of a prepared Problem (losses.cpp): the kd and ce sums over the
+// valid rows (0-dim double), the gradient of loss w.r.t. the rows of z2 [N, V]
+// written into grad2 when it is defined (its ignored rows untouched). `finish`
+// turns the sums into a LossResult (no autograd).
+struct Sums {
+  at::Tensor kd, ce;
+};
+Sums runChunks(const Problem& pb, const at::Tensor& z2, at::Tensor grad2);
+LossResult finish(const Problem& pb, const Sums& s);
 
 } // namespace distill::loss_impl

@@ -1,4 +1,4 @@
-#include "distill/student/losses.h"
+#include "distill/loss/losses.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -303,9 +303,9 @@ void lossChunk(const Problem& pb, const at::Tensor& z, const Rows& chunk, at::Te
   grad.index_copy_(0, rows, g.to(grad.scalar_type()));
 }
 
-struct Sums {
-  at::Tensor kd, ce; // 0-dim double
-};
+} // namespace
+
+namespace loss_impl {
 
 Sums runChunks(const Problem& pb, const at::Tensor& z2, at::Tensor grad2) {
   auto dopt = at::TensorOptions().dtype(at::kDouble).device(z2.device());
@@ -338,6 +338,10 @@ LossResult finish(const Problem& pb, const Sums& s) {
   r.tokens = pb.valid.size(0);
   return r;
 }
+
+} // namespace loss_impl
+
+namespace {
 
 // The gradient is computed chunk by chunk in forward and kept (one [N, V]
 // tensor, the size of the gradient autograd would produce anyway); backward
@@ -393,7 +397,8 @@ namespace {
 
 LossResult run(const at::Tensor& studentLogits, const at::Tensor& labels, const TeacherOutput& teacher,
                const LossOptions& options, double normalizer, bool allowFused) {
-  Problem pb = prepare(studentLogits, labels, teacher, options, normalizer, allowFused);
+  Problem pb = prepare(studentShape(studentLogits, allowFused), labels, teacher, options, normalizer);
+  if (pb.fused) pb.zc = studentLogits.reshape({pb.n, pb.v});
   if (!(at::GradMode::is_enabled() && studentLogits.requires_grad())) {
     at::NoGradGuard noGrad;
     LossResult r = finish(pb, runChunks(pb, studentLogits.reshape({-1, pb.v}), at::Tensor()));

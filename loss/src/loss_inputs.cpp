@@ -48,9 +48,9 @@ double epsOf(at::ScalarType t) {
   }
 }
 
-void checkDevice(const char* what, const at::Tensor& t, const at::Tensor& z) {
-  DISTILL_CHECK_T(ProtocolError, t.device() == z.device(), "distillLoss: ", what, " on device ", t.device().str(),
-                  ", expected the student logits' device ", z.device().str());
+void checkDevice(const char* what, const at::Tensor& t, const StudentShape& z) {
+  DISTILL_CHECK_T(ProtocolError, t.device() == z.device, z.fn, ": ", what, " on device ", t.device().str(),
+                  ", expected the ", z.what, "' device ", z.device.str());
 }
 
 // A per-row data check, evaluated with all the others in one device sync.
@@ -75,8 +75,8 @@ DataCheck logsumexpCheck(const Problem& pb, const at::Tensor& keep) {
     const int64_t row = bad.nonzero().select(1, 0)[0].item<int64_t>();
     const double sv = s[row].item<double>(), lv = lse[row].item<double>(), tv = tol[row].item<double>();
     const bool tail = pb.tLogTail.defined();
-    DISTILL_THROW(ProtocolError, "distillLoss: teacher top-k, token row ", row, " of ", pb.n, ": the sent logsumexp ",
-                  lv, " contradicts the sent top-k",
+    DISTILL_THROW(ProtocolError, pb.fn, ": teacher top-k, token row ", row, " of ", pb.n, ": the sent logsumexp ", lv,
+                  " contradicts the sent top-k",
                   tail ? " and log tail: logaddexp(logsumexp(values / T), log_tail)" : ": logsumexp(values / T)", " = ",
                   sv, " at T = loss.temperature = ", pb.temperature, "; they differ by ", sv - lv, " (the ",
                   tail ? "k+1 buckets'" : "top-k", " probabilities would sum to ", std::exp(sv - lv),
@@ -95,10 +95,10 @@ void rowLogsumexp(const double* x, int64_t n, int64_t k, double t, double* out) 
 }
 
 // The options' part of a Problem.
-Problem fromOptions(const LossOptions& o, double normalizer) {
+Problem fromOptions(const LossOptions& o, double normalizer, const char* fn) {
   validateLossOptions(o);
-  DISTILL_CHECK_T(ConfigError, std::isfinite(normalizer) && normalizer >= 0,
-                  "distillLoss: normalizer must be a positive token count (0 only for a call without "
+  DISTILL_CHECK_T(ConfigError, std::isfinite(normalizer) && normalizer >= 0, fn,
+                  ": normalizer must be a positive token count (0 only for a call without "
                   "non-ignored tokens), found ",
                   normalizer);
   Problem pb;
@@ -113,28 +113,31 @@ Problem fromOptions(const LossOptions& o, double normalizer) {
   return pb;
 }
 
-// The student logits' shape and dtype; true when the fused CPU kernel can take them.
-bool readStudent(Problem& pb, const at::Tensor& z, bool allowFused) {
+} // namespace
+
+StudentShape studentShape(const at::Tensor& z, bool allowFused) {
   DISTILL_CHECK_T(
       ProtocolError, z.defined() && z.dim() >= 1 && at::isFloatingType(z.scalar_type()),
       "distillLoss: student logits: expected a floating tensor [..., V], found ",
       z.defined() ? shapeOf(z) + " " + std::string(c10::toString(z.scalar_type())) : std::string("undefined"));
-  pb.v = z.size(-1);
-  DISTILL_CHECK_T(ProtocolError, pb.v >= 1,
-                  "distillLoss: student logits: vocabulary is empty, "
-                  "shape ",
-                  shapeOf(z));
-  pb.n = z.numel() / pb.v;
-  pb.compute = z.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  StudentShape s;
+  s.v = z.size(-1);
+  DISTILL_CHECK_T(ProtocolError, s.v >= 1, "distillLoss: student logits: vocabulary is empty, shape ", shapeOf(z));
+  s.n = z.numel() / s.v;
+  s.dtype = z.scalar_type();
+  s.device = z.device();
+  s.shape = shapeOf(z);
   // The fused CPU kernel computes the chunks (see Problem::fused).
-  return allowFused && z.device().is_cpu() && z.is_contiguous() &&
+  s.fusable = allowFused && z.device().is_cpu() && z.is_contiguous() &&
       (z.scalar_type() == at::kFloat || z.scalar_type() == at::kDouble);
+  return s;
 }
 
-void readLabels(Problem& pb, const at::Tensor& z, const at::Tensor& labels, bool cpuFused) {
-  DISTILL_CHECK_T(ProtocolError, labels.defined() && labels.scalar_type() == at::kLong && labels.numel() == pb.n,
-                  "distillLoss: labels: expected int64 with ", pb.n, " elements (student logits ", shapeOf(z),
-                  "), found ",
+namespace {
+
+void readLabels(Problem& pb, const StudentShape& z, const at::Tensor& labels, bool cpuFused) {
+  DISTILL_CHECK_T(ProtocolError, labels.defined() && labels.scalar_type() == at::kLong && labels.numel() == pb.n, pb.fn,
+                  ": labels: expected int64 with ", pb.n, " elements (", z.what, " ", z.shape, "), found ",
                   labels.defined() ? shapeOf(labels) + " " + std::string(c10::toString(labels.scalar_type()))
                                    : std::string("undefined"));
   checkDevice("labels", labels, z);
@@ -146,35 +149,35 @@ bool nkShape(const Problem& pb, const at::Tensor& t, int64_t k) {
   return t.dim() >= 1 && t.size(-1) == k && t.numel() == pb.n * k;
 }
 
-void readDenseTeacher(Problem& pb, const TeacherOutput& teacher, const at::Tensor& z) {
+void readDenseTeacher(Problem& pb, const TeacherOutput& teacher, const StudentShape& z) {
   const at::Tensor& tl = teacher.logits;
-  DISTILL_CHECK_T(ProtocolError, nkShape(pb, tl, pb.v) && at::isFloatingType(tl.scalar_type()),
-                  "distillLoss: teacher logits: expected floating [", pb.n, ", ", pb.v, "] (or the student's ",
-                  shapeOf(z), "), found ", shapeOf(tl), " ", c10::toString(tl.scalar_type()));
+  DISTILL_CHECK_T(ProtocolError, nkShape(pb, tl, pb.v) && at::isFloatingType(tl.scalar_type()), pb.fn,
+                  ": teacher logits: expected floating [", pb.n, ", ", pb.v, "] (or the student's ", z.shape,
+                  "), found ", shapeOf(tl), " ", c10::toString(tl.scalar_type()));
   checkDevice("teacher logits", tl, z);
   pb.tLogits = tl.reshape({pb.n, pb.v});
 }
 
 // The top-k values, indices and per-token tensors: shapes, dtypes, devices. Returns k.
-int64_t readTopkTeacher(Problem& pb, const TeacherOutput& teacher, const at::Tensor& z) {
+int64_t readTopkTeacher(Problem& pb, const TeacherOutput& teacher, const StudentShape& z) {
   const at::Tensor &tv = teacher.topkValues, &ti = teacher.topkIndices;
-  DISTILL_CHECK_T(ProtocolError, tv.defined() && ti.defined(),
-                  "distillLoss: teacher output has neither logits nor top-k values and indices");
+  DISTILL_CHECK_T(ProtocolError, tv.defined() && ti.defined(), pb.fn,
+                  ": teacher output has neither logits nor top-k values and indices");
   const int64_t k = tv.dim() >= 1 ? tv.size(-1) : 0;
   DISTILL_CHECK_T(ProtocolError, k >= 1 && k <= pb.v && nkShape(pb, tv, k) && at::isFloatingType(tv.scalar_type()),
-                  "distillLoss: teacher top-k values: expected floating [", pb.n, ", k] with 1 <= k <= V = ", pb.v,
+                  pb.fn, ": teacher top-k values: expected floating [", pb.n, ", k] with 1 <= k <= V = ", pb.v,
                   ", found ", shapeOf(tv), " ", c10::toString(tv.scalar_type()));
   DISTILL_CHECK_T(ProtocolError, nkShape(pb, ti, k) && (ti.scalar_type() == at::kInt || ti.scalar_type() == at::kLong),
-                  "distillLoss: teacher top-k indices: expected int32|int64 [", pb.n, ", ", k,
-                  "] like the values, found ", shapeOf(ti), " ", c10::toString(ti.scalar_type()));
+                  pb.fn, ": teacher top-k indices: expected int32|int64 [", pb.n, ", ", k, "] like the values, found ",
+                  shapeOf(ti), " ", c10::toString(ti.scalar_type()));
   checkDevice("teacher top-k values", tv, z);
   checkDevice("teacher top-k indices", ti, z);
   pb.tValues = tv.reshape({pb.n, k});
   pb.tIndices = ti.reshape({pb.n, k}).to(at::kLong);
   pb.eps = std::max(epsOf(pb.compute), epsOf(tv.scalar_type()));
   auto perToken = [&](const char* what, const at::Tensor& t) {
-    DISTILL_CHECK_T(ProtocolError, t.numel() == pb.n && at::isFloatingType(t.scalar_type()), "distillLoss: teacher ",
-                    what, ": expected floating [", pb.n, "], found ", shapeOf(t), " ", c10::toString(t.scalar_type()));
+    DISTILL_CHECK_T(ProtocolError, t.numel() == pb.n && at::isFloatingType(t.scalar_type()), pb.fn, ": teacher ", what,
+                    ": expected floating [", pb.n, "], found ", shapeOf(t), " ", c10::toString(t.scalar_type()));
     checkDevice((std::string("teacher ") + what).c_str(), t, z);
     pb.eps = std::max(pb.eps, epsOf(t.scalar_type()));
     return t.reshape({pb.n});
@@ -214,14 +217,14 @@ DataCheck uniqueIndices(Problem& pb, int64_t k) {
     at::Tensor sorted = std::get<0>(pb.tIndices.sort(1));
     unique = (sorted.narrow(1, 1, k - 1) != sorted.narrow(1, 0, k - 1)).all();
   }
-  return {unique, [] {
-            DISTILL_THROW(ProtocolError, "distillLoss: teacher top-k indices: repeated index within a token's top-k");
+  return {unique, [fn = pb.fn] {
+            DISTILL_THROW(ProtocolError, fn, ": teacher top-k indices: repeated index within a token's top-k");
           }};
 }
 
 // The log of what the top-k (and tail) probabilities sum to, and the check of
 // the teacher's logsumexp against it.
-void topkLogSum(Problem& pb, const at::Tensor& z, const LossOptions& o, bool cpuFused, const at::Tensor& keep,
+void topkLogSum(Problem& pb, const StudentShape& z, const LossOptions& o, bool cpuFused, const at::Tensor& keep,
                 std::vector<DataCheck>& checks, int64_t k) {
   if (cpuFused) {
     // The fused kernel's inputs, converted once (O(N k)).
@@ -232,7 +235,7 @@ void topkLogSum(Problem& pb, const at::Tensor& z, const LossOptions& o, bool cpu
   if ((pb.tLse.defined() || pb.tLogTail.defined()) && cpuFused) {
     // As below, in plain loops over the [N] rows: a dozen ATen ops on [N]
     // tensors cost a quarter of a cross-entropy at N = 1024, V = 256.
-    pb.tLogSum = at::empty({pb.n}, z.options().dtype(pb.compute));
+    pb.tLogSum = at::empty({pb.n}, at::TensorOptions().dtype(pb.compute).device(z.device));
     AT_DISPATCH_FLOATING_TYPES(pb.compute, "distillLoss top-k logsumexp", [&] {
       auto* out = pb.tLogSum.data_ptr<scalar_t>();
       if (pb.kLogTail.defined()) {
@@ -290,15 +293,19 @@ void runChecks(const std::vector<DataCheck>& checks) {
 
 } // namespace
 
-Problem prepare(const at::Tensor& z, const at::Tensor& labels, const TeacherOutput& teacher, const LossOptions& o,
-                double normalizer, bool allowFused) {
-  Problem pb = fromOptions(o, normalizer);
-  const bool cpuFused = readStudent(pb, z, allowFused);
+Problem prepare(const StudentShape& z, const at::Tensor& labels, const TeacherOutput& teacher, const LossOptions& o,
+                double normalizer) {
+  Problem pb = fromOptions(o, normalizer, z.fn);
+  pb.fn = z.fn;
+  pb.n = z.n;
+  pb.v = z.v;
+  pb.compute = z.dtype == at::kDouble ? at::kDouble : at::kFloat;
+  const bool cpuFused = z.fusable;
   readLabels(pb, z, labels, cpuFused);
   at::Tensor keep = pb.labels != o.ignore_index;
   std::vector<DataCheck> checks; // all evaluated with one device sync
   checks.push_back({(~keep | ((pb.labels >= 0) & (pb.labels < pb.v))).all(), [&] {
-                      DISTILL_THROW(ProtocolError, "distillLoss: labels: every label must be in [0, ", pb.v,
+                      DISTILL_THROW(ProtocolError, pb.fn, ": labels: every label must be in [0, ", pb.v,
                                     ") or ignore_index = ", o.ignore_index);
                     }});
   if (teacher.logits.defined()) {
@@ -306,8 +313,8 @@ Problem prepare(const at::Tensor& z, const at::Tensor& labels, const TeacherOutp
   } else {
     const int64_t k = readTopkTeacher(pb, teacher, z);
     checks.push_back({((pb.tIndices >= 0) & (pb.tIndices < pb.v)).all(), [&] {
-                        DISTILL_THROW(ProtocolError,
-                                      "distillLoss: teacher top-k indices: every index must "
+                        DISTILL_THROW(ProtocolError, pb.fn,
+                                      ": teacher top-k indices: every index must "
                                       "be in [0, ",
                                       pb.v, ")");
                       }});
@@ -317,12 +324,10 @@ Problem prepare(const at::Tensor& z, const at::Tensor& labels, const TeacherOutp
   runChecks(checks);
   pb.valid = keep.nonzero().squeeze(1);
   pb.allValid = pb.valid.size(0) == pb.n;
-  DISTILL_CHECK_T(ConfigError, normalizer > 0 || pb.valid.size(0) == 0,
-                  "distillLoss: normalizer is 0 but this call has ", pb.valid.size(0),
-                  " non-ignored token(s); pass the step's token count (stepTokenCount)");
+  DISTILL_CHECK_T(ConfigError, normalizer > 0 || pb.valid.size(0) == 0, pb.fn, ": normalizer is 0 but this call has ",
+                  pb.valid.size(0), " non-ignored token(s); pass the step's token count (stepTokenCount)");
   pb.fused = cpuFused;
   if (pb.fused) {
-    pb.zc = z.reshape({pb.n, pb.v});
     pb.labels = pb.labels.contiguous();
     if (pb.tIndices.defined()) pb.tIndices = pb.tIndices.contiguous();
   }

@@ -1,0 +1,229 @@
+// fusedLinearLoss (losses.h): the output projection chunked together with the
+// loss, so that no [N, V] tensor is ever alive. Each chunk of valid tokens is
+// a Problem of its own (the global one's rows, sliced) run through the chunks
+// of losses.cpp, then its logits' gradient is turned into the hidden states'
+// and the projection's at once.
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <string>
+
+#include "distill/core/errors.h"
+#include "distill/loss/losses.h"
+#include "loss_problem.h"
+
+namespace distill {
+
+using namespace loss_impl;
+
+namespace {
+
+// The inputs of one call, flattened: hidden [N, d], weight [V, d], bias [V] or undefined.
+struct Linear {
+  at::Tensor h, w, b;
+  int64_t chunk = 1;
+  bool gradH = false, gradW = false, gradB = false;
+  bool anyGrad() const { return gradH || gradW || gradB; }
+};
+
+std::string describe(const at::Tensor& t) {
+  return t.defined() ? shapeOf(t) + " " + std::string(c10::toString(t.scalar_type())) + " on " + t.device().str()
+                     : std::string("undefined");
+}
+
+// Checks hidden, weight and bias; the shape of the logits they stand for.
+StudentShape linearShape(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias, bool allowFused) {
+  const bool ok = hidden.defined() && hidden.dim() >= 1 && at::isFloatingType(hidden.scalar_type()) &&
+      weight.defined() && weight.dim() == 2 && weight.size(0) >= 1 && weight.size(1) == hidden.size(-1) &&
+      weight.scalar_type() == hidden.scalar_type() && weight.device() == hidden.device() &&
+      (!bias.defined() ||
+       (bias.dim() == 1 && bias.size(0) == weight.size(0) && bias.scalar_type() == hidden.scalar_type() &&
+        bias.device() == hidden.device()));
+  DISTILL_CHECK_T(ProtocolError, ok,
+                  "fusedLinearLoss: expected floating hidden [..., d], weight [V, d] and bias [V] (or none) of one "
+                  "dtype on one device, found hidden ",
+                  describe(hidden), ", weight ", describe(weight), ", bias ", describe(bias));
+  StudentShape s;
+  s.v = weight.size(0);
+  s.n = 1; // the leading dims of hidden
+  for (int64_t i = 0; i + 1 < hidden.dim(); ++i) s.n *= hidden.size(i);
+  s.dtype = hidden.scalar_type();
+  s.device = hidden.device();
+  s.shape = "[" + std::to_string(s.n) + ", " + std::to_string(s.v) + "] (hidden " + shapeOf(hidden) + " @ weight.T)";
+  s.what = "student hidden states";
+  s.fn = "fusedLinearLoss";
+  s.fusable = allowFused && s.device.is_cpu() && (s.dtype == at::kFloat || s.dtype == at::kDouble);
+  return s;
+}
+
+// Rows [first, first + count) of the valid tokens: global row ids, or a plain
+// range when every token is valid.
+struct Span {
+  int64_t first = 0, count = 0;
+  at::Tensor index; // undefined: the range [first, first + count) of the N rows
+  at::Tensor of(const at::Tensor& t) const {
+    if (!t.defined()) return t;
+    return index.defined() ? t.index_select(0, index) : t.narrow(0, first, count).contiguous();
+  }
+};
+
+// The Problem of one chunk: the global one's per-row data for its rows, every
+// row valid, one chunk; its logits `zc` [C, V].
+Problem chunkProblem(const Problem& pb, const Span& span, const at::Tensor& zc) {
+  Problem c = pb;
+  c.n = span.count;
+  c.chunk = std::max<int64_t>(1, span.count);
+  c.labels = span.of(pb.labels);
+  c.valid = at::arange(span.count, pb.labels.options());
+  c.allValid = true;
+  for (at::Tensor* t :
+       {&c.tLogits, &c.tValues, &c.tIndices, &c.tLse, &c.tLogTail, &c.tLogSum, &c.kValues, &c.kLse, &c.kLogTail}) {
+    *t = span.of(*t);
+  }
+  if (c.fused) c.zc = zc;
+  return c;
+}
+
+struct Grads {
+  at::Tensor h, w, b; // accumulated as each chunk ends; undefined where not wanted
+};
+
+// One chunk: its logits, loss sums and (when wanted) gradients.
+void linearChunk(const Problem& pb, const Linear& lin, const Span& span, Sums& sums, Grads& g) {
+  at::Tensor hc = span.of(lin.h); // [C, d]
+  at::Tensor zc = lin.b.defined() ? at::addmm(lin.b, hc, lin.w.t()) : at::mm(hc, lin.w.t()); // [C, V]
+  Problem c = chunkProblem(pb, span, zc);
+  at::Tensor gz = lin.anyGrad() ? at::empty_like(zc) : at::Tensor(); // every row is written
+  Sums s = runChunks(c, zc, gz);
+  sums.kd.add_(s.kd);
+  sums.ce.add_(s.ce);
+  if (!gz.defined()) return;
+  zc.reset(); // the logits are not needed any more
+  if (g.h.defined()) {
+    if (span.index.defined()) {
+      g.h.index_copy_(0, span.index, at::mm(gz, lin.w).to(g.h.scalar_type()));
+    } else {
+      at::Tensor rows = g.h.narrow(0, span.first, span.count);
+      at::mm_out(rows, gz, lin.w);
+    }
+  }
+  if (g.w.defined()) g.w.addmm_(gz.t().to(g.w.scalar_type()), hc.to(g.w.scalar_type()));
+  if (g.b.defined()) g.b.add_(gz.sum(0, /*keepdim=*/false, g.b.scalar_type()));
+}
+
+// The loss and, for the inputs that want it, their gradients, chunk by chunk.
+LossResult runLinear(const Problem& pb, const Linear& lin, Grads& g) {
+  const int64_t d = lin.h.size(1);
+  const auto acc = lin.h.options().dtype(pb.compute); // weight and bias sums: float32 at least
+  if (lin.gradH) {
+    g.h = pb.allValid ? at::empty({pb.n, d}, lin.h.options()) : at::zeros({pb.n, d}, lin.h.options());
+  }
+  if (lin.gradW) g.w = at::zeros({pb.v, d}, acc);
+  if (lin.gradB) g.b = at::zeros({pb.v}, acc);
+  auto dopt = at::TensorOptions().dtype(at::kDouble).device(lin.h.device());
+  Sums sums{at::zeros({}, dopt), at::zeros({}, dopt)};
+  const int64_t nv = pb.valid.size(0);
+  for (int64_t c0 = 0; c0 < nv; c0 += lin.chunk) {
+    Span span;
+    span.first = c0;
+    span.count = std::min(lin.chunk, nv - c0);
+    if (!pb.allValid) span.index = pb.valid.narrow(0, c0, span.count);
+    linearChunk(pb, lin, span, sums, g);
+  }
+  if (g.w.defined()) g.w = g.w.to(lin.w.scalar_type());
+  if (g.b.defined()) g.b = g.b.to(lin.b.scalar_type());
+  return finish(pb, sums);
+}
+
+// Forward computes the loss and the gradients in one pass and keeps them;
+// backward scales them by the incoming gradient (once: they are handed on).
+class FusedLinearFunction : public torch::autograd::Function<FusedLinearFunction> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden,
+                                                const at::Tensor& weight, const at::Tensor& bias, const Problem* pb,
+                                                const Linear* lin) {
+    Grads g;
+    LossResult r = runLinear(*pb, *lin, g);
+    if (g.h.defined()) ctx->saved_data["h"] = g.h.view(hidden.sizes());
+    if (g.w.defined()) ctx->saved_data["w"] = g.w;
+    if (g.b.defined()) ctx->saved_data["b"] = g.b;
+    ctx->saved_data["pending"] = true;
+    ctx->mark_non_differentiable({r.kd, r.ce});
+    return {r.loss, r.kd, r.ce};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list gradOut) {
+    DISTILL_CHECK(ctx->saved_data.count("pending"),
+                  "fusedLinearLoss: backward ran twice through the same loss; its gradients are "
+                  "handed on by the first backward (retain_graph is not supported)");
+    torch::autograd::variable_list out(5);
+    const char* names[] = {"h", "w", "b"};
+    for (int i = 0; i < 3; ++i) {
+      auto it = ctx->saved_data.find(names[i]);
+      if (it == ctx->saved_data.end()) continue; // not wanted
+      out[i] = it->second.toTensor();
+      ctx->saved_data.erase(it); // autograd may take the buffer over
+    }
+    ctx->saved_data.erase("pending");
+    if (!gradOut[0].defined()) return torch::autograd::variable_list(5);
+    // loss.backward() passes 1: then the gradients are handed on as they are.
+    const bool one = gradOut[0].is_cpu() && gradOut[0].numel() == 1 && gradOut[0].item<double>() == 1.0;
+    for (int i = 0; i < 3; ++i) {
+      if (out[i].defined() && !one) out[i].mul_(gradOut[0]);
+    }
+    return out;
+  }
+};
+
+LossResult fusedLinear(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
+                       const at::Tensor& labels, const TeacherOutput& teacher, const LossOptions& options,
+                       double normalizer, int64_t chunkTokens, bool allowFused) {
+  DISTILL_CHECK_T(ConfigError, chunkTokens >= 0, "fusedLinearLoss: chunk_tokens must be >= 0 (0: automatic), found ",
+                  chunkTokens);
+  const StudentShape shape = linearShape(hidden, weight, bias, allowFused);
+  Problem pb = prepare(shape, labels, teacher, options, normalizer);
+  Linear lin;
+  lin.h = hidden.reshape({pb.n, weight.size(1)});
+  lin.w = weight;
+  lin.b = bias;
+  lin.chunk = chunkTokens > 0 ? chunkTokens : std::max<int64_t>(256, (int64_t{1} << 23) / pb.v);
+  const bool grad = at::GradMode::is_enabled();
+  lin.gradH = grad && hidden.requires_grad();
+  lin.gradW = grad && weight.requires_grad();
+  lin.gradB = grad && bias.defined() && bias.requires_grad();
+  if (!lin.anyGrad()) {
+    at::NoGradGuard noGrad;
+    Grads none;
+    return runLinear(pb, lin, none);
+  }
+  // The chunks run on tensors that do not record autograd history.
+  lin.h = lin.h.detach();
+  lin.w = lin.w.detach();
+  if (lin.b.defined()) lin.b = lin.b.detach();
+  // An autograd input must be defined: no bias is an empty tensor there.
+  const at::Tensor biasInput = bias.defined() ? bias : at::empty({0}, weight.options());
+  torch::autograd::variable_list out = FusedLinearFunction::apply(hidden, weight, biasInput, &pb, &lin);
+  return LossResult{out[0], out[1], out[2], pb.valid.size(0)};
+}
+
+} // namespace
+
+LossResult fusedLinearLoss(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
+                           const at::Tensor& labels, const TeacherOutput& teacher, const LossOptions& options,
+                           double normalizer, int64_t chunkTokens) {
+  return fusedLinear(hidden, weight, bias, labels, teacher, options, normalizer, chunkTokens, /*allowFused=*/true);
+}
+
+namespace detail {
+
+LossResult fusedLinearLossAtenOps(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
+                                  const at::Tensor& labels, const TeacherOutput& teacher, const LossOptions& options,
+                                  double normalizer, int64_t chunkTokens) {
+  return fusedLinear(hidden, weight, bias, labels, teacher, options, normalizer, chunkTokens, /*allowFused=*/false);
+}
+
+} // namespace detail
+
+} // namespace distill
