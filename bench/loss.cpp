@@ -127,7 +127,8 @@ void fusedLinearCe(const at::Tensor& h, const at::Tensor& w, const at::Tensor& l
     loss += (lse - z.gather(1, lab)).sum().item<double>();
     at::Tensor g = z.sub_(lse).exp_(); // softmax, in place
     g.scatter_add_(1, lab, at::full({c, 1}, -1.0, g.options())).mul_(1.0 / n);
-    at::mm_out(gh.narrow(0, c0, c), g, w);
+    at::Tensor rows = gh.narrow(0, c0, c);
+    at::mm_out(rows, g, w);
     gw.addmm_(g.t(), hc);
   }
   (void)loss;
