@@ -23,6 +23,7 @@
 #include "distill/core/protocol.h"
 #include "distill/core/strings.h"
 #include "distill/core/sys.h"
+#include "cache_files.h"
 
 namespace distill {
 namespace {
@@ -36,61 +37,6 @@ std::string lmdbError(int rc) { return mdb_strerror(rc); }
 // Damaged rows logged one by one; past this many they are only counted.
 constexpr int64_t kCorruptLogged = 10;
 
-std::string modeText(mode_t mode) {
-  char buf[8];
-  std::snprintf(buf, sizeof buf, "0%03o", unsigned(mode & 07777));
-  return buf;
-}
-
-std::string userText(uid_t uid) {
-  struct passwd pw {};
-  struct passwd* found = nullptr;
-  char buf[1024];
-  std::string out = "uid " + std::to_string(uid);
-  if (::getpwuid_r(uid, &pw, buf, sizeof buf, &found) == 0 && found) out += " (" + std::string(found->pw_name) + ")";
-  return out;
-}
-
-// A store another user can change could serve that user's answers (the CRC
-// guards against accidents only): its folder and files must be this user's and
-// writable by no one else. `p` need not exist unless `required`.
-void checkPrivate(const std::string& p, bool required) {
-  struct stat st {};
-  if (::stat(p.c_str(), &st) != 0) {
-    const int err = errno;
-    DISTILL_CHECK_T(ConfigError, !required && err == ENOENT, "teacher.cache.path: cannot stat ", p, ": ",
-                    errnoString(err));
-    return;
-  }
-  DISTILL_CHECK_T(ConfigError, st.st_uid == ::geteuid(), "teacher.cache.path: ", p, " belongs to ", userText(st.st_uid),
-                  ", not to this process's user (", userText(::geteuid()), "; mode ", modeText(st.st_mode),
-                  "): a store another user can change could serve its answers; give a "
-                  "cache path of your own");
-  DISTILL_CHECK_T(ConfigError, (st.st_mode & (S_IWGRP | S_IWOTH)) == 0, "teacher.cache.path: ", p, " has mode ",
-                  modeText(st.st_mode), ", writable by ", (st.st_mode & S_IWOTH) ? "others" : "its group",
-                  ": a store another user can change could serve its answers; chmod go-w ", p);
-}
-
-// The store's folder: its parents as mkdir -p makes them, itself owner-only (0700).
-void makeStoreDir(const std::string& path) {
-  std::string dir = path;
-  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  const size_t slash = dir.rfind('/');
-  std::string failedAt;
-  if (slash != std::string::npos && slash > 0) {
-    const int err = makeDirs(dir.substr(0, slash), &failedAt);
-    DISTILL_CHECK_T(ConfigError, err == 0, "teacher.cache.path: cannot create the directory ", failedAt, ": ",
-                    errnoString(err));
-  }
-  if (::mkdir(dir.c_str(), 0700) != 0) {
-    const int err = errno;
-    struct stat st {};
-    DISTILL_CHECK_T(ConfigError, err == EEXIST && ::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode),
-                    "teacher.cache.path: cannot create the directory ", dir, ": ",
-                    errnoString(err == EEXIST ? ENOTDIR : err));
-  }
-}
-
 // What LMDB spends on a row of `record` bytes (estimate): a node of header,
 // key and value in a leaf page, or, past the node limit (about half a page),
 // the value in whole overflow pages of their own.
@@ -102,34 +48,6 @@ int64_t storedCost(size_t record, int64_t pageSize) {
 }
 
 // ---- the LMDB store ----
-
-// Where data.mdb is mapped in this process: LMDB does not say (mdb_env_info's
-// me_mapaddr is the fixed address asked for, none here), so /proc/self/maps is
-// read: the mapping at offset 0 of data.mdb's path or inode. nullptr if not found.
-const char* findMap(const std::string& file, int fd) {
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) return nullptr;
-  char resolved[PATH_MAX];
-  const std::string real = ::realpath(file.c_str(), resolved) ? resolved : file;
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  while (std::getline(maps, line)) {
-    unsigned long start = 0, end = 0, offset = 0, inode = 0;
-    char perms[8];
-    int pathAt = 0;
-    if (std::sscanf(line.c_str(), "%lx-%lx %7s %lx %*x:%*x %lu %n", &start, &end, perms, &offset, &inode, &pathAt) <
-            5 ||
-        offset != 0) {
-      continue;
-    }
-    const std::string mapped = pathAt > 0 ? line.substr(size_t(pathAt)) : "";
-    const bool dataFile = mapped.size() >= 9 && mapped.compare(mapped.size() - 9, 9, "/data.mdb") == 0;
-    if (mapped == real || (dataFile && inode == st.st_ino)) {
-      return reinterpret_cast<const char*>(start);
-    }
-  }
-  return nullptr;
-}
 
 } // namespace
 
@@ -149,7 +67,8 @@ struct TeacherCache::Env {
     struct stat st {};
     if (mdb_env_get_fd(env, &fd) != 0 || ::fstat(fd, &st) != 0) return false;
     for (int attempt = 0; attempt < 2; ++attempt) {
-      if (!map || attempt == 1) map = findMap(file, fd); // again once: the map moves when another teacher grows it
+      // Again once: the map moves when another teacher grows it.
+      if (!map || attempt == 1) map = cache_files::findMap(file, fd);
       const auto* p = static_cast<const char*>(v.mv_data);
       const size_t size = size_t(st.st_size);
       if (map && p >= map && size_t(p - map) <= size && v.mv_size <= size - size_t(p - map)) return true;
@@ -211,16 +130,16 @@ TeacherCache::TeacherCache(const TeacherOptions::CacheOptions& o, std::string co
       faults_(std::move(faults)) {
   // POSIX calls, no std::filesystem (core/sys.h says why).
   if (writes_) {
-    makeStoreDir(path_);
+    cache_files::makeStoreDir(path_);
   } else {
     struct stat st {};
     DISTILL_CHECK_T(ConfigError, ::stat((path_ + "/data.mdb").c_str(), &st) == 0, "teacher.cache.path: ", path_,
                     " holds no cache (no data.mdb); teacher.cache.mode read needs a "
                     "store written by a run with mode write or readwrite");
   }
-  checkPrivate(path_, true);
-  checkPrivate(path_ + "/data.mdb", false);
-  checkPrivate(path_ + "/lock.mdb", false);
+  cache_files::checkPrivate(path_, true);
+  cache_files::checkPrivate(path_ + "/data.mdb", false);
+  cache_files::checkPrivate(path_ + "/lock.mdb", false);
   open(o);
   readHeader();
 }

@@ -2,8 +2,6 @@
 
 #include "distill/ipc/torchrun.h"
 
-#include <signal.h>
-
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/InferenceMode.h>
@@ -487,29 +485,6 @@ class Server {
 ServeStats serve(TeacherContext& ctx, std::shared_ptr<TeacherModel> model) {
   DISTILL_CHECK_T(ConfigError, model != nullptr, "serve(): no teacher model");
   return Server(ctx, std::move(model)).run();
-}
-
-int teacherMain(int argc, char** argv) {
-  ::signal(SIGPIPE, SIG_IGN); // a student's death is a PeerLostError, never a SIGPIPE here
-  try {
-    Topology topo = Topology::fromEnvironment();
-    setIdentity(topo.identity());
-    Config config = jobConfig(argc, argv);
-    topo.checkTeachers(config.teacher.procs);
-    ipc::joinTorchrunSegment(topo, config); // torchrun: the node's segment, made by whoever comes first
-    TeacherContext ctx(topo, config);
-    if (config.teacher.threads > 0) at::set_num_threads(config.teacher.threads);
-    // A teacher of a pool runs on its own device (teacher.devices); the
-    // config itself stays as written: admission compares it with the students'.
-    TeacherOptions mine = config.teacher;
-    mine.device = teacherDevice(config.teacher, topo.teacherIndex);
-    auto model = loadTeacherModel(mine);
-    serve(ctx, model);
-    return 0;
-  } catch (const std::exception& e) {
-    DISTILL_LOG(kError) << e.what();
-    return 1;
-  }
 }
 
 } // namespace distill

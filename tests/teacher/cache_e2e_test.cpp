@@ -244,9 +244,12 @@ std::string copyWithOneRowDamaged(const std::string& from, const std::string& to
   for (int rc = mdb_cursor_get(cur, &key, &data, MDB_FIRST); rc == 0; rc = mdb_cursor_get(cur, &key, &data, MDB_NEXT)) {
     if (key.mv_size != 32) continue; // the header
     const std::string record(static_cast<const char*>(data.mv_data), data.mv_size);
-    const size_t at = file.find(record);
-    EXPECT_NE(at, std::string::npos);
-    file[at + record.size() - 1] ^= 0x04;
+    // Every copy of it: LMDB's copy-on-write leaves older versions in free pages,
+    // and the first one found need not be the live one.
+    size_t copies = 0;
+    for (size_t at = file.find(record); at != std::string::npos; at = file.find(record, at + 1), ++copies)
+      file[at + record.size() - 1] ^= 0x04;
+    EXPECT_GT(copies, 0u);
     static const char* digits = "0123456789abcdef";
     for (size_t i = 0; i < 32; ++i) {
       const auto b = static_cast<const uint8_t*>(key.mv_data)[i];
@@ -283,20 +286,31 @@ TEST(TeacherCacheEndToEnd, ReadJobNeverServesADamagedRow) {
                      " is damaged (its record fails its CRC32C); it is computed instead, never served from the store"),
             std::string::npos)
       << log;
-  EXPECT_NE(line(log, "teacher cache " + copy.path + ": ")
-                .find(": 48 rows (768 tokens), 48 looked up, 47 hits (97.9167% of the rows looked up, 752 tokens), 1 "
-                      "damaged, 1 forwards"),
+  EXPECT_NE(log.find("teacher cache " + copy.path +
+                     ": 48 rows (768 tokens), 48 looked up, 47 hits (97.9167% of the rows looked up, 752 tokens), 1 "
+                     "damaged, 1 forwards"),
             std::string::npos)
       << log;
   EXPECT_DOUBLE_EQ(hits, 47.0 / 48.0);
+  // Every hit is bit-equal to the first job's answer. The damaged row is
+  // computed afresh: a cache-off answer, which the store's 16-bit values
+  // round (so its request's tensor may differ from the first job's within
+  // that rounding, and it is the only one that may).
+  int differing = 0;
   for (int s = 0; s < 2; ++s) {
     const auto e1 = loadAnswers(out + "-e1-" + std::to_string(s) + ".pt");
     const auto e2 = loadAnswers(out + "-e2-" + std::to_string(s) + ".pt");
     ASSERT_EQ(e2.size(), e1.size());
-    for (size_t i = 0; i < e1.size(); ++i) EXPECT_TRUE(bitEqual(e1[i], e2[i])) << "student " << s << " tensor " << i;
+    for (size_t i = 0; i < e1.size(); ++i) {
+      if (bitEqual(e1[i], e2[i])) continue;
+      ++differing;
+      EXPECT_TRUE(at::allclose(e1[i].to(at::kDouble), e2[i].to(at::kDouble), 2e-3, 1e-3))
+          << "student " << s << " tensor " << i;
+    }
     std::remove((out + "-e1-" + std::to_string(s) + ".pt").c_str());
     std::remove((out + "-e2-" + std::to_string(s) + ".pt").c_str());
   }
+  EXPECT_LE(differing, 2) << "only the damaged row's request may differ (its values and their logsumexp)";
 }
 
 } // namespace
