@@ -6,6 +6,7 @@ from typing import Callable, Iterable, Iterator, NamedTuple, Optional
 import torch
 
 from . import _C
+from .hf import logits_of
 from .loss import LossResult
 
 
@@ -38,6 +39,11 @@ class Steps:
     no_sync() does). A plain module: Steps sums the gradients over the students itself (GradientSync,
     overlapped with the step's last backward). Either way, .grad after step_ends() is the gradient of the mean
     loss over every token of the step on every student.
+
+    Mixed precision: run the forward under torch.autocast (bf16 needs nothing else). fp16 with a
+    torch.amp.GradScaler: pass it as `scaler`; backward() multiplies the loss by its scale, and the
+    trainer calls scaler.step(optimizer); scaler.update() instead of optimizer.step() (the reported
+    losses are unscaled).
     """
 
     def __init__(
@@ -47,6 +53,7 @@ class Steps:
         optimizer: torch.optim.Optimizer,
         on_step: Optional[Callable[[dict], None]] = None,
         fingerprint: str = "",
+        scaler=None,
     ):
         ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
         inner = model.module if ddp else model
@@ -57,6 +64,7 @@ class Steps:
                 "normalizer = step tokens / world size), README \"Python trainers\"")
         self._model, self._inner, self._ddp = model, inner, ddp
         self._optimizer = optimizer
+        self._scaler = scaler  # a torch.amp.GradScaler: backward() scales the loss by its scale
         self._grad_acc = session.grad_acc_steps
         params = list(inner.parameters())
         buffers = list(inner.buffers())
@@ -96,9 +104,14 @@ class Steps:
                 return
             yield item
 
-    def backward(self, logits: torch.Tensor) -> LossResult:
+    def backward(self, logits) -> LossResult:
         """The teacher's answer for the current micro-batch, the loss, backward; after the step's
-        last micro-batch the students' gradients are summed."""
+        last micro-batch the students' gradients are summed. `logits`: a tensor, or a model output
+        with a `logits` tensor (a Hugging Face ModelOutput). With a scaler, the backward is of the
+        loss times scaler's scale."""
+        logits = logits_of(logits)
+        if self._scaler is not None and self._scaler.is_enabled():
+            self._c.set_loss_scale(self._scaler.scale(torch.ones((), device=logits.device)))
         return LossResult(*self._c.backward(logits))
 
     def step_ends(self) -> bool:

@@ -39,7 +39,7 @@ class PyTeacher : public TeacherModel {
       pyb::object out = module_(*args);
       std::map<std::string, at::Tensor> named;
       if (pyb::isinstance<pyb::dict>(out)) {
-        for (auto item : out.cast<pyb::dict>()) named[item.first.cast<std::string>()] = item.second.cast<at::Tensor>();
+        for (auto item : out.cast<pyb::dict>()) named[item.first.cast<std::string>()] = entry(item.first, item.second);
       } else if (pyb::isinstance<pyb::tuple>(out)) {
         named[output_] = out.cast<pyb::tuple>()[0].cast<at::Tensor>(); // first element, as teacher.output says
       } else {
@@ -56,6 +56,17 @@ class PyTeacher : public TeacherModel {
     }
   }
   std::string fingerprint() const override { return fingerprint_; }
+
+  // One entry of a returned dict (a Hugging Face ModelOutput is one): a tensor,
+  // or an error naming the entry and what it is.
+  static at::Tensor entry(const pyb::handle& key, const pyb::handle& value) {
+    DISTILL_CHECK_T(ProtocolError, THPVariable_Check(value.ptr()),
+                    "the Python teacher's forward returned a dict whose '", pyb::str(key).cast<std::string>(),
+                    "' is a ", pyb::str(value.get_type().attr("__name__")).cast<std::string>(),
+                    ", not a tensor: return tensors only (a Hugging Face model: distill.serve(session, model) with the "
+                    "model itself runs it with use_cache=False and returns its teacher.output)");
+    return value.cast<at::Tensor>();
+  }
   std::vector<std::pair<std::string, at::Tensor>> state() const override { return state_; }
 
  private:

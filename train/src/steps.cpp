@@ -155,10 +155,11 @@ LossResult Steps::backward(const at::Tensor& logits) {
                   mbName(reply.handle().step, reply.handle().accStep), " seq ", reply.handle().seq);
   LossResult r = distillLoss(logits, p.mb.labels, reply.output(), session_.config.loss, tokens_);
   if (sync_) sync_->setSyncing(p.accStep + 1 == grad_acc_); // the step's last: its buckets go during backward
+  const at::Tensor loss = lossScale_.defined() ? r.loss * lossScale_ : r.loss;
   if (external_ && external_->trainerAverages) {
-    (r.loss * static_cast<double>(session_.student->worldSize())).backward(); // the trainer's average = the sum
+    (loss * static_cast<double>(session_.student->worldSize())).backward(); // the trainer's average = the sum
   } else {
-    r.loss.backward();
+    loss.backward();
   }
   reply.release();
   loss_ += r.loss.item<double>();
