@@ -10,6 +10,8 @@ DIR/rank<r>.json. Modes:
   steps     distill.Steps on a plain HF student, model(x) (a ModelOutput) given to backward() as it
             is, SGD, --precision float32 | bf16 (CPU autocast) | fp16 (CPU autocast and a
             torch.amp.GradScaler given to Steps): the parameters after the run and the losses.
+  raw       the teacher serves `lambda *t: model(*t)` (not a PreTrainedModel: no adapter), whose
+            ModelOutput carries a cache beside the logits; the students submit once.
 """
 
 import argparse
@@ -96,14 +98,18 @@ def steps(session, out, precision):
 def main():
     session = distill.init()
     p = argparse.ArgumentParser()
-    p.add_argument("--mode", choices=["lowlevel", "steps"], required=True)
+    p.add_argument("--mode", choices=["lowlevel", "steps", "raw"], required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--precision", default="float32", choices=["float32", "bf16", "fp16"])
     args = p.parse_args()
     torch.set_num_threads(1)
     if session.is_teacher:
-        stats = distill.serve(session, teacher_model())  # the PreTrainedModel itself
+        model = teacher_model()
+        stats = distill.serve(session, (lambda *t: model(*t)) if args.mode == "raw" else model)
         print(f"teacher served {stats['requests']} requests", flush=True)
+        return
+    if args.mode == "raw":
+        session.get(session.submit(micro_batches(session.rank, 1)[0][0], 1, 0))
         return
     report = lowlevel(session, args.out) if args.mode == "lowlevel" else steps(session, args.out, args.precision)
     with open(os.path.join(args.out, f"rank{session.rank}.json"), "w") as f:

@@ -4,6 +4,7 @@ API and through distill.Steps in float32, bf16 autocast and fp16 autocast with a
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -26,7 +27,7 @@ loss: {{alpha: 0.5, temperature: 1.0}}
 """
 
 
-def run_job(bin_dir, tmp_path, mode, inputs="[input_ids]", precision="float32"):
+def run_job(bin_dir, tmp_path, mode, inputs="[input_ids]", precision="float32", rc=0):
     cfg = tmp_path / "job.yaml"
     cfg.write_text(CONFIG.format(steps=ht.STEPS, inputs=inputs))
     out = tmp_path / "out"
@@ -36,7 +37,9 @@ def run_job(bin_dir, tmp_path, mode, inputs="[input_ids]", precision="float32"):
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
     p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     output = p.stdout + p.stderr
-    assert p.returncode == 0, output[-4000:]
+    assert (p.returncode == 0) == (rc == 0), output[-4000:]
+    if rc:
+        return None, output
     return [json.load(open(out / f"rank{r}.json")) for r in (0, 1)], output
 
 
@@ -48,6 +51,14 @@ def test_hf_teacher_served_as_is_with_attention_mask(bin_dir, tmp_path):
         assert r["max_logit_diff"] < 1e-5, r
         assert r["masked_rows_differ"] > 1e-3, r  # the mask was passed to the model
     assert "teacher served 6 requests" in output
+
+
+def test_a_teacher_dict_entry_that_is_no_tensor_is_named(bin_dir, tmp_path):
+    # A callable returning the HF model's ModelOutput as it is: the cache beside the logits.
+    _, output = run_job(bin_dir, tmp_path, "raw", rc=1)
+    assert re.search(r"the Python teacher's forward returned a dict whose '(cache|past_key_values)' is a "
+                     r"DynamicCache, not a tensor", output), output[-4000:]
+    assert "pybind11" not in output and "Unable to cast" not in output
 
 
 def reference_params():
