@@ -90,9 +90,10 @@ def steps(session, out, precision):
             else:
                 opt.step()
             opt.zero_grad()
+    done = s.step
     s.close()
     params = {n: p.detach().tolist() for n, p in model.named_parameters()}
-    return {"losses": losses, "scales": scales, "params": params, "steps": s.step}
+    return {"losses": losses, "scales": scales, "params": params, "steps": done}
 
 
 def main():

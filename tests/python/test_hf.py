@@ -32,7 +32,7 @@ def run_job(bin_dir, tmp_path, mode, inputs="[input_ids]", precision="float32", 
     cfg.write_text(CONFIG.format(steps=ht.STEPS, inputs=inputs))
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
-    cmd = [os.path.join(bin_dir, "distill-run"), "--config", str(cfg), "--nproc-per-node", "3", "--",
+    cmd = [os.path.join(bin_dir, "distill-run"), "--config", str(cfg), "--nproc-per-node", "3", "--master-port", "0", "--",
            sys.executable, TRAINER, "--mode", mode, "--out", str(out), "--precision", precision]
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
     p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
