@@ -33,7 +33,7 @@ label=$(phase)
 echo "== 2 students distilled (distill-run, DDP, the Hugging Face teacher) ($(( $(date +%s) - start )) s)"
 rm -rf "$out/distill"    # a fresh run, not a resume of the last one
 t0=$(date +%s)
-"$run" --config examples/llm/distill.yaml --set "run.steps=$steps" --set "run.log_dir=$out/distill" \
+"$run" --config examples/llm/distill.yaml --master-port 0 --set "run.steps=$steps" --set "run.log_dir=$out/distill" \
   --set "checkpoint.dir=$out/distill/checkpoints" -- python3 $ex --mode distill --out "$out" "${args[@]}" 2>&1 |
   tee "$out/distill-run.log"
 dist=$(phase)

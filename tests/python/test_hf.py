@@ -19,8 +19,8 @@ import hf_trainer as ht  # noqa: E402
 TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_trainer.py")
 
 CONFIG = """
-run: {{name: hf, steps: {steps}, log_dir: logs, startup_timeout_s: 120, collective_timeout_s: 120,
-      hang_timeout_s: 120}}
+run: {{name: hf, steps: {steps}, log_dir: logs, startup_timeout_s: 300, collective_timeout_s: 300,
+      hang_timeout_s: 300}}
 teacher: {{kind: self, max_restarts: 0, inputs: {inputs}}}
 student: {{grad_acc_steps: 1, in_flight: 2}}
 loss: {{alpha: 0.5, temperature: 1.0}}
