@@ -50,6 +50,13 @@ if ! python3 -c "import lizard" 2>/dev/null; then
   python3 -m pip install -q lizard || python3 -m pip install -q --break-system-packages lizard
 fi
 
+# transformers and tokenizers (the package's [hf] extra): the Hugging Face tests and examples/llm.
+if ! python3 -c "import transformers, tokenizers" 2>/dev/null; then
+  echo "== installing transformers tokenizers (pip)"
+  python3 -m pip install -q transformers tokenizers ||
+    python3 -m pip install -q --break-system-packages transformers tokenizers
+fi
+
 # pytest runs the Python tests; scikit-build-core builds the Python package (pip install .).
 for m in pytest:pytest scikit_build_core:scikit-build-core; do
   if ! python3 -c "import ${m%%:*}" 2>/dev/null; then

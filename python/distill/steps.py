@@ -8,6 +8,7 @@ from typing import Callable, Iterable, Iterator, NamedTuple, Optional
 import torch
 
 from . import _C
+from .hf import logits_of
 from .loss import LossResult
 
 
@@ -46,6 +47,11 @@ class Steps:
     no_sync() does). A plain module: Steps sums the gradients over the students itself (GradientSync,
     overlapped with the step's last backward). Either way, .grad after step_ends() is the gradient of the mean
     loss over every token of the step on every student.
+
+    Mixed precision: run the forward under torch.autocast (bf16 needs nothing else). fp16 with a
+    torch.amp.GradScaler: pass it as `scaler`; backward() multiplies the loss by its scale, and the
+    trainer calls scaler.step(optimizer); scaler.update() instead of optimizer.step() (the reported
+    losses are unscaled).
     """
 
     def __init__(
@@ -56,6 +62,7 @@ class Steps:
         on_step: Optional[Callable[[dict], None]] = None,
         fingerprint: str = "",
         loader_state=None,
+        scaler=None,
     ):
         ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
         inner = model.module if ddp else model
@@ -66,6 +73,7 @@ class Steps:
                 "normalizer = step tokens / world size), README \"Python trainers\"")
         self._model, self._inner, self._ddp = model, inner, ddp
         self._optimizer = optimizer
+        self._scaler = scaler  # a torch.amp.GradScaler: backward() scales the loss by its scale
         self._grad_acc = session.grad_acc_steps
         params = list(inner.parameters())
         buffers = list(inner.buffers())
@@ -143,14 +151,19 @@ class Steps:
                 return
             yield item
 
-    def backward(self, logits: torch.Tensor, lm_head=None, chunk_tokens: int = 0) -> LossResult:
+    def backward(self, logits, lm_head=None, chunk_tokens: int = 0) -> LossResult:
         """The teacher's answer for the current micro-batch, the loss, backward; after the step's
-        last micro-batch the students' gradients are summed.
+        last micro-batch the students' gradients are summed. `logits`: a tensor, or a model output
+        with a `logits` tensor (a Hugging Face ModelOutput). With a scaler, the backward is of the
+        loss times the scaler's scale.
 
         With lm_head (the model's output projection: a torch.nn.Linear, or its weight [V, d], or a
         (weight, bias) pair), the first argument is the last hidden states [..., d] and the loss is
         distill.fused_linear_loss (chunk_tokens tokens at a time, 0: automatic): the same value and
         gradients as on lm_head(hidden), without the [N, V] logits in memory."""
+        logits = logits_of(logits)
+        if self._scaler is not None and self._scaler.is_enabled():
+            self._c.set_loss_scale(self._scaler.scale(torch.ones((), device=logits.device)))
         if lm_head is None:
             return LossResult(*self._c.backward(logits))
         if isinstance(lm_head, torch.nn.Linear):

@@ -10,6 +10,7 @@ from typing import Dict
 import torch
 
 from . import _C
+from .hf import HFTeacher, config_list, is_hf_model
 
 
 @contextlib.contextmanager
@@ -46,7 +47,14 @@ def serve(session, model: torch.nn.Module, fingerprint: str = "") -> Dict[str, o
     it, or a dict of named tensors. Put it on session.teacher_device first. The teacher-output
     cache (teacher.cache) keys on its parameters and buffers and on `fingerprint` (a model
     without parameters, e.g. a function, needs one). An exception of the forward ends serve()
-    with it: the teacher fails, and distill-run names it."""
+    with it: the teacher fails, and distill-run names it.
+
+    A Hugging Face PreTrainedModel is served as it is: called with the request's tensors by name
+    (teacher.inputs: input_ids, attention_mask), use_cache=False, its ModelOutput's teacher.output
+    taken (distill.hf.HFTeacher)."""
+    if is_hf_model(model):
+        output = session.config["teacher.output"].strip("\"'")
+        model = HFTeacher(model, config_list(session.config["teacher.inputs"]), output)
     if isinstance(model, torch.nn.Module):
         model.eval()
     with _sigint_while_serving(session):

@@ -120,6 +120,7 @@ void bindSteps(pyb::module_& m) {
       .def("next", &next)
       .def("backward", &backward)
       .def("backward_linear", &backwardLinear)
+      .def("set_loss_scale", [](PySteps& p, const at::Tensor& scale) { p.steps->setLossScale(scale); })
       .def("step_ends", [](const PySteps& p) { return p.steps->stepEnds(); })
       .def_property_readonly("step", [](const PySteps& p) { return p.steps->step(); })
       .def_property_readonly("step_tokens", [](const PySteps& p) { return p.steps->stepTokens(); })

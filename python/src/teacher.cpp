@@ -41,8 +41,7 @@ class PyTeacher : public TeacherModel {
     std::map<std::string, at::Tensor> named;
     if (pyb::isinstance<pyb::dict>(out)) {
       for (auto item : out.cast<pyb::dict>()) {
-        named[pyb::str(item.first).cast<std::string>()] =
-            tensorOf(item.second, "its dict's '" + pyb::str(item.first).cast<std::string>() + "'");
+        named[pyb::str(item.first).cast<std::string>()] = entry(item.first, item.second);
       }
     } else if (pyb::isinstance<pyb::tuple>(out) && pyb::len(out) > 0) {
       named[output_] = tensorOf(out.cast<pyb::tuple>()[0], "its tuple's first element"); // as teacher.output says
@@ -56,6 +55,17 @@ class PyTeacher : public TeacherModel {
   std::string typeName() const {
     pyb::gil_scoped_acquire gil;
     return pyb::str(pyb::type::handle_of(module_).attr("__qualname__")).cast<std::string>();
+  }
+
+  // One entry of a returned dict (a Hugging Face ModelOutput is one): a tensor,
+  // or an error naming the entry and what it is.
+  static at::Tensor entry(const pyb::handle& key, const pyb::handle& value) {
+    DISTILL_CHECK_T(ProtocolError, THPVariable_Check(value.ptr()),
+                    "the Python teacher's forward returned a dict whose '", pyb::str(key).cast<std::string>(),
+                    "' is a ", pyb::str(value.get_type().attr("__name__")).cast<std::string>(),
+                    ", not a tensor: return tensors only (a Hugging Face model: distill.serve(session, model) with the "
+                    "model itself runs it with use_cache=False and returns its teacher.output)");
+    return THPVariable_Unpack(value.ptr());
   }
   std::vector<std::pair<std::string, at::Tensor>> state() const override { return state_; }
 

@@ -174,6 +174,10 @@ class Steps {
   // projection: fusedLinearLoss instead of distillLoss (same value and
   // gradients; no [N, V] logits nor their gradient in memory).
   LossResult backward(const at::Tensor& hidden, const OutputHead& head);
+  // Multiplies the loss of the next backward() calls before their backward:
+  // a loss scaler's scale for fp16 (a 0-dim tensor on the loss's device;
+  // undefined: 1). The reported losses stay unscaled.
+  void setLossScale(at::Tensor scale) { lossScale_ = std::move(scale); }
   // True after backward() of the step's last micro-batch: step the optimizer.
   bool stepEnds() const;
 
@@ -221,6 +225,7 @@ class Steps {
   double tokens_ = 0, loss_ = 0, kd_ = 0, ce_ = 0, wait_ = 0, myTokens_ = 0;
   int64_t stepStartNs_ = 0;
   StepReport last_;
+  at::Tensor lossScale_; // setLossScale()
 };
 
 } // namespace distill

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# examples/llm, start to end: the BPE tokenizer and the token streams; the Llama teacher alone;
+# the 2 label-only DDP students (torchrun, plain PyTorch); the same 2 students distilled
+# (distill-run, the Hugging Face teacher served by distill.serve); then the held-out losses,
+# the wall times and distill-run's balance verdict, written to $OUT/llm.json.
+#   bash examples/llm/run.sh          (STEPS=100 TEACHER_STEPS=200 by default; ARGS= adds train.py options)
+# Uses the build tree's package (build/python) unless distill is pip-installed.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+build=${DISTILL_BUILD_DIR:-build}
+steps=${STEPS:-100}
+tsteps=${TEACHER_STEPS:-200}
+out=${OUT:-logs/llm}
+args=(${ARGS:-})
+if ! python3 -c "import distill" 2>/dev/null; then export PYTHONPATH="$PWD/$build/python${PYTHONPATH:+:$PYTHONPATH}"; fi
+run=$(command -v distill-run || echo "$build/bin/distill-run")
+[ -x "$build/bin/distill-run" ] && run="$build/bin/distill-run"
+python3 -c "import transformers, tokenizers" 2>/dev/null ||
+  { echo "examples/llm needs transformers and tokenizers: pip install transformers tokenizers (or pip install .[hf])" >&2; exit 2; }
+export OMP_NUM_THREADS=1 RAYON_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error
+ex=examples/llm/train.py
+mkdir -p "$out"
+phase() { echo $(( $(date +%s) - t0 )); }
+start=$(date +%s)
+echo "== tokenizer and tokens"
+t0=$(date +%s); python3 $ex --mode prepare --out "$out" "${args[@]}"; prep=$(phase)
+echo "== teacher, alone ($(( $(date +%s) - start )) s)"
+t0=$(date +%s); python3 $ex --mode teacher --out "$out" --teacher-steps "$tsteps" "${args[@]}"; teach=$(phase)
+echo "== 2 students, labels only (torchrun, DDP) ($(( $(date +%s) - start )) s)"
+t0=$(date +%s)
+python3 -m torch.distributed.run --standalone --nproc-per-node 2 $ex --mode label --out "$out" --steps "$steps" "${args[@]}"
+label=$(phase)
+echo "== 2 students distilled (distill-run, DDP, the Hugging Face teacher) ($(( $(date +%s) - start )) s)"
+rm -rf "$out/distill"    # a fresh run, not a resume of the last one
+t0=$(date +%s)
+"$run" --config examples/llm/distill.yaml --master-port 0 --set "run.steps=$steps" --set "run.log_dir=$out/distill" \
+  --set "checkpoint.dir=$out/distill/checkpoints" -- python3 $ex --mode distill --out "$out" "${args[@]}" 2>&1 |
+  tee "$out/distill-run.log"
+dist=$(phase)
+echo "== done ($(( $(date +%s) - start )) s)"
+python3 - "$out" "$prep" "$teach" "$label" "$dist" "$(nproc)" "$(uptime | sed 's/.*load average: //')" \
+  "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" <<'PY'
+import json, re, sys
+out, prep, teach, label, dist, cores, load, commit = sys.argv[1:]
+r = {k: json.load(open(f"{out}/{k}.json")) for k in ("prepare", "teacher", "label", "distill")}
+log = open(f"{out}/distill-run.log", errors="replace").read()
+m = re.findall(r"balance: (.*)", log)
+verdict = m[-1].strip() if m else "(no balance verdict in distill-run's output)"
+res = {"bench": "llm_example", "vocab": r["prepare"]["vocab"],
+       "teacher_val_loss": r["teacher"]["val_loss"], "label_val_loss": r["label"]["val_loss"],
+       "distill_val_loss": r["distill"]["val_loss"],
+       "distill_gain_nats": r["label"]["val_loss"] - r["distill"]["val_loss"],
+       "student_tokens": {"label": r["label"]["tokens"], "distill": r["distill"]["tokens"]},
+       "teacher_tokens": r["teacher"]["tokens"],
+       "phase_seconds": {"prepare": int(prep), "teacher": int(teach), "label": int(label), "distill": int(dist)},
+       "train_seconds": {k: round(r[k]["seconds"], 1) for k in ("teacher", "label", "distill")},
+       "balance": verdict, "cores": int(cores), "load_at_end": load, "commit": commit}
+json.dump(res, open(f"{out}/llm.json", "w"), indent=1)
+print(f"held-out loss (nats/token, V={res['vocab']}):  teacher {res['teacher_val_loss']:.4f}   "
+      f"label-only student {res['label_val_loss']:.4f}   distilled student {res['distill_val_loss']:.4f}"
+      f"   (distilled - label-only: {-res['distill_gain_nats']:+.4f})")
+print(f"balance: {verdict}")
+print(json.dumps(res))
+print(f"results: {out}/llm.json")
+PY

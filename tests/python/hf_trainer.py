@@ -1,0 +1,121 @@
+"""Hugging Face students and teacher for tests/python/test_hf.py, started by distill-run:
+
+    distill-run --config JOB.yaml -- python3 hf_trainer.py --mode M --out DIR [--precision P]
+
+The teacher rank serves a tiny LlamaForCausalLM (built from a config and a seed, use_cache left at
+its default True) with distill.serve(session, model): the model itself, no wrapper. Students write
+DIR/rank<r>.json. Modes:
+  lowlevel  session.submit({input_ids, attention_mask}) with padded rows (teacher.inputs names
+            both): each answer against the in-process forward of the same model with the mask.
+  steps     distill.Steps on a plain HF student, model(x) (a ModelOutput) given to backward() as it
+            is, SGD, --precision float32 | bf16 (CPU autocast) | fp16 (CPU autocast and a
+            torch.amp.GradScaler given to Steps): the parameters after the run and the losses.
+  raw       the teacher serves `lambda *t: model(*t)` (not a PreTrainedModel: no adapter), whose
+            ModelOutput carries a cache beside the logits; the students submit once.
+"""
+
+import argparse
+import json
+import os
+
+import torch
+
+import distill
+
+VOCAB, SEQ, BATCH, STEPS, LR = 96, 12, 3, 3, 0.5
+
+
+def tiny_llama(seed: int, layers: int = 2, dim: int = 32):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=dim, intermediate_size=2 * dim, num_hidden_layers=layers,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=SEQ)
+    return LlamaForCausalLM(cfg)
+
+
+def teacher_model():
+    return tiny_llama(0, layers=2, dim=48)
+
+
+def student_model():
+    return tiny_llama(1, layers=1, dim=32)
+
+
+def micro_batches(rank: int, count: int):
+    """Student `rank`'s micro-batches: (input_ids, labels, attention_mask with padded row ends)."""
+    g = torch.Generator().manual_seed(2000 + rank)
+    out = []
+    for _ in range(count):
+        x = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g)
+        mask = torch.ones(BATCH, SEQ, dtype=torch.long)
+        mask[0, SEQ - 4 :] = 0  # a right-padded row
+        out.append((x[:, :-1].contiguous(), x[:, 1:].contiguous(), mask))
+    return out
+
+
+def lowlevel(session, out):
+    teacher = teacher_model().eval()
+    report = {"max_logit_diff": 0.0, "answers": 0, "masked_rows_differ": 0.0}
+    for i, (x, _, mask) in enumerate(micro_batches(session.rank, 3)):
+        h = session.submit({"input_ids": x, "attention_mask": mask}, i + 1, 0)
+        got = session.get(h).output["logits"]
+        with torch.no_grad():
+            want = teacher(input_ids=x, attention_mask=mask, use_cache=False).logits
+            unmasked = teacher(input_ids=x, use_cache=False).logits
+        report["max_logit_diff"] = max(report["max_logit_diff"], (got - want).abs().max().item())
+        # the mask reached the model: the padded row's answer is not the unmasked forward's
+        report["masked_rows_differ"] = max(report["masked_rows_differ"], (got[0] - unmasked[0]).abs().max().item())
+        report["answers"] += 1
+    session.finish()
+    return report
+
+
+def steps(session, out, precision):
+    model = student_model()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    scaler = torch.amp.GradScaler("cpu") if precision == "fp16" else None
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    s = distill.Steps(session, model, opt, scaler=scaler)
+    losses, scales = [], []
+    for mb in s.run((x, y) for x, y, _ in micro_batches(session.rank, STEPS * session.grad_acc_steps)):
+        with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+            output = model(mb.inputs)  # a ModelOutput, use_cache at its default
+        losses.append(s.backward(output).loss.item())
+        if s.step_ends():
+            if scaler is not None:
+                scales.append(scaler.get_scale())
+                scaler.step(opt)
+                scaler.update()
+            else:
+                opt.step()
+            opt.zero_grad()
+    done = s.step
+    s.close()
+    params = {n: p.detach().tolist() for n, p in model.named_parameters()}
+    return {"losses": losses, "scales": scales, "params": params, "steps": done}
+
+
+def main():
+    session = distill.init()
+    p = argparse.ArgumentParser()
+    p.add_argument("--mode", choices=["lowlevel", "steps", "raw"], required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--precision", default="float32", choices=["float32", "bf16", "fp16"])
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    if session.is_teacher:
+        model = teacher_model()
+        stats = distill.serve(session, (lambda *t: model(*t)) if args.mode == "raw" else model)
+        print(f"teacher served {stats['requests']} requests", flush=True)
+        return
+    if args.mode == "raw":
+        session.get(session.submit(micro_batches(session.rank, 1)[0][0], 1, 0))
+        return
+    report = lowlevel(session, args.out) if args.mode == "lowlevel" else steps(session, args.out, args.precision)
+    with open(os.path.join(args.out, f"rank{session.rank}.json"), "w") as f:
+        json.dump(report, f)
+
+
+if __name__ == "__main__":
+    main()
