@@ -195,11 +195,11 @@ LossResult Steps::backwardWith(const LossFn& loss) {
                   mbName(reply.handle().step, reply.handle().accStep), " seq ", reply.handle().seq);
   LossResult r = loss(p.mb.labels, reply.output());
   if (sync_) sync_->setSyncing(p.accStep + 1 == grad_acc_); // the step's last: its buckets go during backward
-  const at::Tensor loss = lossScale_.defined() ? r.loss * lossScale_ : r.loss;
+  const at::Tensor scaled = lossScale_.defined() ? r.loss * lossScale_ : r.loss;
   if (external_ && external_->trainerAverages) {
-    (loss * static_cast<double>(session_.student->worldSize())).backward(); // the trainer's average = the sum
+    (scaled * static_cast<double>(session_.student->worldSize())).backward(); // the trainer's average = the sum
   } else {
-    loss.backward();
+    scaled.backward();
   }
   reply.release();
   loss_ += r.loss.item<double>();
