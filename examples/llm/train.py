@@ -41,6 +41,8 @@ def options(argv):
     p.add_argument("--teacher-lr", type=float, default=2e-3)
     p.add_argument("--eval-tokens", type=int, default=16384)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--logits", action="store_true",
+                   help="distill: the loss on the materialised [tokens, V] logits instead of the fused linear loss")
     return p.parse_args(argv)
 
 
@@ -95,17 +97,30 @@ def batches(train: Stream, args, rank: int):
         yield train.batch(args.batch, g)
 
 
-def student(args, vocab: int):
+class Body(torch.nn.Module):
+    """A LlamaForCausalLM without its output layer: the last hidden states [B, T, d] (after the final
+    norm). DDP wraps this, so that the fused linear loss applies lm_head chunk by chunk itself."""
+
+    def __init__(self, lm: torch.nn.Module):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.lm.model(input_ids=input_ids, use_cache=False).last_hidden_state
+
+
+def student(args, vocab: int, body: bool = False):
     torch.manual_seed(args.seed)
-    model = DDP(llama(args.student, vocab, args.context))
-    return model, torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    lm = llama(args.student, vocab, args.context)
+    model = DDP(Body(lm) if body else lm)
+    return model, torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0), lm
 
 
 def train_label(args):
     train, val, vocab = streams(args)
     torch.distributed.init_process_group("gloo")
     rank = torch.distributed.get_rank()
-    model, opt = student(args, vocab)
+    model, opt, _ = student(args, vocab)
     start = time.time()
     for step, (x, y) in zip(range(1, args.steps + 1), batches(train, args, rank)):
         for group in opt.param_groups:
@@ -127,19 +142,23 @@ def train_distill(args, session):
     train, val, vocab = streams(args)
     torch.distributed.init_process_group("gloo")
     rank = torch.distributed.get_rank()
-    model, opt = student(args, vocab)
+    fused = not args.logits
+    model, opt, lm = student(args, vocab, body=fused)
     start = time.time()
     steps = distill.Steps(session, model, opt)  # distill: resumes from the latest checkpoint
     for mb in steps.run(batches(train, args, rank)):  # distill: the same micro-batches, through the teacher
         for group in opt.param_groups:
             group["lr"] = lr_at(mb.step, args.lr, args.warmup, args.steps)
-        steps.backward(model(mb.inputs, use_cache=False))  # distill: the ModelOutput's logits, the loss, backward
+        if fused:  # distill: the hidden states and lm_head; the [tokens, V] logits are never held
+            steps.backward(model(mb.inputs), lm_head=lm.lm_head)
+        else:  # distill: the ModelOutput's logits, the loss, backward
+            steps.backward(model(mb.inputs, use_cache=False))
         if steps.step_ends():  # distill: the step's last micro-batch
             opt.step()
             opt.zero_grad()
     seconds = time.time() - start
     if rank == 0:
-        save_result(args, "distill", val_loss=val.loss(model.module, args.eval_tokens), seconds=seconds,
+        save_result(args, "distill", val_loss=val.loss(lm, args.eval_tokens), seconds=seconds,
                     tokens=steps.step * args.batch * args.context * session.world_size, steps=steps.step)
     torch.distributed.destroy_process_group()
 
