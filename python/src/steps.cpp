@@ -12,9 +12,32 @@ namespace distill::py {
 
 namespace {
 
+// The Python object outlives close(): after it, the step counters read what
+// they were at close() and every other call is an error naming close().
 struct PySteps {
   SessionPtr session;
   std::unique_ptr<Steps> steps;
+  struct Final {
+    int64_t step = 0, resumedStep = 0;
+    double stepTokens = 0;
+    bool stopped = false, saved = false;
+    std::string resumedRankExtra;
+  } final;
+
+  Steps& live(const char* call) const {
+    DISTILL_CHECK_T(ConfigError, steps != nullptr, "distill.Steps.", call, ": this Steps was closed (close())");
+    return *steps;
+  }
+  void close() {
+    if (!steps) return;
+    final.step = steps->step();
+    final.resumedStep = steps->resumedStep();
+    final.stepTokens = steps->stepTokens();
+    final.stopped = steps->stopped();
+    final.saved = steps->saved();
+    final.resumedRankExtra = steps->resumedRankExtra();
+    steps.reset();
+  }
 };
 using StepsPtr = std::shared_ptr<PySteps>;
 
@@ -88,7 +111,7 @@ pyb::object next(PySteps& p, const pyb::function& loader) {
   std::optional<StepItem> item;
   {
     pyb::gil_scoped_release nogil;
-    item = p.steps->next([&loader]() { return loadOne(loader); });
+    item = p.live("next").next([&loader]() { return loadOne(loader); });
   }
   if (!item) return pyb::none();
   return pyb::make_tuple(item->inputs, item->labels, item->step, item->accStep);
@@ -98,7 +121,7 @@ pyb::tuple backward(PySteps& p, const at::Tensor& logits) {
   LossResult r;
   {
     pyb::gil_scoped_release nogil;
-    r = p.steps->backward(logits);
+    r = p.live("backward").backward(logits);
   }
   return pyb::make_tuple(r.loss.detach(), r.kd, r.ce, r.tokens);
 }
@@ -108,7 +131,7 @@ pyb::tuple backwardLinear(PySteps& p, const at::Tensor& hidden, const at::Tensor
   LossResult r;
   {
     pyb::gil_scoped_release nogil;
-    r = p.steps->backward(hidden, OutputHead{weight, bias.value_or(at::Tensor()), chunkTokens});
+    r = p.live("backward").backward(hidden, OutputHead{weight, bias.value_or(at::Tensor()), chunkTokens});
   }
   return pyb::make_tuple(r.loss.detach(), r.kd, r.ce, r.tokens);
 }
@@ -120,17 +143,21 @@ void bindSteps(pyb::module_& m) {
       .def("next", &next)
       .def("backward", &backward)
       .def("backward_linear", &backwardLinear)
-      .def("set_loss_scale", [](PySteps& p, const at::Tensor& scale) { p.steps->setLossScale(scale); })
-      .def("step_ends", [](const PySteps& p) { return p.steps->stepEnds(); })
-      .def_property_readonly("step", [](const PySteps& p) { return p.steps->step(); })
-      .def_property_readonly("step_tokens", [](const PySteps& p) { return p.steps->stepTokens(); })
-      .def_property_readonly("resumed_step", [](const PySteps& p) { return p.steps->resumedStep(); })
+      .def("set_loss_scale", [](PySteps& p, const at::Tensor& scale) { p.live("set_loss_scale").setLossScale(scale); })
+      .def("step_ends", [](const PySteps& p) { return p.live("step_ends").stepEnds(); })
+      .def_property_readonly("step", [](const PySteps& p) { return p.steps ? p.steps->step() : p.final.step; })
+      .def_property_readonly("step_tokens",
+                             [](const PySteps& p) { return p.steps ? p.steps->stepTokens() : p.final.stepTokens; })
+      .def_property_readonly("resumed_step",
+                             [](const PySteps& p) { return p.steps ? p.steps->resumedStep() : p.final.resumedStep; })
       .def_property_readonly("resumed_rank_extra",
-                             [](const PySteps& p) { return pyb::bytes(p.steps->resumedRankExtra()); })
-      .def_property_readonly("stopped", [](const PySteps& p) { return p.steps->stopped(); })
-      .def_property_readonly("saved", [](const PySteps& p) { return p.steps->saved(); })
+                             [](const PySteps& p) {
+                               return pyb::bytes(p.steps ? p.steps->resumedRankExtra() : p.final.resumedRankExtra);
+                             })
+      .def_property_readonly("stopped", [](const PySteps& p) { return p.steps ? p.steps->stopped() : p.final.stopped; })
+      .def_property_readonly("saved", [](const PySteps& p) { return p.steps ? p.steps->saved() : p.final.saved; })
       .def(
-          "close", [](PySteps& p) { p.steps.reset(); }, pyb::call_guard<pyb::gil_scoped_release>());
+          "close", [](PySteps& p) { p.close(); }, pyb::call_guard<pyb::gil_scoped_release>());
   m.def("_steps", &makeSteps, pyb::arg("session"), pyb::arg("parameters"), pyb::arg("buffers"),
         pyb::arg("trainer_averages"), pyb::arg("cuda"), pyb::arg("save_state"), pyb::arg("load_state"),
         pyb::arg("on_step"), pyb::arg("fingerprint") = "", pyb::arg("rank_extra") = nullptr);

@@ -76,6 +76,9 @@ def test_steps_ddp_gradients_equal_one_process(job, mode):
     r0, r1 = job.report(0), job.report(1)
     assert (r0["dist_rank"], r0["dist_world"], r1["dist_rank"], r1["dist_world"]) == (0, 2, 1, 2)
     assert r0["steps"] == r1["steps"] == 3
+    # After close(): the counters keep their last values; a call is a clear error, never a crash.
+    assert r0["after_close"]["step"] == 3 and r0["after_close"]["stopped"] is False
+    assert "this Steps was closed (close())" in r0["after_close"]["call"], r0["after_close"]
     assert abs(r0["weights_after"] - r1["weights_after"]) < 1e-6  # the same model on both
     batches = micro_batches(0, 2) + micro_batches(1, 2)
     for rank, r in ((0, r0), (1, r1)):

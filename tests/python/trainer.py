@@ -207,6 +207,13 @@ def steps(session, args):
     report["resumed"] = s.resumed_step
     report["stopped"] = s.stopped
     report["saved"] = s.saved
+    s.close()  # after close(): the counters read their final values, a call is an error naming close()
+    report["after_close"] = {"step": s.step, "stopped": s.stopped}
+    try:
+        s.step_ends()
+        report["after_close"]["call"] = "no error"
+    except distill.ConfigError as e:
+        report["after_close"]["call"] = str(e)
     report["weights_after"] = float(sum(p.detach().double().sum() for p in model.parameters()))
     if session.rank == 0:
         report["initial"] = {k: v.tolist() for k, v in initial.items()}
