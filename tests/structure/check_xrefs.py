@@ -214,6 +214,7 @@ def main():
     ignored = repo.ignored([name for _, _, name in cited])
     problems += [f"{p}:{n}: cites {name}, which the repository does not hold"
                  for p, n, name in cited if name not in ignored]
+    problems = list(dict.fromkeys(problems))
     for p in problems:
         print(p)
     print(f"check_xrefs: {len(repo.docs)} pages, {len(repo.files)} files, {len(problems)} problem(s)")
