@@ -11,6 +11,8 @@
    the repository's top-level folders (git-ignored outputs such as build/ and logs/ aside), or a
    "postmortem".
 
+Outside a git checkout the test is SKIPPED (exit 77), never passed silently.
+
 Usage: check_xrefs.py --root SOURCE_DIR
 """
 import argparse
@@ -27,6 +29,7 @@ DOC_CITATION = re.compile(r'\b(docs/[\w.-]+\.md|README(?:\.md)?),?\s+(?:section\
 MD_NAME = re.compile(r"(?<![\w/.-])([\w-]+(?:/[\w.-]+)*\.md)\b")
 KEY = re.compile(r"(?<![\w./-])([a-z]+)\.([a-z_]+(?:\.[a-z_]+)?)(?![\w(-])")
 FILE_SUFFIX = re.compile(r"\.(pt|h|hpp|cpp|py|yaml|yml|md|so|json|jsonl|log|txt|png|sh|mdb|toml)$")
+SKIP = 77  # ctest's SKIP_RETURN_CODE: a source tree without git cannot list its files
 POSTMORTEM = re.compile(r"\bpost-?mortem\b", re.IGNORECASE)
 
 
@@ -200,7 +203,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--root", required=True)
     root = os.path.abspath(ap.parse_args().root)
-    repo = Repo(root)
+    try:
+        repo = Repo(root)
+    except (OSError, subprocess.CalledProcessError) as e:
+        print(f"check_xrefs: SKIPPED: {root} is no git checkout (git ls-files: {e})")
+        return SKIP
     problems, cited = [], []
     check_links(repo, problems)
     check_keys(repo, reference_keys(root), problems)
