@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The demo, start to end (README, "The demo"):
+# The demo, start to end (docs/demo.md, "The demo"):
 #   1. the teacher, trained alone            (skipped when its weights are up to date)
 #   2. the student on labels only, alone     (the baseline)
 #   3. the same student, 2 data-parallel copies taught by the teacher: distill-run
@@ -35,7 +35,7 @@ phase "1/4: teacher"
 phase "2/4: student on labels only"
 "${gpt[@]}" label-only --config "$config" ${sets[@]+"${sets[@]}"}
 phase "3/5: students distilled from the teacher process"
-# Three processes on two cores: one torch thread each (README, "Threads").
+# Three processes on two cores: one torch thread each (docs/building.md, "Threads").
 OMP_NUM_THREADS=1 "$bin/distill-run" --config "$config" \
   --set "teacher.library=$build/lib/libdistill_gpt_teacher.so" ${sets[@]+"${sets[@]}"} \
   -- "${gpt[@]}" distill

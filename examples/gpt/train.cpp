@@ -1,5 +1,5 @@
 // distill-gpt: the demo's trainer, a small byte-level GPT trained with the
-// LibTorch C++ frontend. trainStudent() below is the README's integration
+// LibTorch C++ frontend. trainStudent() below is docs/cpp.md's integration
 // loop: an ordinary data-parallel training loop in which the lines marked
 // `distill:` are everything distillation adds. The label-only student and
 // the teacher's own training (the same loop without distill) are in alone.cpp;

@@ -1,4 +1,4 @@
-"""Distilling a Hugging Face Llama (README "An LLM with Hugging Face transformers", docs/llm.md):
+"""Distilling a Hugging Face Llama (docs/llm.md):
 
   python3 train.py --mode prepare          # the BPE tokenizer (32 000 entries) and the token streams
   python3 train.py --mode teacher          # the teacher (LlamaForCausalLM), alone

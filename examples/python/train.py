@@ -1,4 +1,4 @@
-"""A small GPT trainer in plain PyTorch, three ways (README "Python trainers", the example):
+"""A small GPT trainer in plain PyTorch, three ways (docs/python.md, "Python trainers", the example):
 
   python3 train.py --mode teacher                                  # the teacher, alone
   python3 -m torch.distributed.run --nproc-per-node 2 train.py --mode label     # 2 DDP students, labels only

@@ -5,7 +5,7 @@
 //   #include <distill/distill.h>
 //
 // distill::init() gives a student session (client to the teacher, student
-// group) or the teacher's; see README "Integrating distill into a trainer".
+// group) or the teacher's; see docs/cpp.md, "C++ trainers".
 
 #include "distill/build_config.h"
 #include "distill/ckpt/checkpoint.h"

@@ -1,5 +1,4 @@
-// distill-run: starts the local ranks of one node of a distill job (README,
-// "Running a job"). args.h: the command line; supervisor.h: what it does.
+// distill-run: starts the local ranks of one node of a distill job (docs/launching.md). args.h: the command line; supervisor.h: what it does.
 
 #include "args.h"
 #include "distill/core/logging.h"

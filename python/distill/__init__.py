@@ -13,7 +13,7 @@
             if steps.step_ends():
                 optimizer.step(); optimizer.zero_grad()
 
-README "Python trainers" says the rest.
+docs/python.md, "Python trainers" says the rest.
 """
 
 import torch  # noqa: F401  (loads libtorch before the extension links to it)

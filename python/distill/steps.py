@@ -70,7 +70,7 @@ class Steps:
             raise _C.ConfigError(
                 "distill.Steps takes a plain module or one wrapped in DistributedDataParallel; this one has "
                 "DTensor parameters (FSDP): use the low-level API (session.submit/get, distill.loss with "
-                "normalizer = step tokens / world size), README \"Python trainers\"")
+                "normalizer = step tokens / world size), docs/python.md, \"The low-level API\"")
         self._model, self._inner, self._ddp = model, inner, ddp
         self._optimizer = optimizer
         self._scaler = scaler  # a torch.amp.GradScaler: backward() scales the loss by its scale

@@ -1,6 +1,6 @@
 #pragma once
 
-// distill._C, the Python binding (README "Python trainers"). Each bind*
+// distill._C, the Python binding (docs/python.md, "Python trainers"). Each bind*
 // function adds one part of the C++ API to the module; the classes wrap the C++
 // objects of the same names, so there is one engine for both languages. What
 // only Python can do (torch.save of state dicts, DDP, signal handlers, the

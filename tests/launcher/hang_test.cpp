@@ -1,4 +1,5 @@
-// Every hang explains itself (DESIGN.md, last failure): real jobs under
+// Every hang explains itself (docs/design.md, "The four hangs this design rules out":
+// the silent loader): real jobs under
 // distill-run that hang on purpose, one way each; the watchdog must notice
 // within run.hang_timeout_s, print the hang table naming the right rank and
 // wait, and tear the job down — all within hang_timeout + 10 s. Ranks are this

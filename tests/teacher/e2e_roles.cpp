@@ -166,7 +166,7 @@ DISTILL_TEST_ROLE(bad_student) {
     if (mode == "skip") {
       c.get(c.submit(ids, 0, 1));
       t0 = std::chrono::steady_clock::now();
-      c.get(c.submit(ids, 0, 3)); // acc_step 2 never sent: the drift of postmortem 001
+      c.get(c.submit(ids, 0, 3)); // acc_step 2 never sent: the step drift of docs/design.md's second hang
     } else if (mode == "dtype") {
       c.get(c.submit(ids.to(at::kFloat), 0, 1));
     } else {

@@ -1,4 +1,4 @@
-// The step drift of postmortem 001 and its relatives, with real processes: a
+// The step drift of docs/design.md, "The four hangs this design rules out", and its relatives, with real processes: a
 // student whose tags skip an acc_step, a request with a wrong dtype, one with
 // a missing input — each gets at once an error naming what was expected and
 // found, while the teacher keeps serving the others — and a teacher killed

@@ -1,5 +1,6 @@
 // checkTagOrder: the teacher's per-student check that tags advance exactly as
-// gradient accumulation says (DESIGN.md, second failure; postmortem 001).
+// gradient accumulation says (docs/design.md, "The four hangs this design rules out":
+// the teacher one step ahead).
 #include <gtest/gtest.h>
 
 #include "distill/teacher/server.h"

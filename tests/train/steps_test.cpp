@@ -1,4 +1,4 @@
-// distill::Steps (README "The step API") with real processes: 2 students and
+// distill::Steps (docs/cpp.md, "The step API") with real processes: 2 students and
 // a teacher (this binary in the `steps` role, teacher.kind self) under
 // distill-run, grad_acc_steps 2 and in_flight 2. The teacher's answer is a
 // function of the micro-batch's inputs, so a mismatched answer changes the loss.

@@ -1,4 +1,4 @@
-// distill::Steps: the per-step protocol of a student (README "The step API").
+// distill::Steps: the per-step protocol of a student (docs/cpp.md, "The step API").
 #include "distill/train/steps.h"
 
 #include <torch/torch.h>

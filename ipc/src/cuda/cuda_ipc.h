@@ -1,6 +1,6 @@
 #pragma once
 
-// CUDA IPC slot buffers of one ring (DESIGN.md, "CUDA"). Plain C++ over the
+// CUDA IPC slot buffers of one ring (docs/design.md, "The segment (ipc/)", its CUDA rule). Plain C++ over the
 // CUDA runtime API; no CUDA types leak out (streams are passed as void*).
 // Compiled only when DISTILL_CUDA; otherwise available() is false and the
 // classes are never constructed.

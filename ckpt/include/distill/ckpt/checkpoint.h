@@ -1,7 +1,7 @@
 #pragma once
 
 // Checkpoints that only students take part in: atomic, verified, exact resume
-// (DESIGN.md, "Checkpoints").
+// (docs/design.md, "Checkpoints (ckpt/)").
 //
 // A CheckpointManager is built from a StudentContext only; every collective it
 // issues runs on ctx.group(), the students' group. The teacher cannot make one

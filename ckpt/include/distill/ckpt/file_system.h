@@ -1,7 +1,7 @@
 #pragma once
 
-// The one seam through which checkpoint code touches the file system
-// (STYLE.md habit 12). Every failure is a FileSystemError (a CheckpointError
+// The one seam through which checkpoint code touches the file system, so that
+// tests can fail any call of it. Every failure is a FileSystemError (a CheckpointError
 // carrying the errno) whose message names the operation, the path and
 // strerror(errno), e.g.
 //   "cannot write /ckpt/step_20.tmp/rank_1.pt: No space left on device (errno 28)".

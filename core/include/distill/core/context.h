@@ -4,9 +4,9 @@
 //
 // The two are distinct types on purpose. Only StudentContext can hand out the
 // StudentGroup; TeacherContext has no member that leads to a collective, so
-// teacher code cannot enter one (DESIGN.md, first failure) — a compile-time
-// impossibility, not a runtime check. Checkpoint and gradient helpers take a
-// StudentContext& and nothing else.
+// teacher code cannot enter one (docs/design.md, "The four hangs this design rules out":
+// the checkpoint set-up hang) — a compile-time impossibility, not a runtime check.
+// Checkpoint and gradient helpers take a StudentContext& and nothing else.
 
 #include <memory>
 

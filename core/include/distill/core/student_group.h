@@ -3,7 +3,8 @@
 // The process group of the students, and only the students.
 //
 // Every barrier, all-reduce and broadcast of a distill job runs here: the
-// teacher is in no collective at all (DESIGN.md, first failure). A StudentGroup
+// teacher is in no collective at all (docs/design.md, "The four hangs this design rules out":
+// the checkpoint set-up hang). A StudentGroup
 // can only be made by a StudentContext (private constructor), and a
 // TeacherContext has no way to reach one — that is checked at compile time by
 // tests/core/context_test.cpp.

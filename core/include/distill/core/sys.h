@@ -3,7 +3,7 @@
 // System-call helpers shared by the modules and the launcher: the one EINTR
 // retry, an owning file descriptor and mkdir -p. POSIX only, torch-free; no
 // std::filesystem (libtorch.so exports its own copy of it, and a call bound to
-// that copy crashed; README, build notes).
+// that copy crashed; docs/building.md, "Build notes").
 
 #include <cerrno>
 #include <functional>

@@ -4,8 +4,8 @@
 // not hold an endpoint (the student group's collectives, the teacher's forward).
 //
 // A process has at most one Sink: ipc/'s recorder, installed while the process
-// is attached to its node's segment (DESIGN.md, last failure: a hang names who
-// waits on whom). With no sink installed (unit tests, a group without a
+// is attached to its node's segment (docs/design.md, "The four hangs this design rules out":
+// a hang names who waits on whom). With no sink installed (unit tests, a group without a
 // segment) recording costs one relaxed load and does nothing.
 //
 // Thread safety: events are recorded by the one thread that drives distill in

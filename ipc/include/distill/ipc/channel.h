@@ -1,7 +1,7 @@
 #pragma once
 
 // Messages between the local students and the teachers of a node, over the
-// shared-memory rings of a Segment (DESIGN.md, "Shared memory").
+// shared-memory rings of a Segment (docs/design.md, "The segment (ipc/)").
 //
 //   student i ── request ring i ──▶ its teacher
 //   student i ◀── response ring i ── its teacher

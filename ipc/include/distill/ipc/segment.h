@@ -1,6 +1,6 @@
 #pragma once
 
-// The shared-memory segment of one node and job (DESIGN.md, "Shared memory").
+// The shared-memory segment of one node and job (docs/design.md, "The segment (ipc/)").
 // distill-run creates it before spawning the local ranks and removes it on
 // every exit path; the local ranks attach to it. The layout is in wire.h.
 //

@@ -1,7 +1,7 @@
 #pragma once
 
 // distill::Steps: the per-step protocol of a distill student in one object
-// (README "The step API"). The trainer hands it micro-batches in its own order
+// (docs/cpp.md, "The step API"). The trainer hands it micro-batches in its own order
 // and keeps its forward, its optimizer and its schedule:
 //
 //   distill::Steps steps(session, *model, opt);                 // resumes from the checkpoint
