@@ -72,42 +72,49 @@ class HFTeacher(torch.nn.Module):
         return self._call(**named, use_cache=False)[self.output]
 
     def _grouped(self, ids: torch.Tensor, mask, groups) -> torch.Tensor:
-        """Logits [N, T, V] of the rows, each group's shared prefix computed once."""
+        """Logits [N, T, V] of the rows, each group's shared prefix computed once, written once
+        into the answer (the logits are the largest tensors here)."""
         n, t = ids.shape
-        parts = {}  # first row -> logits of the rows [first, first + count)
-        grouped = set()
-        by_prefix = {}
+        out = None
+
+        def put(rows, cols, logits):
+            nonlocal out
+            if out is None:
+                out = logits.new_empty((n, t) + tuple(logits.shape[2:]))
+            out[rows, cols] = logits
+
+        grouped, by_prefix = set(), {}
         for first, count, shared in groups:
             by_prefix.setdefault(shared, []).append((first, count))
             grouped.update(range(first, first + count))
         for shared, members in by_prefix.items():
             firsts = torch.tensor([f for f, _ in members], device=ids.device)
-            counts = torch.tensor([c for _, c in members], device=ids.device)
-            rows = torch.cat([torch.arange(f, f + c, device=ids.device) for f, c in members])
             head = self._call(input_ids=ids[firsts, :shared], use_cache=True,
                               attention_mask=None if mask is None else mask[firsts, :shared])
-            logits = head.logits.repeat_interleave(counts, 0)
+            for j, (f, c) in enumerate(members):
+                put(slice(f, f + c), slice(0, shared), head.logits[j : j + 1])
             self.tokens += len(members) * shared
-            if shared < t:
-                cache = cache_of(head)
-                cache.batch_repeat_interleave(counts)
-                tail = self._call(input_ids=ids[rows, shared:], **{cache_arg(self.model): cache}, use_cache=True,
-                                  attention_mask=None if mask is None else mask[rows])
-                logits = torch.cat([logits, tail.logits], 1)
-                self.tokens += rows.numel() * (t - shared)
+            if shared == t:
+                continue
+            counts = torch.tensor([c for _, c in members], device=ids.device)
+            rows = torch.cat([torch.arange(f, f + c, device=ids.device) for f, c in members])
+            cache = cache_of(head)
+            cache.batch_repeat_interleave(counts)
+            tail = self._call(input_ids=ids[rows, shared:], **{cache_arg(self.model): cache}, use_cache=True,
+                              attention_mask=None if mask is None else mask[rows]).logits
             at = 0
             for f, c in members:
-                parts[f] = logits[at : at + c]
+                put(slice(f, f + c), slice(shared, t), tail[at : at + c])
                 at += c
+            self.tokens += rows.numel() * (t - shared)
         single = [r for r in range(n) if r not in grouped]
         if single:
             idx = torch.tensor(single, device=ids.device)
-            out = self._call(input_ids=ids[idx], use_cache=False,
-                             attention_mask=None if mask is None else mask[idx]).logits
-            for i, r in enumerate(single):
-                parts[r] = out[i : i + 1]
+            logits = self._call(input_ids=ids[idx], use_cache=False,
+                                attention_mask=None if mask is None else mask[idx]).logits
+            put(idx, slice(None), logits)
             self.tokens += len(single) * t
-        return torch.cat([parts[r] for r in sorted(parts)], 0)
+        return out
 
 
 def find_groups(ids: torch.Tensor, mask, min_prefix: int) -> List[tuple]:
