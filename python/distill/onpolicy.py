@@ -48,9 +48,11 @@ def _check(prompts: torch.Tensor, max_new_tokens: int, group_size: int, temperat
     if not isinstance(prompts, torch.Tensor) or prompts.dim() != 2 or prompts.size(1) < 1:
         got = tuple(prompts.shape) if isinstance(prompts, torch.Tensor) else type(prompts).__name__
         raise _C.ConfigError(f"distill.onpolicy.sample: prompts must be token ids [batch, prompt_len >= 1], got {got}")
-    if max_new_tokens < 0 or prompts.size(1) + max_new_tokens < 2 or group_size < 1 or temperature < 0 or not 0 < top_p <= 1:
-        raise _C.ConfigError(f"distill.onpolicy.sample: max_new_tokens={max_new_tokens} (>= 0, >= 2 tokens with the prompt), group_size="
-                             f"{group_size} (>= 1), temperature={temperature} (>= 0), top_p={top_p} (in (0, 1])")
+    bad = max_new_tokens < 0 or prompts.size(1) + max_new_tokens < 2 or group_size < 1
+    if bad or temperature < 0 or not 0 < top_p <= 1:
+        raise _C.ConfigError(f"distill.onpolicy.sample: max_new_tokens={max_new_tokens} (>= 0; prompt + response "
+                             f">= 2 tokens), group_size={group_size} (>= 1), temperature={temperature} (>= 0), "
+                             f"top_p={top_p} (in (0, 1])")
 
 
 @torch.no_grad()

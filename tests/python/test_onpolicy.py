@@ -77,13 +77,24 @@ def test_sampling_is_reproducible_from_the_seed():
     assert torch.equal(greedy.input_ids, plain.input_ids)
 
 
+def test_bad_sampling_arguments_are_named():
+    model, x = ot.student_model(), torch.zeros(2, ot.P, dtype=torch.long)
+    with pytest.raises(distill.ConfigError, match=r"group_size=0 \(>= 1\)"):
+        distill.onpolicy.sample(model, x, ot.R, group_size=0)
+    with pytest.raises(distill.ConfigError, match=r"prompts must be token ids \[batch, prompt_len >= 1\], got \(16,\)"):
+        distill.onpolicy.sample(model, x[0], ot.R)
+    with pytest.raises(distill.ConfigError, match="lam=0.5 must be in \\[0, 1\\], and below 1 needs a dataset"):
+        distill.onpolicy.Mixer(model, ot.prompts, lam=0.5)
+
+
 def test_eos_ends_a_response_and_pads_the_rest():
     model, x = ot.student_model(), torch.randint(4, ot.VOCAB, (1, ot.P), generator=torch.Generator().manual_seed(0))
     eos = int(distill.onpolicy.sample(model, x, 2, temperature=0).labels[0, ot.P - 1])  # the greedy first token
     s = distill.onpolicy.sample(model, x, ot.R, temperature=0, eos_token_id=eos, pad_token_id=1)
     assert s.response_lengths.tolist() == [1]
     assert (s.labels[0] != -100).sum() == 1 and s.labels[0, ot.P - 1] == eos
-    assert s.input_ids[0, ot.P] == eos and (s.input_ids[0, ot.P + 1 :] == 1).all() and s.attention_mask[0].sum() == ot.P + 1
+    assert s.input_ids[0, ot.P] == eos and (s.input_ids[0, ot.P + 1 :] == 1).all()
+    assert s.attention_mask[0].sum() == ot.P + 1
 
 
 def test_groups_are_found_and_scored_as_unshared():
