@@ -59,7 +59,8 @@ if [ "$onpolicy" = 1 ]; then
   onp=$(phase)
 fi
 echo "== done ($(( $(date +%s) - start )) s)"
-python3 - "$out" "$prep" "$teach" "$label" "$dist" "$onp" "$(nproc)" "$(uptime | sed 's/.*load average: //')" \
+cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)   # nproc alone answers OMP_NUM_THREADS (1)
+python3 - "$out" "$prep" "$teach" "$label" "$dist" "$onp" "$cores" "$(uptime | sed 's/.*load average: //')" \
   "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" <<'PY'
 import json, os, re, sys
 out, prep, teach, label, dist, onp, cores, load, commit = sys.argv[1:]
