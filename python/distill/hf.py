@@ -33,6 +33,10 @@ def config_list(text: str) -> List[str]:
     return [v.strip().strip("'\"") for v in text.strip().strip("[]").split(",") if v.strip()]
 
 
+class _NoSharing(Exception):
+    """The model returned no KV cache that batch_repeat_interleave() can expand."""
+
+
 class HFTeacher(torch.nn.Module):
     """A PreTrainedModel as distill's Python teacher: model(**{teacher.inputs[i]: inputs[i]},
     use_cache=False)[teacher.output]. The cache keys on the model's parameters and buffers.
@@ -67,7 +71,11 @@ class HFTeacher(torch.nn.Module):
                     and ids.size(0) > 1):
                 groups = find_groups(ids, named.get("attention_mask"), self.share_prefix)
                 if groups:
-                    return self._grouped(ids, named.get("attention_mask"), groups)
+                    before = self.tokens
+                    try:
+                        return self._grouped(ids, named.get("attention_mask"), groups)
+                    except _NoSharing:  # a cache that cannot be repeated: unshared from now on
+                        self.tokens, self.share_prefix = before, 0
             self.tokens += ids.numel()
         return self._call(**named, use_cache=False)[self.output]
 
@@ -98,7 +106,9 @@ class HFTeacher(torch.nn.Module):
                 continue
             counts = torch.tensor([c for _, c in members], device=ids.device)
             rows = torch.cat([torch.arange(f, f + c, device=ids.device) for f, c in members])
-            cache = cache_of(head)
+            cache = cache_of(head) if "cache" in head or "past_key_values" in head else None
+            if not hasattr(cache, "batch_repeat_interleave"):
+                raise _NoSharing()
             cache.batch_repeat_interleave(counts)
             tail = self._call(input_ids=ids[rows, shared:], **{cache_arg(self.model): cache}, use_cache=True,
                               attention_mask=None if mask is None else mask[rows]).logits

@@ -112,6 +112,25 @@ def test_groups_are_found_and_scored_as_unshared():
     assert (h.tokens, h.tokens_unshared) == (17 + 3 * 3 + 20 + 20, 6 * 20)
 
 
+def test_a_model_without_a_repeatable_cache_is_scored_unshared():
+    teacher = ot.teacher_model().eval()
+
+    def no_cache(*args, **kwargs):  # a model whose cache cannot be repeated to a group's rows
+        out = type(teacher).forward(teacher, *args, **kwargs)
+        for key in ("cache", "past_key_values"):
+            if key in out:
+                out[key] = (("not", "a cache"),)
+        return out
+
+    teacher.forward = no_cache
+    ids = torch.randint(4, ot.VOCAB, (1, 20), generator=torch.Generator().manual_seed(0)).repeat(3, 1)
+    ids[1:, 18:] = 1
+    h = HFTeacher(teacher, ["input_ids"])
+    with torch.inference_mode():
+        got, want = h(ids), teacher(input_ids=ids, use_cache=False).logits
+    assert torch.equal(got, want) and h.tokens == h.tokens_unshared == 60 and h.share_prefix == 0
+
+
 def test_a_group_request_is_answered_as_single_requests(bin_dir, tmp_path):
     reports, output = run_job(bin_dir, tmp_path, "group", in_flight=1)
     for r in reports:
