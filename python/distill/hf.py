@@ -3,7 +3,8 @@
 A `PreTrainedModel` is a teacher in one line, `distill.serve(session, model)`: serve() wraps it in
 HFTeacher, which calls it with the request's tensors by name (teacher.inputs: input_ids, and
 attention_mask when named), with use_cache=False, and returns only teacher.output (default
-"logits") of its ModelOutput. An HF student's ModelOutput goes to `distill.Steps.backward` as it
+"logits") of its ModelOutput; consecutive rows that share a prompt (on-policy groups,
+docs/onpolicy.md) have it computed once. An HF student's ModelOutput goes to `distill.Steps.backward` as it
 is (its `logits` are taken). Nothing here imports transformers."""
 
 from typing import List
