@@ -110,3 +110,23 @@ def lr_at(step: int, base: float, warmup: int, steps: int) -> float:
     if step <= warmup:
         return base * step / warmup
     return base * (0.1 + 0.45 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup))))
+
+
+@torch.no_grad()
+def sample_loglik(student, teacher, val: Stream, prompt: int, response: int, count: int, eos: int,
+                  seed: int = 0) -> float:
+    """The teacher's mean log-likelihood (nats per token) of the student's samples: `count` held-out
+    prompts of `prompt` tokens, each continued by up to `response` tokens sampled at temperature 1
+    (the same prompts and random stream for every student)."""
+    from distill.onpolicy import sample
+
+    g = torch.Generator().manual_seed(seed)
+    x = val.batch(count, g)[0][:, :prompt]
+    s = sample(student, x, response, eos_token_id=eos, generator=g)
+    was = teacher.training
+    teacher.eval()
+    logp = torch.log_softmax(teacher(s.input_ids, use_cache=False).logits.float(), -1)
+    teacher.train(was)
+    keep = s.labels != -100
+    ll = logp.gather(-1, s.labels.clamp(min=0)[..., None]).squeeze(-1)
+    return (ll[keep].sum() / keep.sum()).item()

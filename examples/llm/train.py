@@ -5,9 +5,13 @@
   python3 -m torch.distributed.run --nproc-per-node 2 train.py --mode label    # 2 DDP students, labels only
   distill-run --config examples/llm/distill.yaml -- python3 train.py --mode distill
                                            # the same 2 students, taught by the teacher
+  distill-run --config examples/llm/distill.yaml --set loss.kind=reverse_kl --set loss.alpha=1 \
+      -- python3 train.py --mode onpolicy   # taught on their own samples (docs/onpolicy.md)
 
 The teacher rank of the distill job serves the saved teacher with `distill.serve(session, model)`:
-a PreTrainedModel as it is (teacher.kind: self). examples/llm/run.sh runs the four.
+a PreTrainedModel as it is (teacher.kind: self). examples/llm/run.sh runs the four (ONPOLICY=1: and
+the on-policy students). Each student run also reports the teacher's mean log-likelihood of the
+student's own samples of held-out prompts (sample_teacher_ll).
 """
 
 import argparse
@@ -20,12 +24,12 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from llm import Stream, license_files, llama, lr_at, source_files, tokenize, train_tokenizer
+from llm import Stream, license_files, llama, lr_at, sample_loglik, source_files, tokenize, train_tokenizer
 
 
 def options(argv):
     p = argparse.ArgumentParser()
-    p.add_argument("--mode", choices=["prepare", "teacher", "label", "distill"], required=True)
+    p.add_argument("--mode", choices=["prepare", "teacher", "label", "distill", "onpolicy"], required=True)
     p.add_argument("--out", default="logs/llm")
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--max-files", type=int, default=0, help="the first N stdlib files only (0: all)")
@@ -43,6 +47,12 @@ def options(argv):
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--logits", action="store_true",
                    help="distill: the loss on the materialised [tokens, V] logits instead of the fused linear loss")
+    p.add_argument("--prompt", type=int, default=64, help="onpolicy: prompt tokens (a training window's start)")
+    p.add_argument("--response", type=int, default=64, help="onpolicy: sampled tokens per prompt at most")
+    p.add_argument("--group", type=int, default=4, help="onpolicy: samples per prompt (a group)")
+    p.add_argument("--lam", type=float, default=1.0, help="onpolicy: the fraction of on-policy micro-batches")
+    p.add_argument("--temperature", type=float, default=1.0, help="onpolicy: sampling temperature")
+    p.add_argument("--eval-samples", type=int, default=16, help="held-out prompts for sample_teacher_ll")
     return p.parse_args(argv)
 
 
@@ -91,6 +101,22 @@ def train_teacher(args):
                 params=sum(p.numel() for p in model.parameters()))
 
 
+def eos_id(args) -> int:
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(os.path.join(args.out, "tokenizer.json")).token_to_id("<|endoftext|>")
+
+
+def teacher_ll(args, model, val: Stream) -> float:
+    """sample_teacher_ll: the saved teacher's mean log-likelihood of this student's samples."""
+    from transformers import LlamaForCausalLM
+
+    teacher = LlamaForCausalLM.from_pretrained(os.path.join(args.out, "teacher"))
+    prompt = min(args.prompt, args.context // 2)
+    return sample_loglik(model, teacher, val, prompt, min(args.response, args.context - prompt), args.eval_samples,
+                         eos_id(args), args.seed)
+
+
 def batches(train: Stream, args, rank: int):
     g = torch.Generator().manual_seed(args.seed * 1000 + rank)  # this student's shard of the data
     while True:
@@ -132,7 +158,8 @@ def train_label(args):
     if rank == 0:
         save_result(args, "label", val_loss=val.loss(model.module, args.eval_tokens), seconds=seconds,
                     tokens=args.steps * args.batch * args.context * torch.distributed.get_world_size(),
-                    params=sum(p.numel() for p in model.parameters()))
+                    params=sum(p.numel() for p in model.parameters()),
+                    sample_teacher_ll=teacher_ll(args, model.module, val))
     torch.distributed.destroy_process_group()
 
 
@@ -159,7 +186,49 @@ def train_distill(args, session):
     seconds = time.time() - start
     if rank == 0:
         save_result(args, "distill", val_loss=val.loss(lm, args.eval_tokens), seconds=seconds,
-                    tokens=steps.step * args.batch * args.context * session.world_size, steps=steps.step)
+                    tokens=steps.step * args.batch * args.context * session.world_size, steps=steps.step,
+                    sample_teacher_ll=teacher_ll(args, lm, val))
+    torch.distributed.destroy_process_group()
+
+
+def train_onpolicy(args, session):
+    """The students sample continuations of training-window prompts (--group per prompt, up to
+    --response tokens) and learn the teacher's answer on their own tokens; --lam < 1 mixes in the
+    dataset's windows (GKD). Prompts per micro-batch: batch x context / (group x response), so a
+    step trains (at most) the tokens of a label-only or distill step."""
+    import distill
+
+    if args.prompt < 1 or args.response < 1 or args.prompt + args.response > args.context:
+        raise SystemExit(f"--prompt {args.prompt} + --response {args.response} must be at most --context "
+                         f"{args.context} (the models' positions), each at least 1")
+    train, val, vocab = streams(args)
+    torch.distributed.init_process_group("gloo")
+    rank = torch.distributed.get_rank()
+    model, opt, _ = student(args, vocab)
+    prompts = max(1, args.batch * args.context // (args.group * args.response))
+    mix = distill.onpolicy.Mixer(model, lambda g: train.batch(prompts, g)[0][:, : args.prompt],  # distill: prompts
+                                 lambda g: train.batch(args.batch, g), lam=args.lam, max_new_tokens=args.response,
+                                 group_size=args.group, temperature=args.temperature, eos_token_id=eos_id(args),
+                                 seed=args.seed * 1000 + rank)
+    start = time.time()
+    steps = distill.Steps(session, model, opt, loader_state=mix)  # distill: a resume restores the mix
+    trained = 0
+    for mb in steps.run(mix):  # distill: the students' samples (and dataset windows), through the teacher
+        for group in opt.param_groups:
+            group["lr"] = lr_at(mb.step, args.lr, args.warmup, args.steps)
+        steps.backward(model(mb.inputs, use_cache=False))  # distill: the response tokens only
+        trained += int((mb.labels != -100).sum())
+        if steps.step_ends():
+            opt.step()
+            opt.zero_grad()
+    seconds = time.time() - start
+    counts = torch.tensor([trained, mix.counts["onpolicy"], mix.counts["dataset"]])
+    torch.distributed.all_reduce(counts)
+    if rank == 0:
+        save_result(args, "onpolicy", val_loss=val.loss(model.module, args.eval_tokens), seconds=seconds,
+                    tokens=int(counts[0]), onpolicy_batches=int(counts[1]), dataset_batches=int(counts[2]),
+                    steps=steps.step, lam=args.lam, group=args.group, prompt=args.prompt, response=args.response,
+                    sample_teacher_ll=teacher_ll(args, model.module, val))
     torch.distributed.destroy_process_group()
 
 
@@ -170,13 +239,14 @@ def serve_teacher(args, session):
     teacher = LlamaForCausalLM.from_pretrained(os.path.join(args.out, "teacher"))
     stats = distill.serve(session, teacher.to(session.teacher_device))  # distill: a PreTrainedModel as it is
     print(f"teacher: {stats['requests']} requests in {stats['batches']} batches, "
-          f"forward {stats['forward_seconds']:.1f} s of {stats['wall_seconds']:.1f} s")
+          f"forward {stats['forward_seconds']:.1f} s of {stats['wall_seconds']:.1f} s, "
+          f"{stats['teacher_tokens']} of {stats['teacher_tokens_unshared']} tokens computed (prompt groups shared)")
 
 
 def main():
     torch.set_num_threads(1)  # 3 processes on 2 cores
     session = None
-    if "--mode" in sys.argv and sys.argv[sys.argv.index("--mode") + 1] == "distill":
+    if "--mode" in sys.argv and sys.argv[sys.argv.index("--mode") + 1] in ("distill", "onpolicy"):
         import distill
 
         session = distill.init()  # distill: takes --config/--set out of sys.argv
@@ -185,7 +255,7 @@ def main():
         args.steps = session.steps  # run.steps bounds distill.Steps: the schedule follows it
         if session.is_teacher:
             return serve_teacher(args, session)  # distill: teacher.kind self
-        return train_distill(args, session)
+        return (train_onpolicy if args.mode == "onpolicy" else train_distill)(args, session)
     {"prepare": prepare, "teacher": train_teacher, "label": train_label}[args.mode](args)
 
 

@@ -35,6 +35,7 @@ from ._C import (  # noqa: F401
 from .loss import LossResult, fused_linear_loss, loss  # noqa: F401
 from .session import Session, init  # noqa: F401
 from .steps import StepItem, Steps  # noqa: F401
+from . import onpolicy  # noqa: F401
 from .teacher import serve  # noqa: F401
 
 __version__ = _C.__version__  # CMakeLists.txt's project(VERSION), compiled in

@@ -39,7 +39,7 @@ def _sigint_while_serving(session):
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def serve(session, model: torch.nn.Module, fingerprint: str = "") -> Dict[str, object]:
+def serve(session, model: torch.nn.Module, fingerprint: str = "", share_prefix: int = 16) -> Dict[str, object]:
     """Answers every request of this teacher's students until they have all finished; returns
     the counts (requests, errors, batches, forward_seconds, wall_seconds, per_student).
 
@@ -51,11 +51,17 @@ def serve(session, model: torch.nn.Module, fingerprint: str = "") -> Dict[str, o
 
     A Hugging Face PreTrainedModel is served as it is: called with the request's tensors by name
     (teacher.inputs: input_ids, attention_mask), use_cache=False, its ModelOutput's teacher.output
-    taken (distill.hf.HFTeacher)."""
+    taken (distill.hf.HFTeacher). Consecutive rows sharing a prefix of share_prefix tokens or more
+    (the G samples of a prompt, docs/onpolicy.md) have it computed once (0: never); the counts
+    then include teacher_tokens (token positions computed) and teacher_tokens_unshared."""
+    hf = None
     if is_hf_model(model):
         output = session.config["teacher.output"].strip("\"'")
-        model = HFTeacher(model, config_list(session.config["teacher.inputs"]), output)
+        model = hf = HFTeacher(model, config_list(session.config["teacher.inputs"]), output, share_prefix)
     if isinstance(model, torch.nn.Module):
         model.eval()
     with _sigint_while_serving(session):
-        return _C._serve(session._c, model, fingerprint)
+        stats = _C._serve(session._c, model, fingerprint)
+    if hf is not None:
+        stats["teacher_tokens"], stats["teacher_tokens_unshared"] = hf.tokens, hf.tokens_unshared
+    return stats

@@ -1,9 +1,11 @@
 """examples/llm/run.sh, shortened (tiny models, a 1 000-entry vocabulary, 3 steps): the tokenizer,
 the Hugging Face teacher alone, 2 label-only DDP students under torchrun, the same 2 distilled
-under distill-run with the teacher served by distill.serve; the results JSON."""
+under distill-run with the teacher served by distill.serve, then on their own samples (ONPOLICY=1);
+the results JSON."""
 
 import json
 import math
+import re
 import os
 import subprocess
 
@@ -19,16 +21,23 @@ def test_llm_example_runs_its_phases(tmp_path, bin_dir):
     args = ("--vocab 1000 --max-files 30 --teacher 1,64 --student 1,64 --context 32 --batch 2 "
             "--teacher-batch 2 --warmup 1 --eval-tokens 512")
     env = dict(os.environ, STEPS="3", TEACHER_STEPS="3", OUT=str(tmp_path / "out"), ARGS=args,
-               DISTILL_BUILD_DIR=os.path.dirname(bin_dir))
+               DISTILL_BUILD_DIR=os.path.dirname(bin_dir), ONPOLICY="1",
+               ONPOLICY_ARGS="--prompt 8 --response 8 --group 2 --lam 0.5")
     p = subprocess.run(["bash", os.path.join(ROOT, "examples", "llm", "run.sh")], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     r = json.load(open(tmp_path / "out" / "llm.json"))
     assert r["vocab"] == 1000
-    for k in ("teacher_val_loss", "label_val_loss", "distill_val_loss"):
+    for k in ("teacher_val_loss", "label_val_loss", "distill_val_loss", "onpolicy_val_loss"):
         assert math.isfinite(r[k]) and r[k] < math.log(1000) + 1.0, r
     assert r["student_tokens"]["label"] == r["student_tokens"]["distill"] == 3 * 2 * 2 * 32  # equal tokens
-    assert set(r["phase_seconds"]) == {"prepare", "teacher", "label", "distill"}
+    # on-policy: 2 x 32 / (2 x 8) = 4 prompts x 2 samples x up to 8 tokens, or a dataset batch (lam 0.5)
+    assert 0 < r["student_tokens"]["onpolicy"] <= r["student_tokens"]["distill"], r["student_tokens"]
+    assert r["onpolicy"]["onpolicy_batches"] + r["onpolicy"]["dataset_batches"] >= 3 * 2, r["onpolicy"]
+    for v in r["sample_teacher_ll"].values():
+        assert math.isfinite(v) and -math.log(1000) - 3.0 < v < 0, r["sample_teacher_ll"]
+    assert set(r["phase_seconds"]) == {"prepare", "teacher", "label", "distill", "onpolicy"}
     assert "held-out loss (nats/token, V=1000)" in p.stdout
     assert "teacher: 6 requests" in p.stdout + p.stderr  # 2 students x 3 steps, served by distill.serve
+    assert re.search(r"teacher: 6 requests .* (\d+) of (\d+) tokens computed", p.stdout + p.stderr)
     assert f"results: {tmp_path / 'out'}/llm.json" in p.stdout
