@@ -15,12 +15,16 @@ import json
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from llm import Stream, license_files, llama, lr_at, source_files, tokenize, train_tokenizer
+
+if TYPE_CHECKING:  # distill is imported where used: the label runs need none
+    import distill
 
 
 def options(argv):
@@ -121,7 +125,7 @@ def train_label(args):
     torch.distributed.destroy_process_group()
 
 
-def train_distill(args, session):
+def train_distill(args, session: "distill.Session") -> None:
     import distill
 
     train, val, vocab = streams(args)
@@ -144,7 +148,7 @@ def train_distill(args, session):
     torch.distributed.destroy_process_group()
 
 
-def serve_teacher(args, session):
+def serve_teacher(args, session: "distill.Session") -> None:
     import distill
     from transformers import LlamaForCausalLM
 

@@ -6,12 +6,14 @@ attention_mask when named), with use_cache=False, and returns only teacher.outpu
 "logits") of its ModelOutput. An HF student's ModelOutput goes to `distill.Steps.backward` as it
 is (its `logits` are taken). Nothing here imports transformers."""
 
-from typing import List
+from typing import Any, List
 
 import torch
 
+__all__ = ["HFTeacher", "is_hf_model", "logits_of"]
 
-def is_hf_model(model) -> bool:
+
+def is_hf_model(model: Any) -> bool:
     """A transformers PreTrainedModel (checked by class name: transformers need not be imported)."""
     return any(c.__name__ == "PreTrainedModel" for c in type(model).__mro__)
 
@@ -25,7 +27,7 @@ class HFTeacher(torch.nn.Module):
     """A PreTrainedModel as distill's Python teacher: model(**{teacher.inputs[i]: inputs[i]},
     use_cache=False)[teacher.output]. The cache keys on the model's parameters and buffers."""
 
-    def __init__(self, model: torch.nn.Module, inputs: List[str], output: str = "logits"):
+    def __init__(self, model: torch.nn.Module, inputs: List[str], output: str = "logits") -> None:
         super().__init__()
         self.model, self.inputs, self.output = model, list(inputs), output
 
@@ -37,8 +39,12 @@ class HFTeacher(torch.nn.Module):
         return out[self.output]
 
 
-def logits_of(output) -> torch.Tensor:
-    """A student's forward result as the loss's logits: a tensor, or a ModelOutput's `logits`."""
+def logits_of(output: Any) -> torch.Tensor:
+    """A student's forward result as the loss's logits: a tensor, or a ModelOutput's `logits`.
+
+    Raises:
+        TypeError: `output` is neither a tensor nor has a `logits` tensor.
+    """
     if isinstance(output, torch.Tensor):
         return output
     logits = getattr(output, "logits", None)
