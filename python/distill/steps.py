@@ -121,7 +121,7 @@ class Steps:
         # Through a weak reference: the C++ Steps holding this object would be a cycle that no
         # collector sees, and the session (the process's detach from the job) would never end.
         me = weakref.ref(self)
-        rank_extra = (lambda step: me()._loader_snapshot(step)) if loader_state is not None else None  # type: ignore[union-attr]
+        rank_extra = (lambda step: me()._loader_snapshot(step)) if loader_state is not None else None  # type: ignore
         self._c = _C._steps(session._c, params, buffers, ddp, cuda, save_state, load_state, on_step, fingerprint,
                             rank_extra)
         if loader_state is not None:

@@ -97,3 +97,53 @@ def test_config_values_by_section_are_typed():
         cfg["loss"]["no_such_key"]
     with pytest.raises(AttributeError):
         cfg.loss.temperature = 3.0
+
+
+def _members(names):
+    return {n for n in names if not n.startswith("__") and not n.startswith("_pybind11")}
+
+
+def test_the_stub_names_everything_the_extension_has():
+    import ast
+
+    with open(os.path.join(ROOT, "python", "distill", "_C.pyi")) as f:
+        tree = ast.parse(f.read())
+    stub = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            stub[node.name] = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+        elif isinstance(node, ast.FunctionDef):
+            stub[node.name] = None
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            stub[node.target.id] = None
+    ext = distill._C
+    assert set(stub) == _members(dir(ext)) | {"__version__"}, sorted(set(stub) ^ (_members(dir(ext)) | {"__version__"}))
+    for name, members in stub.items():
+        if members is not None:
+            assert members == _members(vars(getattr(ext, name))) - {"__init__"}, name
+
+
+TIMEOUT_SCRIPT = """
+import sys
+import distill
+try:
+    distill.init(["student.py", "--config", sys.argv[1]])
+except TimeoutError as e:  # Python's own: distill.TimeoutError derives from it
+    print("caught:", type(e).__module__, type(e).__name__, isinstance(e, distill.Error), str(e))
+"""
+
+
+def test_a_distill_timeout_is_caught_as_a_builtin_timeout_error(tmp_path):
+    # A student whose node segment never appears: admission gives up at run.startup_timeout_s.
+    assert issubclass(distill.TimeoutError, TimeoutError) and issubclass(distill.TimeoutError, distill.Error)
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text("teacher: {kind: self}\nrun: {startup_timeout_s: 0.5}\n")
+    segment = f"distill-typing-test-{os.getpid()}"
+    env = dict(os.environ, DISTILL_ROLE="student", DISTILL_LOCAL_RANK="0", DISTILL_LOCAL_WORLD_SIZE="2",
+               DISTILL_NODE_RANK="0", DISTILL_NNODES="1", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
+               LOCAL_WORLD_SIZE="1", MASTER_PORT="1", DISTILL_SEGMENT=segment, OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-c", TIMEOUT_SCRIPT, str(cfg)], env=env, capture_output=True, text=True,
+                       timeout=120)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    assert f"caught: distill._C TimeoutError True [n0 r0 student] segment '{segment}' did not appear" in out, out

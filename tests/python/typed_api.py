@@ -53,7 +53,8 @@ def lowlevel(session: distill.Session, batches: List[Tuple[torch.Tensor, torch.T
     return total + wait
 
 
-def with_steps(session: distill.Session, model: torch.nn.Module, loader: List[Tuple[torch.Tensor, torch.Tensor]]) -> int:
+def with_steps(session: distill.Session, model: torch.nn.Module,
+               loader: List[Tuple[torch.Tensor, torch.Tensor]]) -> int:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     seen: List[Dict[str, Any]] = []
     steps = distill.Steps(session, model, opt, on_step=seen.append, loader_state=None)
