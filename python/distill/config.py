@@ -27,6 +27,7 @@ __all__ = [
     "CheckpointConfig",
 ]
 
+
 def _unescape(text: str) -> str:
     r"""A quoted config string's body without its escapes (\" \\ \n \t \xNN), as the C++ binding does."""
     out: List[str] = []
