@@ -14,6 +14,7 @@ BUILD=${DISTILL_BUILD_DIR:-build}
 JOBS=${DISTILL_JOBS:-$(nproc)}
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
 
+# Each install is said before it is done: which packages, with what, into which interpreter.
 # ---- Debian packages ----
 pkgs=(cmake ninja-build g++ libboost-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libgloo-dev libssl-dev
       liblmdb-dev libgtest-dev libgmock-dev clang libclang-rt-14-dev zlib1g-dev)
@@ -21,49 +22,44 @@ missing=()
 command -v python3 >/dev/null || missing+=(python3 python3-pip)
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
-  echo "== installing: ${missing[*]}"
+  echo "== apt-get: installing ${#missing[@]} Debian packages${SUDO:+ (with sudo)}: ${missing[*]}"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-# ---- LibTorch: the PyPI torch wheel, pinned ----
-if ! python3 -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '$TORCH_VERSION' else 1)" 2>/dev/null; then
-  echo "== installing torch==$TORCH_VERSION (pip)"
-  # Debian's own python3 marks itself externally managed; a pyenv/venv python does not.
-  python3 -m pip install -q "torch==$TORCH_VERSION" ||
-    python3 -m pip install -q --break-system-packages "torch==$TORCH_VERSION"
-fi
-# mpmath (tests/losses/reference.py's exact values) comes with torch through sympy; make sure.
-if ! python3 -c "import mpmath" 2>/dev/null; then
-  python3 -m pip install -q mpmath || python3 -m pip install -q --break-system-packages mpmath
-fi
-
-# matplotlib draws the demo's plot (examples/gpt/plot.py).
-if ! python3 -c "import matplotlib" 2>/dev/null; then
-  echo "== installing matplotlib (pip)"
-  python3 -m pip install -q matplotlib || python3 -m pip install -q --break-system-packages matplotlib
-fi
-
-# lizard measures function lengths for tests/structure (no library function over 80 lines).
-if ! python3 -c "import lizard" 2>/dev/null; then
-  echo "== installing lizard (pip)"
-  python3 -m pip install -q lizard || python3 -m pip install -q --break-system-packages lizard
-fi
-
-# transformers and tokenizers (the package's [hf] extra): the Hugging Face tests and examples/llm.
-if ! python3 -c "import transformers, tokenizers" 2>/dev/null; then
-  echo "== installing transformers tokenizers (pip)"
-  python3 -m pip install -q transformers tokenizers ||
-    python3 -m pip install -q --break-system-packages transformers tokenizers
-fi
-
-# pytest runs the Python tests; scikit-build-core builds the Python package (pip install .).
-for m in pytest:pytest scikit_build_core:scikit-build-core; do
-  if ! python3 -c "import ${m%%:*}" 2>/dev/null; then
-    echo "== installing ${m#*:} (pip)"
-    python3 -m pip install -q "${m#*:}" || python3 -m pip install -q --break-system-packages "${m#*:}"
-  fi
+# ---- Python packages, into the python3 on PATH ----
+# torch==$TORCH_VERSION: LibTorch (the PyPI wheel, pinned); mpmath: tests/losses/reference.py's
+# exact values; matplotlib: the demo's plot; lizard: tests/structure's function lengths;
+# transformers, tokenizers: the [hf] extra (the Hugging Face tests, examples/llm); pytest, mypy:
+# the [test] extra (tests/python, test_typing.py); scikit-build-core: pip install . of the package.
+has() { python3 -c "import $1" 2>/dev/null; }
+pip_missing=()
+python3 -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '$TORCH_VERSION' else 1)" \
+  2>/dev/null || pip_missing+=("torch==$TORCH_VERSION")
+for m in mpmath:mpmath matplotlib:matplotlib lizard:lizard transformers:transformers tokenizers:tokenizers \
+         pytest:pytest mypy:mypy scikit_build_core:scikit-build-core; do
+  has "${m%%:*}" || pip_missing+=("${m#*:}")
 done
+if [ ${#pip_missing[@]} -gt 0 ]; then
+  where=$(python3 -c "import sys, sysconfig; print(f'{sys.executable} (Python {sys.version.split()[0]}, \
+packages in {sysconfig.get_path(\"purelib\")})')")
+  pip_args=(-q)
+  # Debian's own python3 is externally managed (PEP 668): pip refuses it unless told to
+  # --break-system-packages. Said here, and DISTILL_NO_SYSTEM_PIP=1 stops instead.
+  if python3 -c "import os, sys, sysconfig; sys.exit(0 if sys.prefix == sys.base_prefix and \
+os.path.exists(os.path.join(sysconfig.get_path('stdlib'), 'EXTERNALLY-MANAGED')) else 1)"; then
+    if [ "${DISTILL_NO_SYSTEM_PIP:-0}" = 1 ]; then
+      echo "error: $where is externally managed (PEP 668) and DISTILL_NO_SYSTEM_PIP=1: install ${pip_missing[*]}" \
+           "yourself, or activate a virtual environment (python3 -m venv .venv && . .venv/bin/activate) and rerun" >&2
+      exit 1
+    fi
+    echo "== pip: $where is the system's, marked externally managed (PEP 668): pip runs with" \
+         "--break-system-packages (a virtual environment avoids this; DISTILL_NO_SYSTEM_PIP=1 stops here instead)"
+    pip_args+=(--break-system-packages)
+  fi
+  echo "== pip: installing ${pip_missing[*]} into $where"
+  python3 -m pip install "${pip_args[@]}" "${pip_missing[@]}"
+fi
 
 # ---- configure (once) and build ----
 if [ ! -f "$BUILD/build.ninja" ]; then

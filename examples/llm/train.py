@@ -19,12 +19,16 @@ import json
 import os
 import sys
 import time
+from typing import Any, TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from llm import Stream, license_files, llama, lr_at, sample_loglik, source_files, tokenize, train_tokenizer
+
+if TYPE_CHECKING:  # distill is imported where used: the label runs need none
+    import distill
 
 
 def options(argv):
@@ -104,7 +108,10 @@ def train_teacher(args):
 def eos_id(args) -> int:
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_file(os.path.join(args.out, "tokenizer.json")).token_to_id("<|endoftext|>")
+    eos = Tokenizer.from_file(os.path.join(args.out, "tokenizer.json")).token_to_id("<|endoftext|>")
+    if eos is None:
+        raise SystemExit(f"{args.out}/tokenizer.json has no <|endoftext|> token: run --mode prepare again")
+    return eos
 
 
 def teacher_ll(args, model, val: Stream) -> float:
@@ -127,7 +134,7 @@ class Body(torch.nn.Module):
     """A LlamaForCausalLM without its output layer: the last hidden states [B, T, d] (after the final
     norm). DDP wraps this, so that the fused linear loss applies lm_head chunk by chunk itself."""
 
-    def __init__(self, lm: torch.nn.Module):
+    def __init__(self, lm: Any):  # a LlamaForCausalLM
         super().__init__()
         self.lm = lm
 
@@ -163,7 +170,7 @@ def train_label(args):
     torch.distributed.destroy_process_group()
 
 
-def train_distill(args, session):
+def train_distill(args, session: "distill.Session") -> None:
     import distill
 
     train, val, vocab = streams(args)
@@ -232,7 +239,7 @@ def train_onpolicy(args, session):
     torch.distributed.destroy_process_group()
 
 
-def serve_teacher(args, session):
+def serve_teacher(args, session: "distill.Session") -> None:
     import distill
     from transformers import LlamaForCausalLM
 

@@ -15,12 +15,16 @@ import json
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from gpt import GPT, Text, lr_at
+
+if TYPE_CHECKING:  # distill is imported where used: the label runs need none
+    import distill
 
 
 def options(argv):
@@ -114,7 +118,7 @@ def train_label(args, text: Text):
     torch.distributed.destroy_process_group()
 
 
-def train_distill(args, text: Text, session):
+def train_distill(args, text: Text, session: "distill.Session") -> None:
     import distill
 
     torch.distributed.init_process_group("gloo")
@@ -149,7 +153,7 @@ def log_step(args, rank: int, report: dict):
             f.write(json.dumps({"step": report["step"], "loss": report["loss"]}) + "\n")
 
 
-def serve_teacher(args, session):
+def serve_teacher(args, session: "distill.Session") -> None:
     import distill
 
     teacher = make(args.teacher, args.context)
@@ -172,8 +176,9 @@ def main():
     if session is not None and session.is_teacher:
         return serve_teacher(args, session)  # distill: teacher.kind self
     text = Text(args.data, 0.1, args.context)
-    {"teacher": train_teacher, "label": train_label}.get(args.mode, lambda a, t: train_distill(a, t, session))(
-        args, text)
+    if session is not None:
+        return train_distill(args, text, session)
+    {"teacher": train_teacher, "label": train_label}[args.mode](args, text)
 
 
 if __name__ == "__main__":

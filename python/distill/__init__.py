@@ -32,10 +32,35 @@ from ._C import (  # noqa: F401
     TimeoutError,
     count_tokens,
 )
+from .config import Config  # noqa: F401
 from .loss import LossResult, fused_linear_loss, loss  # noqa: F401
 from .session import Session, init  # noqa: F401
 from .steps import StepItem, Steps  # noqa: F401
 from . import onpolicy  # noqa: F401
 from .teacher import serve  # noqa: F401
 
-__version__ = _C.__version__  # CMakeLists.txt's project(VERSION), compiled in
+__version__: str = _C.__version__  # CMakeLists.txt's project(VERSION), compiled in
+
+__all__ = [
+    "init",
+    "Session",
+    "Config",
+    "Steps",
+    "StepItem",
+    "serve",
+    "loss",
+    "fused_linear_loss",
+    "LossResult",
+    "count_tokens",
+    "Handle",
+    "Reply",
+    "Error",
+    "ConfigError",
+    "IpcError",
+    "TimeoutError",
+    "PeerLostError",
+    "ProtocolError",
+    "CheckpointError",
+    "InternalError",
+    "__version__",
+]

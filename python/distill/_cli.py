@@ -4,6 +4,8 @@ import os
 import sys
 from typing import Optional
 
+__all__ = ["find_program", "run", "teacher"]
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -32,8 +34,10 @@ def _exec(name: str) -> None:
 
 
 def run() -> None:
+    """distill-run: the launcher program, with this process's arguments."""
     _exec("distill-run")
 
 
 def teacher() -> None:
+    """distill-teacher: the teacher program, with this process's arguments."""
     _exec("distill-teacher")

@@ -7,24 +7,26 @@ attention_mask when named), with use_cache=False, and returns only teacher.outpu
 docs/onpolicy.md) have it computed once. An HF student's ModelOutput goes to `distill.Steps.backward` as it
 is (its `logits` are taken). Nothing here imports transformers."""
 
-from typing import List
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import torch
 
+__all__ = ["HFTeacher", "is_hf_model", "logits_of"]
 
-def is_hf_model(model) -> bool:
+
+def is_hf_model(model: Any) -> bool:
     """A transformers PreTrainedModel (checked by class name: transformers need not be imported)."""
     return any(c.__name__ == "PreTrainedModel" for c in type(model).__mro__)
 
 
-def cache_arg(model) -> str:
+def cache_arg(model: Any) -> str:
     """The forward's keyword for a KV cache: `cache` (transformers >= 5.x) or `past_key_values`."""
     import inspect
 
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def cache_of(output):
+def cache_of(output: Any) -> Any:
     """The KV cache a forward with use_cache=True returned."""
     return output["cache"] if "cache" in output else output["past_key_values"]
 
@@ -50,13 +52,13 @@ class HFTeacher(torch.nn.Module):
     input_ids [and attention_mask] only; share_prefix=0 turns it off. `tokens` counts the token
     positions the model computed, `tokens_unshared` those an unshared forward would have."""
 
-    def __init__(self, model: torch.nn.Module, inputs: List[str], output: str = "logits", share_prefix: int = 16):
+    def __init__(self, model: torch.nn.Module, inputs: List[str], output: str = "logits", share_prefix: int = 16) -> None:
         super().__init__()
         self.model, self.inputs, self.output = model, list(inputs), output
         self.share_prefix = int(share_prefix)
         self.tokens = self.tokens_unshared = 0
 
-    def _call(self, **kw):
+    def _call(self, **kw: Any) -> Any:
         out = self.model(**kw, return_dict=True)
         if self.output not in out:
             raise KeyError(f"the Hugging Face model's output has no '{self.output}' (teacher.output); "
@@ -80,19 +82,20 @@ class HFTeacher(torch.nn.Module):
             self.tokens += ids.numel()
         return self._call(**named, use_cache=False)[self.output]
 
-    def _grouped(self, ids: torch.Tensor, mask, groups) -> torch.Tensor:
+    def _grouped(self, ids: torch.Tensor, mask: Optional[torch.Tensor], groups: List[tuple]) -> torch.Tensor:
         """Logits [N, T, V] of the rows, each group's shared prefix computed once, written once
         into the answer (the logits are the largest tensors here)."""
         n, t = ids.shape
-        out = None
+        out: Optional[torch.Tensor] = None
 
-        def put(rows, cols, logits):
+        def put(rows: Any, cols: slice, logits: torch.Tensor) -> None:
             nonlocal out
             if out is None:
                 out = logits.new_empty((n, t) + tuple(logits.shape[2:]))
             out[rows, cols] = logits
 
-        grouped, by_prefix = set(), {}
+        grouped: Set[int] = set()
+        by_prefix: Dict[int, List[Tuple[int, int]]] = {}
         for first, count, shared in groups:
             by_prefix.setdefault(shared, []).append((first, count))
             grouped.update(range(first, first + count))
@@ -107,7 +110,7 @@ class HFTeacher(torch.nn.Module):
                 continue
             counts = torch.tensor([c for _, c in members], device=ids.device)
             rows = torch.cat([torch.arange(f, f + c, device=ids.device) for f, c in members])
-            cache = cache_of(head) if "cache" in head or "past_key_values" in head else None
+            cache: Any = cache_of(head) if "cache" in head or "past_key_values" in head else None
             if not hasattr(cache, "batch_repeat_interleave"):
                 raise _NoSharing()
             cache.batch_repeat_interleave(counts)
@@ -125,10 +128,11 @@ class HFTeacher(torch.nn.Module):
                                 attention_mask=None if mask is None else mask[idx]).logits
             put(idx, slice(None), logits)
             self.tokens += len(single) * t
+        assert out is not None  # groups is not empty: put() ran
         return out
 
 
-def find_groups(ids: torch.Tensor, mask, min_prefix: int) -> List[tuple]:
+def find_groups(ids: torch.Tensor, mask: Optional[torch.Tensor], min_prefix: int) -> List[tuple]:
     """(first row, rows, shared prefix length) of each run of >= 2 consecutive rows of ids [N, T]
     whose common prefix (tokens and mask values) is at least min_prefix long."""
     same = ids[1:] == ids[:-1]
@@ -146,8 +150,12 @@ def find_groups(ids: torch.Tensor, mask, min_prefix: int) -> List[tuple]:
     return groups
 
 
-def logits_of(output) -> torch.Tensor:
-    """A student's forward result as the loss's logits: a tensor, or a ModelOutput's `logits`."""
+def logits_of(output: Any) -> torch.Tensor:
+    """A student's forward result as the loss's logits: a tensor, or a ModelOutput's `logits`.
+
+    Raises:
+        TypeError: `output` is neither a tensor nor has a `logits` tensor.
+    """
     if isinstance(output, torch.Tensor):
         return output
     logits = getattr(output, "logits", None)

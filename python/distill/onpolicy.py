@@ -16,7 +16,7 @@ or an output with `logits`); a Hugging Face model is sampled with its KV cache. 
 prompt are consecutive rows: the Hugging Face teacher (distill.hf.HFTeacher) finds the shared
 prompt and computes it once per group."""
 
-from typing import Callable, NamedTuple, Optional
+from typing import Any, Callable, Dict, Iterator, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -44,7 +44,7 @@ def _pick(logits: torch.Tensor, temperature: float, top_p: float, g: Optional[to
     return torch.multinomial(probs, 1, generator=g).squeeze(-1)
 
 
-def _check(prompts: torch.Tensor, max_new_tokens: int, group_size: int, temperature: float, top_p: float):
+def _check(prompts: torch.Tensor, max_new_tokens: int, group_size: int, temperature: float, top_p: float) -> None:
     if not isinstance(prompts, torch.Tensor) or prompts.dim() != 2 or prompts.size(1) < 1:
         got = tuple(prompts.shape) if isinstance(prompts, torch.Tensor) else type(prompts).__name__
         raise _C.ConfigError(f"distill.onpolicy.sample: prompts must be token ids [batch, prompt_len >= 1], got {got}")
@@ -56,7 +56,7 @@ def _check(prompts: torch.Tensor, max_new_tokens: int, group_size: int, temperat
 
 
 @torch.no_grad()
-def generate(model, prompts: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
+def generate(model: Any, prompts: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
              eos_token_id: Optional[int] = None, pad_token_id: int = 0,
              generator: Optional[torch.Generator] = None) -> tuple:
     """(sequences [N, P + max_new_tokens], response lengths [N]): each row of prompts continued by
@@ -93,7 +93,7 @@ def generate(model, prompts: torch.Tensor, max_new_tokens: int, temperature: flo
             inner.train()
 
 
-def sample(model, prompts: torch.Tensor, max_new_tokens: int, group_size: int = 1, temperature: float = 1.0,
+def sample(model: Any, prompts: torch.Tensor, max_new_tokens: int, group_size: int = 1, temperature: float = 1.0,
            top_p: float = 1.0, eos_token_id: Optional[int] = None, pad_token_id: int = 0,
            generator: Optional[torch.Generator] = None, ignore_index: int = -100) -> Sample:
     """The student's samples as a micro-batch: each prompt row ([B, P] token ids, equal lengths)
@@ -120,16 +120,17 @@ class Mixer:
     state and the counts) is the whole loader state: give the mixer to distill.Steps as
     loader_state and a resume draws what the uninterrupted run would have drawn."""
 
-    def __init__(self, model, prompts: Callable[[torch.Generator], torch.Tensor],
+    def __init__(self, model: Any, prompts: Callable[[torch.Generator], torch.Tensor],
                  dataset: Optional[Callable[[torch.Generator], tuple]] = None, lam: float = 1.0,
                  max_new_tokens: int = 64, group_size: int = 1, temperature: float = 1.0, top_p: float = 1.0,
                  eos_token_id: Optional[int] = None, pad_token_id: int = 0, ignore_index: int = -100,
-                 seed: int = 0):
+                 seed: int = 0) -> None:
         if not 0.0 <= lam <= 1.0 or (lam < 1.0 and dataset is None):
             raise _C.ConfigError(f"distill.onpolicy.Mixer: lam={lam} must be in [0, 1], and below 1 needs a dataset")
         self.model, self.prompts, self.dataset, self.lam = model, prompts, dataset, lam
-        self.kwargs = dict(max_new_tokens=max_new_tokens, group_size=group_size, temperature=temperature, top_p=top_p,
-                           eos_token_id=eos_token_id, pad_token_id=pad_token_id, ignore_index=ignore_index)
+        self.kwargs: Dict[str, Any] = dict(max_new_tokens=max_new_tokens, group_size=group_size,
+                                           temperature=temperature, top_p=top_p, eos_token_id=eos_token_id,
+                                           pad_token_id=pad_token_id, ignore_index=ignore_index)
         self.generator = torch.Generator().manual_seed(seed)
         self.counts = {"onpolicy": 0, "dataset": 0, "response_tokens": 0}
         self.last: Optional[Sample] = None  # the last on-policy sample
@@ -142,9 +143,10 @@ class Mixer:
             self.counts["response_tokens"] += int(self.last.response_lengths.sum())
             return self.last.input_ids, self.last.labels
         self.counts["dataset"] += 1
+        assert self.dataset is not None  # lam < 1 needs one (checked in __init__)
         return self.dataset(self.generator)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[tuple]:
         while True:
             yield self.next()
 

@@ -3,12 +3,15 @@
 import os
 import signal
 import sys
-from typing import Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import torch
 
 from . import _C
 from ._cli import find_program
+from .config import Config
+
+__all__ = ["Session", "init"]
 
 
 class Session:
@@ -20,32 +23,87 @@ class Session:
 
     def __init__(self, c: "_C.Session"):
         self._c = c
-        self._torch_store = None  # students: the store of torch.distributed's student world
+        self._torch_store: Any = None  # students: the store of torch.distributed's student world
+        self._config: Optional[Config] = None  # session.config, made at its first use
 
     # --- who ---
-    is_teacher = property(lambda self: self._c.is_teacher)
-    role = property(lambda self: self._c.role)
-    rank = property(lambda self: self._c.rank, doc="student rank (-1 for the teacher)")
-    world_size = property(lambda self: self._c.world_size, doc="number of students in the job")
-    local_rank = property(lambda self: self._c.local_rank)
-    local_world_size = property(lambda self: self._c.local_world_size)
-    node_rank = property(lambda self: self._c.node_rank)
-    teacher_index = property(lambda self: self._c.teacher_index)
-    teacher_device = property(lambda self: self._c.teacher_device)
+    @property
+    def is_teacher(self) -> bool:
+        """True in the teacher process (teacher.kind: self), False in a student."""
+        return self._c.is_teacher
+
+    @property
+    def role(self) -> str:
+        """"student" or "teacher"."""
+        return self._c.role
+
+    @property
+    def rank(self) -> int:
+        """Student rank (-1 for the teacher)."""
+        return self._c.rank
+
+    @property
+    def world_size(self) -> int:
+        """Number of students in the job."""
+        return self._c.world_size
+
+    @property
+    def local_rank(self) -> int:
+        """This student's rank on its node (-1 for the teacher)."""
+        return self._c.local_rank
+
+    @property
+    def local_world_size(self) -> int:
+        """Number of students on this node."""
+        return self._c.local_world_size
+
+    @property
+    def node_rank(self) -> int:
+        """This node's index in the job."""
+        return self._c.node_rank
+
+    @property
+    def teacher_index(self) -> int:
+        """This teacher's index among its node's teachers (students: the teacher that serves them)."""
+        return self._c.teacher_index
+
+    @property
+    def teacher_device(self) -> torch.device:
+        """The device the teacher's model goes on (teacher.device / teacher.devices).
+
+        Raises:
+            ConfigError: this process is a student.
+        """
+        return self._c.teacher_device
 
     # --- the config ---
     @property
-    def config(self) -> Dict[str, str]:
-        """Every key of the job's config, "section.key" -> its value as text (trainer keys too)."""
-        return self._c.config
+    def config(self) -> Config:
+        """The job's config, by section with typed values (config.teacher.topk, config["loss"]["temperature"]);
+        as a mapping, "section.key" -> its value as text (trainer keys too). See distill.config.Config."""
+        if self._config is None:
+            self._config = Config(self._c.config)
+        return self._config
 
     @property
     def trainer(self) -> Dict[str, str]:
         """The trainer's own section (the keys distill passes through), key -> text."""
         return self._c.trainer
 
-    def option(self, key: str, default=None):
-        """trainer.<key> converted to the type of `default` (str when None); `default` when unset."""
+    def option(self, key: str, default: Any = None) -> Any:
+        """trainer.<key> converted to the type of `default`.
+
+        Args:
+            key: the key in the config's trainer section.
+            default: the value when unset; its type (bool, int, float, str) is the value's. None: the
+                key is required and its value is a str.
+
+        Returns:
+            The value, converted; `default` when the key is unset.
+
+        Raises:
+            ConfigError: the key is unset and required, or its text does not convert.
+        """
         text = self._c.trainer.get(key)
         if text is None:
             if default is None:
@@ -63,25 +121,69 @@ class Session:
         except ValueError:
             raise _C.ConfigError(f"trainer.{key}: '{text}' is not a {type(default).__name__}") from None
 
-    def _int(self, key: str) -> int:
-        return int(self._c.config[key])
+    @property
+    def grad_acc_steps(self) -> int:
+        """student.grad_acc_steps: micro-batches per optimizer step."""
+        return self.config.student.grad_acc_steps
 
-    grad_acc_steps = property(lambda self: self._int("student.grad_acc_steps"))
-    in_flight = property(lambda self: self._int("student.in_flight"))
-    steps = property(lambda self: self._int("run.steps"), doc="run.steps (0: until the loader runs dry)")
-    seed = property(lambda self: self._int("run.seed"))
-    ignore_index = property(lambda self: self._int("loss.ignore_index"))
+    @property
+    def in_flight(self) -> int:
+        """student.in_flight: requests outstanding per student."""
+        return self.config.student.in_flight
+
+    @property
+    def steps(self) -> int:
+        """run.steps (0: until the loader runs dry)."""
+        return self.config.run.steps
+
+    @property
+    def seed(self) -> int:
+        """run.seed: torch's RNG seed, the same on every student."""
+        return self.config.run.seed
+
+    @property
+    def ignore_index(self) -> int:
+        """loss.ignore_index: the label value masked out of every term."""
+        return self.config.loss.ignore_index
 
     # --- the low-level student API (the C++ Client) ---
-    def submit(self, inputs, step: int, acc_step: int) -> "_C.Handle":
-        """Sends a micro-batch (a tensor: teacher.inputs[0]; or {name: tensor}); returns at once
-        unless student.in_flight requests are outstanding."""
+    def submit(self, inputs: Union[torch.Tensor, Mapping[str, torch.Tensor]], step: int,
+               acc_step: int) -> "_C.Handle":
+        """Sends a micro-batch to the teacher; returns at once unless student.in_flight requests
+        are outstanding.
+
+        Args:
+            inputs: a tensor (teacher.inputs[0]), or {name: tensor} for every teacher.inputs name.
+            step: the 1-based optimizer step the micro-batch belongs to.
+            acc_step: its index in the step, 0 .. student.grad_acc_steps - 1.
+
+        Returns:
+            The request's Handle, for get().
+
+        Raises:
+            ConfigError: the inputs do not match teacher.inputs, or this process is the teacher.
+            TimeoutError: no slot freed up before the deadline.
+            PeerLostError: the teacher died.
+        """
         return _C._submit(self._c, inputs, step, acc_step)
 
     def get(self, handle: "_C.Handle", view: bool = False) -> "_C.Reply":
         """Waits for the teacher's answer to `handle` (answers come in request order; the tag is
-        checked). view=True: zero-copy tensors in the ring's slot, freed when the last of them is
-        gone or at reply.release()."""
+        checked).
+
+        Args:
+            handle: what submit() returned, the oldest request not yet answered.
+            view: True: zero-copy tensors in the ring's slot, freed when the last of them is gone
+                or at reply.release(); False: copies.
+
+        Returns:
+            The teacher's Reply (reply.output: {name: tensor}).
+
+        Raises:
+            ProtocolError: the answer's tag is not the handle's.
+            TimeoutError: no answer before the deadline.
+            PeerLostError: the teacher died.
+        """
         return _C._get(self._c, handle, view)
 
     def finish(self) -> None:
@@ -96,14 +198,21 @@ class Session:
         """Stop after the current step, agreed with the other students (what Ctrl-C does)."""
         _C._request_stop(self._c)
 
-    def publish_status(self, step: int, **fields) -> None:
-        """The status line's fields (loss, kd, ce, tokens_per_s, teacher_wait_share) to distill-run."""
+    def publish_status(self, step: int, **fields: float) -> None:
+        """The status line's fields to distill-run.
+
+        Args:
+            step: the step the fields describe.
+            fields: loss, kd, ce, tokens_per_s, teacher_wait_share (each optional).
+        """
         _C._publish_status(self._c, step, **fields)
 
     def teacher_wait_seconds(self) -> float:
+        """Seconds this student has waited for the teacher's answers so far."""
         return _C._teacher_wait_seconds(self._c)
 
     def teacher_cache_hit_share(self) -> float:
+        """The share of this student's answers served from the teacher-output cache (0 .. 1)."""
         return _C._teacher_cache_hit_share(self._c)
 
     def barrier(self) -> None:
@@ -184,7 +293,7 @@ def _route_env_rendezvous(session: Session) -> None:
     if _env_handler is None:
         _env_handler = rdzv._rendezvous_handlers["env"]
 
-    def handler(url, **kwargs):
+    def handler(url: str, **kwargs: Any) -> Iterator[Tuple[Any, int, int]]:
         query = rdzv._query_to_dict(urlparse(url).query)
         rank = int(query.get("rank", os.environ.get("RANK", "-1")))
         world = int(query.get("world_size", os.environ.get("WORLD_SIZE", "-1")))
@@ -203,7 +312,7 @@ def _install_sigint(session: Session) -> None:
     if not hasattr(signal, "SIGINT") or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         return  # the trainer installed its own handler: leave it
 
-    def on_sigint(signum, frame):
+    def on_sigint(signum: int, frame: Any) -> None:
         if session.stop_requested():
             raise KeyboardInterrupt
         print(f"[distill] student {session.rank}: Ctrl-C: stopping after this step "
@@ -216,9 +325,22 @@ def _install_sigint(session: Session) -> None:
 def init(argv: Optional[List[str]] = None, trainer_keys: Optional[List[str]] = None) -> Session:
     """Reads the environment and the config (--config / --set / DISTILL_CONFIG / DISTILL_SET),
     joins the job as distill::init does in C++, and returns the session. Call it first, before
-    torch.distributed.init_process_group(). `argv`: default sys.argv, whose distill options are
-    removed. `trainer_keys`: the trainer section's keys this trainer knows (any other is a
-    ConfigError naming it)."""
+    torch.distributed.init_process_group().
+
+    Args:
+        argv: the command line (default sys.argv); its distill options are removed from it.
+        trainer_keys: the trainer section's keys this trainer knows (any other is a ConfigError
+            naming it); None: any.
+
+    Returns:
+        This process's Session (a student, or the teacher of teacher.kind: self).
+
+    Raises:
+        ConfigError: a bad config or environment (not started by distill-run or torchrun).
+        TimeoutError: admission (students <-> teacher, the student group) passed
+            run.startup_timeout_s.
+        IpcError: the node's shared memory could not be opened.
+    """
     args = sys.argv if argv is None else argv
     # A peer that died must surface as an error naming it (PeerLostError), never as this rank's
     # death by SIGPIPE when it writes to the peer's reset socket (gloo, the store). CPython

@@ -3,7 +3,7 @@
 import io
 import warnings
 import weakref
-from typing import Callable, Iterable, Iterator, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, NamedTuple, Optional, Tuple, Union
 
 import torch
 
@@ -11,8 +11,19 @@ from . import _C
 from .hf import logits_of
 from .loss import LossResult
 
+if TYPE_CHECKING:
+    from .session import Session
+
+__all__ = ["StepItem", "Steps", "Batch", "LmHead"]
+
+Batch = Tuple[torch.Tensor, torch.Tensor]  # a loader's micro-batch: (inputs, labels)
+# Steps.backward's lm_head: a Linear, its weight [V, d], or a (weight, bias) pair.
+LmHead = Union[torch.nn.Linear, torch.Tensor, Tuple[torch.Tensor, Optional[torch.Tensor]]]
+
 
 class StepItem(NamedTuple):
+    """One micro-batch of Steps.run(): the loader's (inputs, labels) and where it stands."""
+
     inputs: torch.Tensor
     labels: torch.Tensor
     step: int  # 1-based optimizer step
@@ -56,16 +67,29 @@ class Steps:
 
     def __init__(
         self,
-        session,
+        session: "Session",
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
-        on_step: Optional[Callable[[dict], None]] = None,
+        on_step: Optional[Callable[[Dict[str, Any]], None]] = None,
         fingerprint: str = "",
-        loader_state=None,
-        scaler=None,
-    ):
+        loader_state: Any = None,
+        scaler: Optional[torch.amp.GradScaler] = None,
+    ) -> None:
+        """Args:
+            session: the student's session (distill.init()).
+            model: the student, plain or wrapped in DistributedDataParallel.
+            optimizer: its optimizer (checkpointed with it).
+            on_step: called after each step with its figures (step, loss, kd, ce, tokens, ...).
+            fingerprint: a text that identifies the trainer's setup in the checkpoint.
+            loader_state: an object with state_dict() and load_state_dict(), checkpointed per rank.
+            scaler: a torch.amp.GradScaler (fp16).
+
+        Raises:
+            ConfigError: an FSDP (DTensor) model, or this process is the teacher.
+            CheckpointError: the checkpoint to resume from cannot be read.
+        """
         ddp = isinstance(model, torch.nn.parallel.DistributedDataParallel)
-        inner = model.module if ddp else model
+        inner: torch.nn.Module = model.module if ddp else model  # type: ignore[assignment]
         if any(type(p).__name__ == "DTensor" for p in inner.parameters()):
             raise _C.ConfigError(
                 "distill.Steps takes a plain module or one wrapped in DistributedDataParallel; this one has "
@@ -80,24 +104,24 @@ class Steps:
         cuda = any(p.is_cuda for p in params)
         device = params[0].device if params else torch.device("cpu")
 
-        def save_state():
+        def save_state() -> Tuple[bytes, bytes]:
             m, o = io.BytesIO(), io.BytesIO()
             torch.save(inner.state_dict(), m)
             torch.save(optimizer.state_dict(), o)
             return (m.getvalue(), o.getvalue())
 
-        def load_state(model_bytes: bytes, optimizer_bytes: bytes):
+        def load_state(model_bytes: bytes, optimizer_bytes: bytes) -> None:
             inner.load_state_dict(torch.load(io.BytesIO(model_bytes), map_location=device, weights_only=True))
             optimizer.load_state_dict(torch.load(io.BytesIO(optimizer_bytes), map_location=device, weights_only=True))
 
         self._loader_state = loader_state
         self._reads = 0  # micro-batches read from the loader by this object
-        self._snapshots = {}  # reads -> loader_state's torch.save bytes right after that read
+        self._snapshots: Dict[int, bytes] = {}  # reads -> loader_state's torch.save bytes right after that read
         self._keep = 2 * self._grad_acc + session.in_flight + 8
         # Through a weak reference: the C++ Steps holding this object would be a cycle that no
         # collector sees, and the session (the process's detach from the job) would never end.
         me = weakref.ref(self)
-        rank_extra = (lambda step: me()._loader_snapshot(step)) if loader_state is not None else None
+        rank_extra = (lambda step: me()._loader_snapshot(step)) if loader_state is not None else None  # type: ignore
         self._c = _C._steps(session._c, params, buffers, ddp, cuda, save_state, load_state, on_step, fingerprint,
                             rank_extra)
         if loader_state is not None:
@@ -119,7 +143,7 @@ class Steps:
                                    f"(step {step}); recorded: {sorted(self._snapshots)}")
         return self._snapshots[reads]
 
-    def _read(self, loader: Callable[[], Optional[tuple]]):
+    def _read(self, loader: Callable[[], Optional[Batch]]) -> Optional[Batch]:
         item = loader()
         if item is not None and self._loader_state is not None:
             self._reads += 1
@@ -130,18 +154,26 @@ class Steps:
             self._snapshots.pop(self._reads - self._keep, None)
         return item
 
-    def next(self, loader: Callable[[], Optional[tuple]]) -> Optional[StepItem]:
-        """The next micro-batch, or None when training is over. `loader()` returns (inputs, labels)
-        or None when it has no more."""
+    def next(self, loader: Callable[[], Optional[Batch]]) -> Optional[StepItem]:
+        """The next micro-batch, or None when training is over.
+
+        Args:
+            loader: returns (inputs, labels), or None when it has no more.
+
+        Raises:
+            TimeoutError: the students' agreement on the step passed run.collective_timeout_s.
+            PeerLostError: another student or the teacher died.
+        """
         item = self._c.next(lambda: self._read(loader))
         if item is None:
             return None
         item = StepItem(*item)
-        if self._ddp:  # DDP's no_sync(): all-reduce only on the step's last micro-batch
+        # DDP's no_sync(): all-reduce only on the step's last micro-batch
+        if isinstance(self._model, torch.nn.parallel.DistributedDataParallel):
             self._model.require_backward_grad_sync = item.acc_step + 1 == self._grad_acc
         return item
 
-    def run(self, loader: Iterable) -> Iterator[StepItem]:
+    def run(self, loader: Iterable[Batch]) -> Iterator[StepItem]:
         """Iterates the micro-batches of `loader` (any iterable of (inputs, labels)) as next() does."""
         it = iter(loader)
         fetch = lambda: next(it, None)  # noqa: E731
@@ -151,7 +183,7 @@ class Steps:
                 return
             yield item
 
-    def backward(self, logits, lm_head=None, chunk_tokens: int = 0) -> LossResult:
+    def backward(self, logits: Any, lm_head: Optional[LmHead] = None, chunk_tokens: int = 0) -> LossResult:
         """The teacher's answer for the current micro-batch, the loss, backward; after the step's
         last micro-batch the students' gradients are summed. `logits`: a tensor, or a model output
         with a `logits` tensor (a Hugging Face ModelOutput). With a scaler, the backward is of the
@@ -160,12 +192,22 @@ class Steps:
         With lm_head (the model's output projection: a torch.nn.Linear, or its weight [V, d], or a
         (weight, bias) pair), the first argument is the last hidden states [..., d] and the loss is
         distill.fused_linear_loss (chunk_tokens tokens at a time, 0: automatic): the same value and
-        gradients as on lm_head(hidden), without the [N, V] logits in memory."""
+        gradients as on lm_head(hidden), without the [N, V] logits in memory.
+
+        Returns:
+            The micro-batch's LossResult (unscaled).
+
+        Raises:
+            ConfigError: a bad lm_head, or logits whose shape does not match the labels.
+            TimeoutError: the teacher's answer did not come before the deadline.
+            PeerLostError: the teacher or another student died.
+        """
         logits = logits_of(logits)
         if self._scaler is not None and self._scaler.is_enabled():
             self._c.set_loss_scale(self._scaler.scale(torch.ones((), device=logits.device)))
         if lm_head is None:
             return LossResult(*self._c.backward(logits))
+        bias: Optional[torch.Tensor]
         if isinstance(lm_head, torch.nn.Linear):
             weight, bias = lm_head.weight, lm_head.bias
         elif isinstance(lm_head, torch.Tensor):
@@ -181,11 +223,30 @@ class Steps:
         """True after backward() of the step's last micro-batch: step the optimizer."""
         return self._c.step_ends()
 
-    step = property(lambda self: self._c.step, doc="the current step")
-    step_tokens = property(lambda self: self._c.step_tokens, doc="its global token count")
-    resumed_step = property(lambda self: self._c.resumed_step, doc="the checkpoint's step (0: a clean start)")
-    stopped = property(lambda self: self._c.stopped, doc="ended before run.steps (a stop, a dry loader)")
-    saved = property(lambda self: self._c.saved, doc="the last save and its publication succeeded")
+    @property
+    def step(self) -> int:
+        """The current step."""
+        return self._c.step
+
+    @property
+    def step_tokens(self) -> int:
+        """The current step's global token count."""
+        return self._c.step_tokens
+
+    @property
+    def resumed_step(self) -> int:
+        """The checkpoint's step (0: a clean start)."""
+        return self._c.resumed_step
+
+    @property
+    def stopped(self) -> bool:
+        """Ended before run.steps (a stop, a dry loader)."""
+        return self._c.stopped
+
+    @property
+    def saved(self) -> bool:
+        """The last save and its publication succeeded."""
+        return self._c.saved
 
     def close(self) -> None:
         """Waits for the checkpoint writer (also done when the object is freed)."""

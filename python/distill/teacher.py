@@ -5,16 +5,21 @@ import contextlib
 import signal
 import sys
 import threading
-from typing import Dict
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Union
 
 import torch
 
 from . import _C
-from .hf import HFTeacher, config_list, is_hf_model
+from .hf import HFTeacher, is_hf_model
+
+if TYPE_CHECKING:
+    from .session import Session
+
+__all__ = ["serve"]
 
 
 @contextlib.contextmanager
-def _sigint_while_serving(session):
+def _sigint_while_serving(session: "Session") -> Iterator[None]:
     """Ctrl-C reaches every rank of a distill-run job: the students stop after the current step
     and tell the teacher, which then returns. So the teacher's first Ctrl-C only says so (it
     serves the students' last step); a second interrupts it (KeyboardInterrupt, the job fails
@@ -23,9 +28,9 @@ def _sigint_while_serving(session):
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
         yield
         return
-    seen = []
+    seen: "list[int]" = []
 
-    def on_sigint(signum, frame):
+    def on_sigint(signum: int, frame: Any) -> None:
         if seen:
             raise KeyboardInterrupt
         seen.append(signum)
@@ -39,7 +44,8 @@ def _sigint_while_serving(session):
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def serve(session, model: torch.nn.Module, fingerprint: str = "", share_prefix: int = 16) -> Dict[str, object]:
+def serve(session: "Session", model: Union[torch.nn.Module, Callable[..., Any]], fingerprint: str = "",
+          share_prefix: int = 16) -> Dict[str, Any]:
     """Answers every request of this teacher's students until they have all finished; returns
     the counts (requests, errors, batches, forward_seconds, wall_seconds, per_student).
 
@@ -53,11 +59,26 @@ def serve(session, model: torch.nn.Module, fingerprint: str = "", share_prefix: 
     (teacher.inputs: input_ids, attention_mask), use_cache=False, its ModelOutput's teacher.output
     taken (distill.hf.HFTeacher). Consecutive rows sharing a prefix of share_prefix tokens or more
     (the G samples of a prompt, docs/onpolicy.md) have it computed once (0: never); the counts
-    then include teacher_tokens (token positions computed) and teacher_tokens_unshared."""
+    then include teacher_tokens (token positions computed) and teacher_tokens_unshared.
+
+    Args:
+        session: the teacher's session (session.is_teacher).
+        model: a torch.nn.Module, a PreTrainedModel, or a function of the request's tensors.
+        fingerprint: identifies the model in the teacher-output cache (required without parameters).
+        share_prefix: a Hugging Face model's shortest shared prefix computed once per group (0: off).
+
+    Returns:
+        The counts: requests, errors, batches, forward_seconds, wall_seconds, per_student
+        (and teacher_tokens, teacher_tokens_unshared for a Hugging Face model).
+
+    Raises:
+        ConfigError: this process is a student, or a model without parameters and no fingerprint
+            while teacher.cache is on.
+        Exception: what the model's forward raised.
+    """
     hf = None
-    if is_hf_model(model):
-        output = session.config["teacher.output"].strip("\"'")
-        model = hf = HFTeacher(model, config_list(session.config["teacher.inputs"]), output, share_prefix)
+    if isinstance(model, torch.nn.Module) and is_hf_model(model):
+        model = hf = HFTeacher(model, session.config.teacher.inputs, session.config.teacher.output, share_prefix)
     if isinstance(model, torch.nn.Module):
         model.eval()
     with _sigint_while_serving(session):

@@ -67,7 +67,9 @@ void bindErrors(pyb::module_& m) {
   gClasses.base = makeClass(m, "Error", PyExc_RuntimeError);
   gClasses.config = makeClass(m, "ConfigError", gClasses.base);
   gClasses.ipc = makeClass(m, "IpcError", gClasses.base);
-  gClasses.timeout = makeClass(m, "TimeoutError", gClasses.base);
+  // Also Python's own TimeoutError (an OSError): `except TimeoutError` catches distill's.
+  const pyb::tuple timeoutBases = pyb::make_tuple(pyb::handle(gClasses.base), pyb::handle(PyExc_TimeoutError));
+  gClasses.timeout = makeClass(m, "TimeoutError", timeoutBases.ptr());
   gClasses.peerLost = makeClass(m, "PeerLostError", gClasses.base);
   gClasses.protocol = makeClass(m, "ProtocolError", gClasses.base);
   gClasses.checkpoint = makeClass(m, "CheckpointError", gClasses.base);

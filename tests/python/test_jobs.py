@@ -259,6 +259,11 @@ def test_config_values_are_plain_text(job):
     log_dir = job.dir / "my logs: x"
     assert job.run("steps", config(job), options=["--log-dir", str(log_dir)]) == 0, job.output
     assert job.report(0)["log_dir"] == str(log_dir)
+    # By section, each value of its key's type (config() sets loss.temperature 2.0, grad_acc_steps 2).
+    assert job.report(1)["typed_config"] == {
+        "teacher.topk": [0, "int"], "loss.temperature": [2.0, "float"], "student.grad_acc_steps": [2, "int"],
+        "teacher.inputs": [["input_ids"], "list"], "checkpoint.async": [False, "bool"],
+        "teacher.cache.max_bytes": [1 << 30, "int"]}
 
 
 def test_sigpipe_is_ignored_so_a_dead_peer_is_a_peer_lost_error(job):

@@ -32,6 +32,8 @@ def test_pip_install_of_a_fresh_clone(tmp_path, tiny_lm):
     assert p.returncode == 0, p.stderr
     where, run_bin = p.stdout.split()
     assert where.startswith(str(venv)), where
+    for typed in ("py.typed", "_C.pyi"):  # PEP 561: type checkers read the installed package's types
+        assert os.path.isfile(os.path.join(os.path.dirname(where), typed)), typed
     assert run_bin.startswith(str(venv)), run_bin
     # One version: the wheel's metadata (pyproject's, from CMakeLists.txt) is distill.__version__.
     p = subprocess.run([py, "-c", "import distill, importlib.metadata as m; print(m.version('distill'), distill.__version__)"],

@@ -268,6 +268,11 @@ def main():
     report["rank"] = session.rank
     report["sigpipe_ignored"] = signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN
     report["log_dir"] = session.config["run.log_dir"]
+    cfg = session.config  # by section, typed: each value with its type's name
+    typed = {"teacher.topk": cfg.teacher.topk, "loss.temperature": cfg["loss"]["temperature"],
+             "student.grad_acc_steps": cfg.student.grad_acc_steps, "teacher.inputs": cfg.teacher.inputs,
+             "checkpoint.async": cfg.checkpoint.async_, "teacher.cache.max_bytes": cfg["teacher"]["cache"]["max_bytes"]}
+    report["typed_config"] = {k: [v, type(v).__name__] for k, v in typed.items()}
     with open(os.path.join(args.out, f"rank{session.rank}.json"), "w") as f:
         json.dump(report, f)
 
