@@ -51,6 +51,7 @@ __all__ = [
     "loss",
     "fused_linear_loss",
     "LossResult",
+    "onpolicy",
     "count_tokens",
     "Handle",
     "Reply",

@@ -23,6 +23,8 @@ import torch
 from . import _C
 from .hf import cache_arg, cache_of, is_hf_model, logits_of
 
+__all__ = ["Sample", "sample", "generate", "Mixer"]
+
 
 class Sample(NamedTuple):
     input_ids: torch.Tensor  # [N, P + R - 1]: prompt + response, the last token dropped (inputs)
