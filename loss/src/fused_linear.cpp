@@ -77,9 +77,8 @@ Problem chunkProblem(const Problem& pb, const Span& span, const at::Tensor& zc) 
   c.labels = span.of(pb.labels);
   c.valid = at::arange(span.count, pb.labels.options());
   c.allValid = true;
-  for (at::Tensor* t :
-       {&c.tLogits, &c.tValues, &c.tIndices, &c.tLse, &c.tLogTail, &c.tLogSum, &c.kValues, &c.kLse, &c.kLogTail,
-        &c.tNull}) {
+  for (at::Tensor* t : {&c.tLogits, &c.tValues, &c.tIndices, &c.tLse, &c.tLogTail, &c.tLogSum, &c.kValues, &c.kLse,
+                        &c.kLogTail, &c.tNull}) {
     *t = span.of(*t);
   }
   if (c.fused) c.zc = zc;

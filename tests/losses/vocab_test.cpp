@@ -127,7 +127,8 @@ at::Tensor closedFormMass(const Data& d, const std::string& mode, double tempera
     p = at::softmax(d.zt / temperature, 1).narrow(1, kVs, kVt - kVs).sum(1);
   } else {
     auto [vals, idx] = d.zt.topk(kK, 1);
-    at::Tensor q = mode == "topk" ? at::softmax(vals / temperature, 1) : at::softmax(d.zt / temperature, 1).gather(1, idx);
+    at::Tensor q =
+        mode == "topk" ? at::softmax(vals / temperature, 1) : at::softmax(d.zt / temperature, 1).gather(1, idx);
     p = q.masked_fill(idx < kVs, 0).sum(1);
   }
   return p.index_select(0, (d.labels != kIgnore).nonzero().squeeze(1));
