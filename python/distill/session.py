@@ -97,7 +97,8 @@ class Session:
         _C._request_stop(self._c)
 
     def publish_status(self, step: int, **fields) -> None:
-        """The status line's fields (loss, kd, ce, tokens_per_s, teacher_wait_share) to distill-run."""
+        """The status line's fields (loss, kd, ce, tokens_per_s, teacher_wait_share, truncated_mass) to
+        distill-run."""
         _C._publish_status(self._c, step, **fields)
 
     def teacher_wait_seconds(self) -> float:
