@@ -273,7 +273,8 @@ def vocab_config(payload, vocab="error", pad_mass=False, steps=3):
     return BASE.format(teacher=f"{{kind: self, max_restarts: 0{topk}}}", steps=steps,
                        extra=f"trainer: {{pad_vocab: 128, pad_mass: {1 if pad_mass else 0}}}").replace(
                            "loss: {alpha: 0.5, temperature: 2.0}",
-                           f"loss: {{alpha: 0.5, temperature: 2.0, vocab: {vocab}}}")
+                           f"loss: {{alpha: 0.5, temperature: 2.0, vocab: {vocab}}}").replace(
+                               "run: {name: py,", "run: {name: py, master_port: 0,")
 
 
 @pytest.mark.parametrize("payload", ["full", "topk"])
