@@ -86,6 +86,8 @@ const std::vector<KeySpec>& schema() {
       DISTILL_KEY(loss, jsd_beta).above(0).below(1),
       DISTILL_KEY(loss, ignore_index),
       DISTILL_KEY(loss, chunk_tokens).min(1),
+      DISTILL_KEY(loss, vocab),
+      DISTILL_KEY(loss, max_truncated_mass).min(0).max(1),
 
       DISTILL_KEY(checkpoint, dir).runtime(),
       DISTILL_KEY(checkpoint, every_steps).min(0).runtime(),

@@ -84,6 +84,7 @@ ReceivedMessage& ReceivedMessage::operator=(ReceivedMessage&& o) noexcept {
     senderRank_ = o.senderRank_;
     student_ = o.student_;
     errorText_ = std::move(o.errorText_);
+    vocab_ = o.vocab_;
     tensors_ = o.tensors_;
     ntensors_ = o.ntensors_;
     o.ntensors_ = 0;

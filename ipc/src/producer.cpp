@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <array>
+#include <cstdint>
 #include <cstring>
 
 #include "channel_core.h"
@@ -133,6 +134,9 @@ void ChannelCore::send(int r, const OutMessage& msg, Deadline deadline) {
       anyDevice = anyDevice || device;
     }
     wire::SlotHeader h = plan(r, msg.tag, msg.kind, items.data(), n, msg.errorText);
+    DISTILL_CHECK_T(IpcError, msg.vocab >= 0 && msg.vocab <= int64_t(UINT32_MAX), "vocabulary size ", msg.vocab,
+                    " does not fit the message header (uint32)");
+    h.vocab = uint32_t(msg.vocab);
     const uint64_t seq = acquire(r, msg.tag, deadline);
     for (size_t i = 0; i < n; ++i) {
       const auto& d = h.tensors[i];

@@ -52,7 +52,8 @@ void Segment::publishStatus(int localIndex, const StudentStatus& st) const {
   a.seq.store(seq + 1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
   a.step.store(st.step, std::memory_order_relaxed);
-  const double values[wire::kStatusUsed] = {st.loss, st.kd, st.ce, st.tokens_per_s, st.teacher_wait_share};
+  const double values[wire::kStatusUsed] = {st.loss, st.kd, st.ce, st.tokens_per_s, st.teacher_wait_share,
+                                                st.truncated_mass};
   for (uint32_t i = 0; i < wire::kStatusUsed; ++i) a.values[i].store(values[i], std::memory_order_relaxed);
   a.count.store(wire::kStatusUsed, std::memory_order_relaxed);
   a.seq.store(seq + 2, std::memory_order_release);
@@ -80,6 +81,7 @@ std::optional<StudentStatus> Segment::status(int localIndex) const {
     st.ce = v[wire::kStatusCe];
     st.tokens_per_s = v[wire::kStatusTokensPerS];
     st.teacher_wait_share = v[wire::kStatusTeacherWait];
+    st.truncated_mass = v[wire::kStatusTruncatedMass];
     return st;
   }
   return std::nullopt;

@@ -37,8 +37,9 @@ constexpr uint64_t kSegmentMagic = 0x314D48534C495444ull; // "DTILSHM1", little 
 // 9: ControlBlock::teacherCacheHitPermille; 10: CRC32C checksums; 11: a teacher pool (numTeachers,
 // the per-teacher TeacherState array instead of one teacher's fields); 12: TeacherState's cache
 // counters (lookups, hits, stored tokens and bytes, full) instead of cacheHitPermille, and
-// ControlBlock::stallTimeoutMs (transport.stall_timeout_s)
-constexpr uint32_t kLayoutVersion = 12;
+// ControlBlock::stallTimeoutMs (transport.stall_timeout_s); 13: SlotHeader::vocab (the teacher's
+// vocabulary) and the status value kStatusTruncatedMass
+constexpr uint32_t kLayoutVersion = 13;
 constexpr uint32_t kSlotMagic = 0x544F4C53u; // "SLOT"
 
 constexpr int kMaxTensors = 4; // tensors per message
@@ -113,7 +114,7 @@ struct SlotHeader {
   uint32_t kind; // Kind
   int32_t senderRank; // global rank of the sender
   uint32_t ntensors; // 0 .. kMaxTensors
-  uint32_t reserved;
+  uint32_t vocab; // kind == kResponse: the teacher's vocabulary size (its logits' width), 0 = not stated
   TensorDesc tensors[kMaxTensors];
   char errorText[kErrorTextBytes]; // kind == kError: NUL-terminated message; else zeros
 };
@@ -256,7 +257,7 @@ static_assert(sizeof(ProcessEntry) == 128, "ProcessEntry layout");
 // seq before and after its (relaxed) loads read one whole record. 0 = never
 // published. values[] holds StudentStatus's doubles in their order (NaN = not
 // reported); `count` says how many the writer knew, the rest are spare.
-enum StatusValue : uint32_t { kStatusLoss, kStatusKd, kStatusCe, kStatusTokensPerS, kStatusTeacherWait, kStatusUsed };
+enum StatusValue : uint32_t { kStatusLoss, kStatusKd, kStatusCe, kStatusTokensPerS, kStatusTeacherWait, kStatusTruncatedMass, kStatusUsed };
 constexpr int kStatusValues = 13;
 struct alignas(kCacheLine) StatusArea {
   std::atomic<uint64_t> seq;

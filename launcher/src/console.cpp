@@ -91,7 +91,7 @@ void Console::printStatus(const std::string& text) {
 std::string statusText(const std::vector<Rank>& ranks, const std::vector<double>& teacherBusy,
                        std::optional<double> cacheHits, const std::string& cacheNote) {
   int64_t step = -1;
-  double loss = 0, tps = 0, wait = 0;
+  double loss = 0, tps = 0, wait = 0, truncated = -1;
   int nLoss = 0, nTps = 0, nWait = 0;
   for (auto& r : ranks) {
     if (!r.published) continue;
@@ -100,6 +100,7 @@ std::string statusText(const std::vector<Rank>& ranks, const std::vector<double>
     if (!std::isnan(s.loss)) loss += s.loss, ++nLoss;
     if (!std::isnan(s.tokens_per_s)) tps += s.tokens_per_s, ++nTps;
     if (!std::isnan(s.teacher_wait_share)) wait += s.teacher_wait_share, ++nWait;
+    if (!std::isnan(s.truncated_mass)) truncated = std::max(truncated, s.truncated_mass);
   }
   std::ostringstream os;
   os << std::setprecision(4);
@@ -113,6 +114,8 @@ std::string statusText(const std::vector<Rank>& ranks, const std::vector<double>
   if (cacheHits) os << "cache hits=" << static_cast<int>(100 * *cacheHits + 0.5) << "% ";
   if (!cacheNote.empty()) os << cacheNote << " ";
   if (nWait) os << "teacher wait=" << static_cast<int>(100 * wait / nWait + 0.5) << "% ";
+  // loss.vocab truncate: the most teacher probability one token lost (docs/vocab.md).
+  if (truncated >= 0) os << "truncated mass=" << std::setprecision(2) << truncated << " ";
   std::string text = os.str();
   return text.empty() ? "no status yet" : text.substr(0, text.size() - 1);
 }

@@ -77,8 +77,8 @@ Problem chunkProblem(const Problem& pb, const Span& span, const at::Tensor& zc) 
   c.labels = span.of(pb.labels);
   c.valid = at::arange(span.count, pb.labels.options());
   c.allValid = true;
-  for (at::Tensor* t :
-       {&c.tLogits, &c.tValues, &c.tIndices, &c.tLse, &c.tLogTail, &c.tLogSum, &c.kValues, &c.kLse, &c.kLogTail}) {
+  for (at::Tensor* t : {&c.tLogits, &c.tValues, &c.tIndices, &c.tLse, &c.tLogTail, &c.tLogSum, &c.kValues, &c.kLse,
+                        &c.kLogTail, &c.tNull}) {
     *t = span.of(*t);
   }
   if (c.fused) c.zc = zc;
@@ -205,7 +205,7 @@ LossResult fusedLinear(const at::Tensor& hidden, const at::Tensor& weight, const
   // An autograd input must be defined: no bias is an empty tensor there.
   const at::Tensor biasInput = bias.defined() ? bias : at::empty({0}, weight.options());
   torch::autograd::variable_list out = FusedLinearFunction::apply(hidden, weight, biasInput, &pb, &lin);
-  return LossResult{out[0], out[1], out[2], pb.valid.size(0)};
+  return withMass(pb, LossResult{out[0], out[1], out[2], pb.valid.size(0)});
 }
 
 } // namespace

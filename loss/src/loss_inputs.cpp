@@ -151,11 +151,15 @@ bool nkShape(const Problem& pb, const at::Tensor& t, int64_t k) {
 
 void readDenseTeacher(Problem& pb, const TeacherOutput& teacher, const StudentShape& z) {
   const at::Tensor& tl = teacher.logits;
-  DISTILL_CHECK_T(ProtocolError, nkShape(pb, tl, pb.v) && at::isFloatingType(tl.scalar_type()), pb.fn,
-                  ": teacher logits: expected floating [", pb.n, ", ", pb.v, "] (or the student's ", z.shape,
+  DISTILL_CHECK_T(ProtocolError, nkShape(pb, tl, pb.vt) && at::isFloatingType(tl.scalar_type()), pb.fn,
+                  ": teacher logits: expected floating [", pb.n, ", ", pb.vt, "] (or the student's ", z.shape,
                   "), found ", shapeOf(tl), " ", c10::toString(tl.scalar_type()));
   checkDevice("teacher logits", tl, z);
-  pb.tLogits = tl.reshape({pb.n, pb.v});
+  pb.tLogits = tl.reshape({pb.n, pb.vt});
+  if (pb.vt > pb.v) { // loss.vocab truncate: the student's ids only (loss_vocab.cpp)
+    pb.tFull = pb.tLogits;
+    pb.tLogits = pb.tFull.narrow(1, 0, pb.v);
+  }
 }
 
 // The top-k values, indices and per-token tensors: shapes, dtypes, devices. Returns k.
@@ -164,8 +168,8 @@ int64_t readTopkTeacher(Problem& pb, const TeacherOutput& teacher, const Student
   DISTILL_CHECK_T(ProtocolError, tv.defined() && ti.defined(), pb.fn,
                   ": teacher output has neither logits nor top-k values and indices");
   const int64_t k = tv.dim() >= 1 ? tv.size(-1) : 0;
-  DISTILL_CHECK_T(ProtocolError, k >= 1 && k <= pb.v && nkShape(pb, tv, k) && at::isFloatingType(tv.scalar_type()),
-                  pb.fn, ": teacher top-k values: expected floating [", pb.n, ", k] with 1 <= k <= V = ", pb.v,
+  DISTILL_CHECK_T(ProtocolError, k >= 1 && k <= pb.vt && nkShape(pb, tv, k) && at::isFloatingType(tv.scalar_type()),
+                  pb.fn, ": teacher top-k values: expected floating [", pb.n, ", k] with 1 <= k <= V = ", pb.vt,
                   ", found ", shapeOf(tv), " ", c10::toString(tv.scalar_type()));
   DISTILL_CHECK_T(ProtocolError, nkShape(pb, ti, k) && (ti.scalar_type() == at::kInt || ti.scalar_type() == at::kLong),
                   pb.fn, ": teacher top-k indices: expected int32|int64 [", pb.n, ", ", k, "] like the values, found ",
@@ -199,12 +203,12 @@ DataCheck uniqueIndices(Problem& pb, int64_t k) {
     // sort was ~20% of a top-k loss on CPU).
     pb.tIndices = pb.tIndices.contiguous();
     const int64_t* ip = pb.tIndices.data_ptr<int64_t>();
-    std::vector<int64_t> stamp(pb.v, -1);
+    std::vector<int64_t> stamp(pb.vt, -1);
     bool ok = true;
     for (int64_t r = 0; r < pb.n && ok; ++r) {
       for (int64_t b = 0; b < k; ++b) {
         const int64_t j = ip[r * k + b];
-        if (j < 0 || j >= pb.v) continue; // the range check above reports it
+        if (j < 0 || j >= pb.vt) continue; // the range check above reports it
         if (stamp[j] == r) {
           ok = false;
           break;
@@ -300,7 +304,9 @@ Problem prepare(const StudentShape& z, const at::Tensor& labels, const TeacherOu
   pb.n = z.n;
   pb.v = z.v;
   pb.compute = z.dtype == at::kDouble ? at::kDouble : at::kFloat;
-  const bool cpuFused = z.fusable;
+  pb.vt = teacherVocab(pb, teacher, o);
+  const bool truncate = pb.vt > pb.v && pb.needKd;
+  bool cpuFused = z.fusable;
   readLabels(pb, z, labels, cpuFused);
   at::Tensor keep = pb.labels != o.ignore_index;
   std::vector<DataCheck> checks; // all evaluated with one device sync
@@ -312,13 +318,15 @@ Problem prepare(const StudentShape& z, const at::Tensor& labels, const TeacherOu
     readDenseTeacher(pb, teacher, z);
   } else {
     const int64_t k = readTopkTeacher(pb, teacher, z);
-    checks.push_back({((pb.tIndices >= 0) & (pb.tIndices < pb.v)).all(), [&] {
+    checks.push_back({((pb.tIndices >= 0) & (pb.tIndices < pb.vt)).all(), [&] {
                         DISTILL_THROW(ProtocolError, pb.fn,
                                       ": teacher top-k indices: every index must "
                                       "be in [0, ",
-                                      pb.v, ")");
+                                      pb.vt, ")", pb.vt > pb.v ? " (the teacher's vocabulary)" : "");
                       }});
     if (k > 1) checks.push_back(uniqueIndices(pb, k));
+    // Dropped top-k entries are null buckets, which only the ATen-op path takes.
+    if (truncate && cpuFused && anyTopkDropped(pb)) cpuFused = false;
     topkLogSum(pb, z, o, cpuFused, keep, checks, k);
   }
   runChecks(checks);
@@ -326,6 +334,7 @@ Problem prepare(const StudentShape& z, const at::Tensor& labels, const TeacherOu
   pb.allValid = pb.valid.size(0) == pb.n;
   DISTILL_CHECK_T(ConfigError, normalizer > 0 || pb.valid.size(0) == 0, pb.fn, ": normalizer is 0 but this call has ",
                   pb.valid.size(0), " non-ignored token(s); pass the step's token count (stepTokenCount)");
+  if (truncate) truncateTeacher(pb, o);
   pb.fused = cpuFused;
   if (pb.fused) {
     pb.labels = pb.labels.contiguous();

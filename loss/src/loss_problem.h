@@ -4,6 +4,7 @@
 //   loss_inputs.cpp  the inputs of one call checked and flattened into a Problem
 //   losses.cpp       the chunks (fused CPU kernel or ATen ops), autograd, distillLoss
 //   fused_linear.cpp fusedLinearLoss: the output projection chunked with the loss
+//   loss_vocab.cpp   loss.vocab: a teacher vocabulary that differs from the student's
 
 #include <ATen/ATen.h>
 
@@ -72,6 +73,14 @@ struct Problem {
   bool fused = false;
   at::Tensor zc; // [N, V] contiguous student logits (fused; set by the caller of prepare)
   at::Tensor kValues, kLse, kLogTail; // top-k teacher data in the arithmetic dtype, contiguous (fused)
+  // loss.vocab truncate (loss_vocab.cpp; losses.h, "Vocabularies that differ").
+  int64_t vt = 0; // the teacher's vocabulary (== v unless it is larger and truncated)
+  at::Tensor tFull; // dense: the teacher's [N, vt] logits; tLogits is its first v columns then
+  // Top-k: entries whose id was >= v ("null" buckets: value -inf, index 0, q = p = 0, never
+  // gathered from nor written to the student's row); undefined when none was. Only the
+  // ATen-op path takes them (Problem::fused is false then).
+  at::Tensor tNull; // [N, k] bool
+  double massMax = -1, massSum = -1; // the dropped teacher mass over the valid rows (-1: none dropped)
 };
 
 // Checks the inputs of one distillLoss call (shapes, dtypes, devices, label
@@ -79,6 +88,19 @@ struct Problem {
 // checks) and flattens them to tokens. Problem::zc is the caller's to set.
 Problem prepare(const StudentShape& z, const at::Tensor& labels, const TeacherOutput& teacher, const LossOptions& o,
                 double normalizer);
+
+// loss_vocab.cpp. The teacher's vocabulary V_t against the student's pb.v:
+// V_t (pb.v when the teacher did not state it); ProtocolError when they differ
+// and loss.vocab cannot bridge them.
+int64_t teacherVocab(const Problem& pb, const TeacherOutput& teacher, const LossOptions& o);
+// Top-k, truncating: whether any entry has an id >= pb.v (one device sync).
+bool anyTopkDropped(const Problem& pb);
+// Truncates the teacher to the student's vocabulary (pb.valid set, data checked):
+// measures the dropped mass of every valid row into pb.massMax / massSum
+// (ProtocolError above loss.max_truncated_mass) and renormalises the rest.
+void truncateTeacher(Problem& pb, const LossOptions& o);
+// r with pb's dropped-mass figures.
+LossResult withMass(const Problem& pb, LossResult r);
 
 // The chunks of a prepared Problem (losses.cpp): the kd and ce sums over the
 // valid rows (0-dim double), the gradient of loss w.r.t. the rows of z2 [N, V]

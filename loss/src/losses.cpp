@@ -157,7 +157,7 @@ at::Tensor teacherBuckets(const Problem& pb, const at::Tensor& rows, const at::T
   at::Tensor lse = pb.tLse.index_select(0, rows).to(pb.compute);
   at::Tensor lseK = logSum.sub_(lse);
   at::Tensor logqTail;
-  if (vals.size(1) == pb.v) {
+  if (vals.size(1) == pb.v && !pb.tNull.defined()) {
     logqTail = at::full_like(lseK, -kInf); // k = V: no tail at all, whatever the rounding says
   } else {
     logqTail = log1mexp(lseK.clamp_max(0));
@@ -277,8 +277,18 @@ void lossChunk(const Problem& pb, const at::Tensor& z, const Rows& chunk, at::Te
     // k + 1 buckets: the teacher's top-k tokens and the tail (see losses.h).
     at::Tensor idx = pb.tIndices.index_select(0, rows);
     at::Tensor logPK = x.gather(1, idx).sub_(lseS.unsqueeze(1));
+    // Null buckets (loss.vocab truncate, loss_vocab.cpp): p = 0 there, and
+    // their index (0) is neither masked out of the tail nor written below.
+    at::Tensor null = pb.tNull.defined() ? pb.tNull.index_select(0, rows) : at::Tensor();
     // Tail mass from the logits outside the top-k, never as 1 - sum P_i.
-    x.scatter_(1, idx, -kInf);
+    if (null.defined()) {
+      logPK.masked_fill_(null, -kInf);
+      // min(x, -inf) at the kept ids, min(x, +inf) = x at the null ones: the
+      // same result in any order, so repeated indices do not race.
+      x.scatter_reduce_(1, idx, at::full_like(logPK, -kInf).masked_fill_(null, kInf), "amin");
+    } else {
+      x.scatter_(1, idx, -kInf);
+    }
     at::Tensor lseTail = at::logsumexp(x, 1);
     at::Tensor logP = at::cat({logPK, (lseTail - lseS).unsqueeze(1)}, 1);
     at::Tensor logq = teacherBuckets(pb, rows, lseTail);
@@ -291,7 +301,13 @@ void lossChunk(const Problem& pb, const at::Tensor& z, const Rows& chunk, at::Te
       const int64_t k = idx.size(1);
       at::Tensor safe = at::where(at::isinf(lseTail), at::zeros_like(lseTail), lseTail);
       x.sub_(safe.unsqueeze(1)).exp_().mul_(dv.grad.select(1, k).unsqueeze(1));
-      x.scatter_(1, idx, dv.grad.narrow(1, 0, k));
+      if (null.defined()) {
+        // The kept ids hold exp(-inf) * g = 0 here: adding their gradient sets
+        // it, and a null bucket adds exactly 0 wherever its index points.
+        x.scatter_add_(1, idx, dv.grad.narrow(1, 0, k).masked_fill(null, 0));
+      } else {
+        x.scatter_(1, idx, dv.grad.narrow(1, 0, k));
+      }
       gs = std::move(x);
     }
   }
@@ -336,7 +352,7 @@ LossResult finish(const Problem& pb, const Sums& s) {
   if (pb.needCe) loss.add_(s.ce, (1 - pb.alpha) * scale);
   r.loss = loss.to(pb.compute);
   r.tokens = pb.valid.size(0);
-  return r;
+  return withMass(pb, r);
 }
 
 } // namespace loss_impl
@@ -405,7 +421,7 @@ LossResult run(const at::Tensor& studentLogits, const at::Tensor& labels, const 
     return r;
   }
   torch::autograd::variable_list out = DistillFunction::apply(studentLogits, &pb);
-  return LossResult{out[0], out[1], out[2], pb.valid.size(0)};
+  return withMass(pb, LossResult{out[0], out[1], out[2], pb.valid.size(0)});
 }
 
 } // namespace

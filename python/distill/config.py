@@ -217,6 +217,8 @@ class LossConfig(Section):
     jsd_beta: float
     ignore_index: int
     chunk_tokens: int
+    vocab: str
+    max_truncated_mass: float
 
 
 class CheckpointConfig(Section):

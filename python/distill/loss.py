@@ -21,6 +21,10 @@ class LossResult(NamedTuple):
     kd: torch.Tensor  # 0-dim, detached (NaN when loss.alpha is 0)
     ce: torch.Tensor  # 0-dim, detached (NaN when loss.alpha is 1)
     tokens: int  # non-ignored labels of this call
+    # loss.vocab truncate (docs/vocab.md): the teacher probability its ids >= the student's vocabulary
+    # held, the most of any non-ignored token and the sum over them; -1 both when nothing was truncated
+    truncated_mass_max: float = -1.0
+    truncated_mass_sum: float = -1.0
 
 
 def loss(logits: torch.Tensor, labels: torch.Tensor, teacher: Teacher, normalizer: float,
@@ -28,7 +32,8 @@ def loss(logits: torch.Tensor, labels: torch.Tensor, teacher: Teacher, normalize
     """The loss of one micro-batch, as distill::distillLoss computes it (the same kernels).
 
     teacher: a Reply (session.get) or a dict with "logits", or "topk_values"/"topk_indices"
-    (+ "logsumexp"/"log_tail"). normalizer: the step's global non-ignored token count (the sum
+    (+ "logsumexp"/"log_tail"), and optionally "vocab": the teacher's vocabulary size, checked
+    against the student's as loss.vocab says (docs/vocab.md). normalizer: the step's global non-ignored token count (the sum
     of count_tokens over every micro-batch of the step on every student), so that summed
     gradients are the mean over the step's tokens. The options are the session's loss section
     (no session: the config's defaults); keyword arguments override them (temperature=2.0,

@@ -203,7 +203,7 @@ class Session:
 
         Args:
             step: the step the fields describe.
-            fields: loss, kd, ce, tokens_per_s, teacher_wait_share (each optional).
+            fields: loss, kd, ce, tokens_per_s, teacher_wait_share, truncated_mass (each optional).
         """
         _C._publish_status(self._c, step, **fields)
 

@@ -63,6 +63,11 @@ class Steps:
     torch.amp.GradScaler: pass it as `scaler`; backward() multiplies the loss by its scale, and the
     trainer calls scaler.step(optimizer); scaler.update() instead of optimizer.step() (the reported
     losses are unscaled).
+
+    `on_step(report)`: after each optimizer step, a dict with step, loss, kd, ce, tokens, seconds,
+    tokens_per_s, teacher_wait_share, stop, and with loss.vocab truncate truncated_mass_max and
+    truncated_mass_mean (the teacher probability dropped at ids >= the student's vocabulary: the
+    most of any token and the mean over the step's tokens, all students; docs/vocab.md).
     """
 
     def __init__(

@@ -40,6 +40,7 @@ pyb::dict outputDict(const ReplyPtr& r) {
   put("topk_indices", o.topkIndices);
   put("logsumexp", o.logsumexp);
   put("log_tail", o.logTail);
+  if (o.vocab > 0) d["vocab"] = o.vocab;
   return d;
 }
 
@@ -53,6 +54,7 @@ TeacherOutput teacherOutputOf(const pyb::object& teacher) {
   o.topkIndices = get("topk_indices");
   o.logsumexp = get("logsumexp");
   o.logTail = get("log_tail");
+  if (d.contains("vocab")) o.vocab = d["vocab"].cast<int64_t>();
   return o;
 }
 
@@ -91,7 +93,7 @@ pyb::tuple loss(const at::Tensor& logits, const at::Tensor& labels, const pyb::o
     pyb::gil_scoped_release nogil;
     r = distillLoss(logits, labels, t, o, normalizer);
   }
-  return pyb::make_tuple(r.loss, r.kd, r.ce, r.tokens);
+  return pyb::make_tuple(r.loss, r.kd, r.ce, r.tokens, r.truncatedMassMax, r.truncatedMassSum);
 }
 
 pyb::tuple fusedLinearLoss(const at::Tensor& hidden, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
@@ -104,7 +106,7 @@ pyb::tuple fusedLinearLoss(const at::Tensor& hidden, const at::Tensor& weight, c
     pyb::gil_scoped_release nogil;
     r = distill::fusedLinearLoss(hidden, weight, bias.value_or(at::Tensor()), labels, t, o, normalizer, chunkTokens);
   }
-  return pyb::make_tuple(r.loss, r.kd, r.ce, r.tokens);
+  return pyb::make_tuple(r.loss, r.kd, r.ce, r.tokens, r.truncatedMassMax, r.truncatedMassSum);
 }
 
 } // namespace
@@ -152,15 +154,17 @@ void bindClient(pyb::module_& m) {
   m.def("_teacher_cache_hit_share", [](const SessionPtr& s) { return s->client().teacherCacheHitShare(); });
   m.def(
       "_publish_status",
-      [](const SessionPtr& s, int64_t step, double loss, double kd, double ce, double tokensPerS, double wait) {
+      [](const SessionPtr& s, int64_t step, double loss, double kd, double ce, double tokensPerS, double wait,
+         double truncated) {
         StudentStatus st;
         st.step = step, st.loss = loss, st.kd = kd, st.ce = ce, st.tokens_per_s = tokensPerS;
-        st.teacher_wait_share = wait;
+        st.teacher_wait_share = wait, st.truncated_mass = truncated;
         s->client().publishStatus(st);
       },
       pyb::arg("session"), pyb::arg("step"), pyb::arg("loss") = StudentStatus::kUnset,
       pyb::arg("kd") = StudentStatus::kUnset, pyb::arg("ce") = StudentStatus::kUnset,
-      pyb::arg("tokens_per_s") = StudentStatus::kUnset, pyb::arg("teacher_wait_share") = StudentStatus::kUnset);
+      pyb::arg("tokens_per_s") = StudentStatus::kUnset, pyb::arg("teacher_wait_share") = StudentStatus::kUnset,
+      pyb::arg("truncated_mass") = StudentStatus::kUnset);
   m.def("_loss", &loss, pyb::arg("logits"), pyb::arg("labels"), pyb::arg("teacher"), pyb::arg("normalizer"),
         pyb::arg("session") = pyb::none(), pyb::arg("overrides") = pyb::dict());
   m.def("_fused_linear_loss", &fusedLinearLoss, pyb::arg("hidden"), pyb::arg("weight"), pyb::arg("bias"),

@@ -75,6 +75,9 @@ StepsPtr makeSteps(const SessionPtr& s, std::vector<at::Tensor> params, std::vec
       d["step"] = r.step, d["loss"] = r.loss, d["kd"] = r.kd, d["ce"] = r.ce, d["tokens"] = r.tokens;
       d["seconds"] = r.seconds, d["tokens_per_s"] = r.tokensPerS, d["teacher_wait_share"] = r.teacherWaitShare;
       d["stop"] = r.stop;
+      if (r.truncatedMassMax >= 0) { // loss.vocab truncate
+        d["truncated_mass_max"] = r.truncatedMassMax, d["truncated_mass_mean"] = r.truncatedMassMean;
+      }
       onStep(d);
     };
   }
@@ -123,7 +126,7 @@ pyb::tuple backward(PySteps& p, const at::Tensor& logits) {
     pyb::gil_scoped_release nogil;
     r = p.live("backward").backward(logits);
   }
-  return pyb::make_tuple(r.loss.detach(), r.kd, r.ce, r.tokens);
+  return pyb::make_tuple(r.loss.detach(), r.kd, r.ce, r.tokens, r.truncatedMassMax, r.truncatedMassSum);
 }
 
 pyb::tuple backwardLinear(PySteps& p, const at::Tensor& hidden, const at::Tensor& weight,
@@ -133,7 +136,7 @@ pyb::tuple backwardLinear(PySteps& p, const at::Tensor& hidden, const at::Tensor
     pyb::gil_scoped_release nogil;
     r = p.live("backward").backward(hidden, OutputHead{weight, bias.value_or(at::Tensor()), chunkTokens});
   }
-  return pyb::make_tuple(r.loss.detach(), r.kd, r.ce, r.tokens);
+  return pyb::make_tuple(r.loss.detach(), r.kd, r.ce, r.tokens, r.truncatedMassMax, r.truncatedMassSum);
 }
 
 } // namespace

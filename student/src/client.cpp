@@ -46,6 +46,7 @@ at::Tensor TeacherReply::tensor(const std::string& name) const {
 
 TeacherOutput TeacherReply::output() const {
   TeacherOutput o;
+  o.vocab = vocab_;
   if (has(protocol::kLogits)) {
     o.logits = tensor(protocol::kLogits);
   } else {
@@ -165,6 +166,7 @@ TeacherReply Client::get(const Handle& h, ReplyMode mode) {
   ipc::ReceivedMessage& m = node.mapped();
   TeacherReply r;
   r.handle_ = h;
+  r.vocab_ = m.vocab();
   for (auto& name : m.names()) {
     r.tensors_.emplace_back(name, mode == ReplyMode::kCopy ? m.copy(name) : m.view(name));
   }

@@ -335,6 +335,7 @@ class Server {
       ipc::OutMessage reply;
       reply.kind = MsgKind::kResponse;
       reply.tag = batch[b].msg.tag();
+      reply.vocab = vocab_; // the students check it against theirs (loss.vocab)
       if (cache_) {
         for (auto& [name, t] : cached[b]) reply.tensors.emplace_back(name, t);
       }
@@ -391,6 +392,7 @@ class Server {
     ++stats_.batches;
     auto it = raw.find(cfg_.teacher.output);
     const int64_t vocab = it != raw.end() && it->second.dim() >= 1 ? it->second.size(-1) : 0;
+    if (vocab > 0) vocab_ = vocab;
     return {shape(std::move(raw), inputs[0]), vocab};
   }
 
@@ -470,6 +472,9 @@ class Server {
   std::vector<std::optional<Tag>> last_;
   std::vector<bool> finished_; // by local student index (only those in mine_ are used)
   std::vector<int> mine_; // the local students this teacher serves (teacher i % K)
+  // The width of the model's logits (its vocabulary), known from its first
+  // forward; stated in every response (0 before: answers all from the cache).
+  int64_t vocab_ = 0;
   int teacher_ = 0; // its index among the node's teachers
   std::string device_; // teacherDevice(teacher.*, teacher_)
   InputSignature signature_;

@@ -68,7 +68,7 @@ const std::vector<BadCase>& badCases() {
       {kSelf + "transport:\n  slot: 2\n", "transport.slot: unknown key; did you mean transport.slots?"},
       {kSelf + "loss:\n  xyz: 1\n",
        "loss.xyz: unknown key; valid keys in loss: kind, temperature, alpha, jsd_beta, "
-       "ignore_index, chunk_tokens"},
+       "ignore_index, chunk_tokens, vocab, max_truncated_mass"},
       {kSelf + "student:\n  temperature: 2\n",
        "student.temperature: unknown key; valid keys in student: grad_acc_steps, in_flight, "
        "device, backend, bucket_mb"},
@@ -101,6 +101,7 @@ const std::vector<BadCase>& badCases() {
       {kSelf + "loss:\n  temperature: 1e999\n", "loss.temperature: must be a finite number, found 1e999"},
       {kSelf + "loss:\n  jsd_beta: 1\n", "loss.jsd_beta: must be in (0, 1), found 1"},
       {kSelf + "loss:\n  chunk_tokens: 0\n", "loss.chunk_tokens: must be >= 1, found 0"},
+      {kSelf + "loss:\n  max_truncated_mass: 2\n", "loss.max_truncated_mass: must be in [0, 1], found 2"},
       {kSelf + "run:\n  nproc_per_node: 1\n", "run.nproc_per_node: must be in [2, 256], found 1"},
       {kSelf + "run:\n  nproc_per_node: 2000000000\n", "run.nproc_per_node: must be in [2, 256], found 2000000000"},
       {kSelf + "run:\n  nnodes: 2147483647\n",
@@ -140,6 +141,7 @@ const std::vector<BadCase>& badCases() {
       {"teacher:\n  kind: self\n  inputs: []\n", "teacher.inputs: must not be empty"},
       // enumerations
       {kSelf + "loss:\n  kind: kl\n", "loss.kind: must be one of forward_kl, reverse_kl, jsd; found \"kl\""},
+      {kSelf + "loss:\n  vocab: pad\n", "loss.vocab: must be one of error, truncate; found \"pad\""},
       {kSelf + "run:\n  on_hang: kill\n", "run.on_hang: must be one of teardown, wait; found \"kill\""},
       {"teacher:\n  kind: onnx\n", "teacher.kind: must be one of torchscript, registered, self; found \"onnx\""},
       {"teacher:\n  kind: self\n  autocast: fp16\n",
@@ -398,7 +400,7 @@ TEST(Config, DumpAndHashAreStableAndSensitive) {
 
 TEST(Config, KeysInSchemaOrder) {
   const auto keys = configKeys();
-  EXPECT_EQ(keys.size(), 62u);
+  EXPECT_EQ(keys.size(), 64u); // 62 + loss.vocab, loss.max_truncated_mass
   EXPECT_EQ(keys.front(), "run.name");
   EXPECT_EQ(keys.back(), "checkpoint.on_corrupt");
   EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()).size(), keys.size());

@@ -1147,3 +1147,16 @@ TEST(BalanceVerdict, CacheHitShareIsTheJobsAndAFullCacheIsLoud) {
   const std::string status = distill::launcher::statusText(ranks, {0.9}, 0.5, "cache full (3126 B/token)");
   EXPECT_TRUE(has(status, "teacher busy=90% cache hits=50% cache full (3126 B/token) teacher wait=20%")) << status;
 }
+
+// loss.vocab truncate: the status line shows the most teacher probability any
+// student's last step dropped (docs/vocab.md); nothing when none published it.
+TEST(StatusLine, ShowsTheTruncatedTeacherMass) {
+  std::vector<distill::launcher::Rank> ranks(2);
+  ranks[0].published = distill::StudentStatus{};
+  ranks[1].published = distill::StudentStatus{};
+  EXPECT_FALSE(has(distill::launcher::statusText(ranks, {0.5}, std::nullopt, ""), "truncated"));
+  ranks[0].published->truncated_mass = 2e-6;
+  ranks[1].published->truncated_mass = 3e-5;
+  const std::string status = distill::launcher::statusText(ranks, {0.5}, std::nullopt, "");
+  EXPECT_TRUE(has(status, "truncated mass=3e-05")) << status;
+}

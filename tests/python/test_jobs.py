@@ -273,3 +273,41 @@ def test_sigpipe_is_ignored_so_a_dead_peer_is_a_peer_lost_error(job):
     assert rc != 0
     assert "job failed: [r1 student] signal SIGKILL" in job.output, job.output
     assert "SIGPIPE" not in job.output, job.output
+
+
+def vocab_config(payload, vocab="error", pad_mass=False, steps=3):
+    """A Python teacher whose vocabulary is the student's 64 + 128 padded rows (docs/vocab.md)."""
+    topk = ", topk: 8" if payload == "topk" else ""
+    return BASE.format(teacher=f"{{kind: self, max_restarts: 0{topk}}}", steps=steps,
+                       extra=f"trainer: {{pad_vocab: 128, pad_mass: {1 if pad_mass else 0}}}").replace(
+                           "loss: {alpha: 0.5, temperature: 2.0}",
+                           f"loss: {{alpha: 0.5, temperature: 2.0, vocab: {vocab}}}").replace(
+                               "run: {name: py,", "run: {name: py, master_port: 0,")
+
+
+@pytest.mark.parametrize("payload", ["full", "topk"])
+def test_padded_teacher_vocabulary_fails_at_the_first_answer_naming_both_sizes(job, payload):
+    # Top-k: the padding never reaches the top-k, so only the vocabulary the teacher states tells.
+    rc = job.run("steps_plain", vocab_config(payload))
+    assert rc != 0, job.output
+    assert "the teacher's vocabulary has 192 entries, the student's 64 (loss.vocab: error)" in job.output, job.output
+    assert "[step=1 acc_step=0]" in job.output, job.output
+
+
+@pytest.mark.parametrize("payload", ["full", "topk"])
+def test_padded_teacher_vocabulary_truncated_runs_to_the_end(job, payload):
+    rc = job.run("steps_plain", vocab_config(payload, vocab="truncate"))
+    assert rc == 0, job.output
+    for rank in (0, 1):
+        r = job.report(rank)
+        assert r["steps"] == 3 and not r["stopped"]
+        assert r["truncated"] == [0.0, 0.0, 0.0]  # the padding rows held no probability
+
+
+@pytest.mark.parametrize("payload", ["full", "topk"])
+def test_teacher_rows_with_mass_fail_truncation_naming_step_and_mass(job, payload):
+    rc = job.run("steps_plain", vocab_config(payload, vocab="truncate", pad_mass=True))
+    assert rc != 0, job.output
+    assert re.search(r"the teacher's ids >= 64 \(of its 192\) hold probability 0\.\d+.*\[step=1 acc_step=0\]",
+                     job.output), job.output
+    assert "not padding" in job.output, job.output

@@ -22,7 +22,9 @@ Options read from the config's trainer section (self teacher): kill_teacher_afte
 itself at that forward call), gil_busy_s (its 3rd forward spins in Python, holding the GIL,
 this long), interrupt_teacher_at (SIGINT itself twice at that forward call),
 teacher (module: the TorchScript module; function: a plain function calling it;
-last_position: a function answering the last position only, [B, 1, V]).
+last_position: a function answering the last position only, [B, 1, V]),
+pad_vocab (its logits get this many more columns: a padded vocabulary, logits -1e4) and
+pad_mass (1: those columns carry most of the probability instead).
 Environment: TRAINER_SIGPIPE_DEFAULT=1 restores SIGPIPE's default before distill.init().
 """
 
@@ -118,6 +120,8 @@ def serve(session, args):
     busy_s = float(session.trainer.get("gil_busy_s", "0"))
     interrupt_at = int(session.trainer.get("interrupt_teacher_at", "0"))
     how = session.trainer.get("teacher", "module")
+    pad = int(session.trainer.get("pad_vocab", "0"))
+    pad_mass = session.trainer.get("pad_mass", "0") == "1"
     calls = [0]
 
     def forward(ids):
@@ -132,9 +136,12 @@ def serve(session, args):
             os.kill(os.getpid(), signal.SIGINT)
             os.kill(os.getpid(), signal.SIGINT)
         out = teacher(ids)
+        if pad:  # a padded vocabulary (rows that never win), or extra rows that carry mass
+            extra = out.amax(-1, keepdim=True) + 2 if pad_mass else torch.full_like(out[..., :1], -1e4)
+            out = torch.cat([out, extra.expand(*out.shape[:-1], pad)], -1)
         return out[:, -1:, :] if how == "last_position" else out  # nanoGPT's forward(idx), no targets
 
-    plain = not (kill_after or busy_s or interrupt_at or how != "module")
+    plain = not (kill_after or busy_s or interrupt_at or pad or how != "module")
     stats = distill.serve(session, teacher if plain else forward)
     print(f"teacher served {stats['requests']} requests in {stats['batches']} batches", flush=True)
 
@@ -178,7 +185,9 @@ def steps(session, args):
     ddp = model if args.mode == "steps_plain" else torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
-    s = distill.Steps(session, ddp, opt)
+    truncated = []  # loss.vocab truncate: the step reports' dropped teacher mass
+    s = distill.Steps(session, ddp, opt, on_step=lambda r: truncated.append(r.get("truncated_mass_max")))
+    report["truncated"] = truncated
     report["listening"] = listening()  # the students' world is up: every socket it serves
     if session.rank == 1 and args.mode == "steps":
         report["stranger"] = stranger_reads()

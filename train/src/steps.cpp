@@ -3,6 +3,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <exception>
 
 #include "distill/core/clock.h"
@@ -145,7 +146,7 @@ bool Steps::openStep(const Loader& loader) {
   }
   tokens_ = t[0].item<double>();
   ++step_;
-  loss_ = kd_ = ce_ = wait_ = 0;
+  loss_ = kd_ = ce_ = wait_ = massMax_ = massSum_ = 0;
   stepOpen_ = true;
   return true;
 }
@@ -193,7 +194,17 @@ LossResult Steps::backwardWith(const LossFn& loss) {
   DISTILL_CHECK_T(ProtocolError, reply.handle() == *p.handle, at(p.step, p.accStep),
                   "distill::Steps: the teacher's answer for ", mbName(p.step, p.accStep), " carries the tag ",
                   mbName(reply.handle().step, reply.handle().accStep), " seq ", reply.handle().seq);
-  LossResult r = loss(p.mb.labels, reply.output());
+  LossResult r;
+  try {
+    r = loss(p.mb.labels, reply.output());
+  } catch (const ProtocolError& e) {
+    // The teacher's data did not fit (a vocabulary truncated of more than
+    // loss.max_truncated_mass, indices out of range, ...): named by the
+    // micro-batch it answers, not by the last one submitted (the error's default).
+    DISTILL_THROW(ProtocolError, at(p.step, p.accStep), e.message());
+  }
+  massMax_ = std::max(massMax_, r.truncatedMassMax);
+  massSum_ += std::max(0.0, r.truncatedMassSum);
   if (sync_) sync_->setSyncing(p.accStep + 1 == grad_acc_); // the step's last: its buckets go during backward
   const at::Tensor scaled = lossScale_.defined() ? r.loss * lossScale_ : r.loss;
   if (external_ && external_->trainerAverages) {
@@ -229,7 +240,7 @@ void Steps::finishStep() {
   stepOpen_ = false;
   accStep_ = -1;
   const bool stopAsked = session_.client->stopRequested();
-  at::Tensor t = at::tensor({loss_, ce_, kd_, stopAsked ? 1.0 : 0.0}, at::kDouble);
+  at::Tensor t = at::tensor({loss_, ce_, kd_, stopAsked ? 1.0 : 0.0, massSum_}, at::kDouble);
   session_.student->group().allReduce(t, ReduceOp::kSum, "step losses and stop flag");
   StepReport& rep = last_;
   rep = StepReport{};
@@ -244,6 +255,13 @@ void Steps::finishStep() {
   StudentStatus status;
   status.step = step_, status.loss = rep.loss, status.kd = rep.kd, status.ce = rep.ce;
   status.tokens_per_s = mine, status.teacher_wait_share = rep.teacherWaitShare;
+  if (session_.config.loss.vocab == LossVocab::kTruncate) { // the same on every student: collective
+    at::Tensor mx = at::tensor({massMax_}, at::kDouble);
+    session_.student->group().allReduce(mx, ReduceOp::kMax, "step truncated teacher mass");
+    rep.truncatedMassMax = mx.item<double>();
+    rep.truncatedMassMean = tokens_ > 0 ? t[4].item<double>() / tokens_ : 0;
+    status.truncated_mass = massMax_;
+  }
   if (options_.onStatus) options_.onStatus(status);
   session_.client->publishStatus(status);
   if (options_.onStep) options_.onStep(rep);

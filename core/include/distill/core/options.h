@@ -43,6 +43,11 @@ enum class LossKind { kForwardKl, kReverseKl, kJsd };
 DISTILL_OPTION_ENUM_NAMES(LossKind, "forward_kl", "reverse_kl", "jsd");
 enum class OnSaveError { kStop, kContinue };
 DISTILL_OPTION_ENUM_NAMES(OnSaveError, "stop", "continue");
+// What the loss does when the teacher's vocabulary differs from the student's
+// (loss.vocab; docs/vocab.md).
+enum class LossVocab { kError, kTruncate };
+DISTILL_OPTION_ENUM_NAMES(LossVocab, "error", "truncate");
+
 enum class OnCorrupt { kError, kRestart };
 DISTILL_OPTION_ENUM_NAMES(OnCorrupt, "error", "restart");
 enum class CacheMode { kOff, kRead, kWrite, kReadWrite };
@@ -190,6 +195,9 @@ struct LossOptions {
   double jsd_beta = 0.5; // JSD mixture weight, in (0, 1)
   int64_t ignore_index = -100; // label value masked out of every term
   int64_t chunk_tokens = 4096; // tokens per chunk in the loss (bounds memory; >= 1)
+  // A teacher vocabulary V_t larger than the student's V_s (docs/vocab.md):
+  LossVocab vocab = LossVocab::kError; // error | truncate (drop teacher ids >= V_s, renormalise)
+  double max_truncated_mass = 1e-4; // truncate: the most teacher probability one token may lose, in [0, 1]
 };
 
 // checkpoint: student-only checkpoints.

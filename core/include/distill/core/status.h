@@ -23,6 +23,8 @@ struct StudentStatus {
   double ce = kUnset; // its cross-entropy term (labels)
   double tokens_per_s = kUnset; // this student's throughput
   double teacher_wait_share = kUnset; // share (0..1) of the step spent waiting for the teacher
+  double truncated_mass = kUnset; // loss.vocab truncate: the most teacher probability one token of the
+                                  // step lost (ids >= the student's vocabulary); unset otherwise
 };
 
 } // namespace distill

@@ -60,6 +60,7 @@ struct OutMessage {
   // CUDA tensors go through CUDA IPC buffers when set up, else via the host.
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   std::string errorText; // kind == kError: the message (truncated to 463 bytes)
+  int64_t vocab = 0; // kind == kResponse: the teacher's vocabulary size (0 = not stated; < 2^32)
 };
 
 // A tensor to build directly in a (host) slot (in-slot allocation).
@@ -101,6 +102,7 @@ class ReceivedMessage {
   int senderRank() const { return senderRank_; }
   int student() const { return student_; } // local student index of the ring it came from
   const std::string& errorText() const { return errorText_; }
+  int64_t vocab() const { return vocab_; } // the teacher's vocabulary size it stated (0: none)
   std::vector<std::string> names() const;
   bool has(const std::string& name) const;
 
@@ -132,6 +134,7 @@ class ReceivedMessage {
   int senderRank_ = -1;
   int student_ = -1;
   std::string errorText_;
+  int64_t vocab_ = 0;
   std::array<Desc, kMaxTensors> tensors_{};
   int ntensors_ = 0;
 };

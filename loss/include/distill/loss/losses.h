@@ -90,6 +90,35 @@
 //   renormalisation. Within the tolerance, rounding is absorbed by
 //   renormalising the buckets.
 //
+// Vocabularies that differ (docs/vocab.md). The teacher's vocabulary V_t is
+// TeacherOutput::vocab (what the teacher stated; for a dense teacher also its
+// logits' width) and the student's V_s the logits' width (fusedLinearLoss: the
+// weight's rows). With V_t == V_s, or V_t not stated by a top-k teacher,
+// nothing changes. V_t > V_s:
+//   loss.vocab error     ProtocolError naming both sizes and loss.vocab (as
+//                        any teacher output of the wrong width was before).
+//   loss.vocab truncate  the teacher's distribution at T is restricted to the
+//     ids < V_s and renormalised: q'_j = q_j / (1 - m) for j < V_s, where
+//     m = sum_{j >= V_s} q_j is the dropped mass. Dense: the teacher's columns
+//     [0, V_s) and its softmax over them; m = exp(logsumexp(z_T[V_s:] / T) -
+//     logsumexp(z_T / T)). Top-k: the entries with index >= V_s leave the top-k
+//     (D, the dropped ones), so m = sum_{i in D} exp(v_i / T - L) with L the
+//     teacher's full logsumexp (its logsumexp, or logaddexp(logsumexp(v / T),
+//     logTail); with neither, the softmax over the k values). The kept buckets
+//     are renormalised by replacing L with L' = L + log(1 - m): with logTail,
+//     L' = logaddexp(logsumexp(kept v / T), logTail); with the logsumexp only,
+//     L' = L + log1mexp(logsumexp(dropped v / T) - L); with neither, the
+//     softmax over the kept values. The tail bucket keeps the teacher's tail:
+//     the teacher does not say how much of it lies at ids >= V_s, so the
+//     measured m is the top-k's part of the dropped mass (a lower bound; exact
+//     for padding rows, which never reach the top-k). Every non-ignored token
+//     with m > loss.max_truncated_mass is a ProtocolError naming the mass: the
+//     dropped ids were not padding. The mass is measured in the arithmetic
+//     dtype (float32 for float32/half/bfloat16 logits).
+// V_t < V_s is a ProtocolError in both modes: the student has ids the teacher
+// gives no probability (reverse KL would be infinite), and padding the teacher
+// with zero-probability ids would train the student's extra rows towards -inf.
+//
 // Gradients. Only the student logits get a gradient, and only through
 // `loss`; `kd` and `ce` are detached values for logging. The gradient w.r.t.
 // the student logits is computed chunk by chunk during the forward pass and
@@ -165,6 +194,9 @@ struct TeacherOutput {
   at::Tensor logsumexp; // optional [N]: logsumexp(teacher logits / T) over the full vocab
   at::Tensor logTail; // optional [N]: logsumexp(teacher logits / T) over the NON-top-k
                       // tokens, -inf when k = V: the exact tail mass (see above)
+  int64_t vocab = 0; // the teacher's vocabulary size V_t as it stated it (0: not stated; the width
+                     // of `logits` then for a dense teacher); checked against the student's, see
+                     // "Vocabularies that differ" above
 };
 
 struct LossResult {
@@ -174,6 +206,11 @@ struct LossResult {
   at::Tensor ce; // 0-dim, detached: cross-entropy sum / normalizer; NaN when alpha == 1
                  // (not computed)
   int64_t tokens = 0; // non-ignored tokens in this call (0: loss is 0, and so are kd, ce if computed)
+  // loss.vocab truncate, when the teacher's vocabulary is larger: the teacher probability (at T) that
+  // the dropped ids held, the largest of any non-ignored token and the sum over them (mean = sum /
+  // tokens); -1 both when nothing was truncated (same vocabularies, or alpha = 0).
+  double truncatedMassMax = -1;
+  double truncatedMassSum = -1;
 };
 
 // Number of labels != ignoreIndex (synchronises with the device once).

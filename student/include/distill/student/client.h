@@ -55,8 +55,11 @@ class TeacherReply {
   TeacherReply& operator=(TeacherReply&&) noexcept;
 
   const Handle& handle() const { return handle_; }
-  // The teacher's output for the loss: full logits, or top-k + logsumexp + log tail.
+  // The teacher's output for the loss: full logits, or top-k + logsumexp + log
+  // tail, and the teacher's vocabulary size (the loss checks it, loss.vocab).
   TeacherOutput output() const;
+  // The teacher's vocabulary size as it stated it (0: not stated).
+  int64_t vocab() const { return vocab_; }
   // Any named tensor of the answer (hidden states).
   at::Tensor tensor(const std::string& name) const;
   bool has(const std::string& name) const;
@@ -66,6 +69,7 @@ class TeacherReply {
  private:
   friend class Client;
   Handle handle_;
+  int64_t vocab_ = 0;
   std::vector<std::pair<std::string, at::Tensor>> tensors_;
   std::unique_ptr<ipc::ReceivedMessage> held_; // view mode only
 };

@@ -77,6 +77,9 @@ struct StepReport {
   double tokensPerS = 0; // all students (this student's x student world size)
   double teacherWaitShare = 0; // share of this student's step spent in get()
   bool stop = false; // the students agreed to stop after this step
+  // loss.vocab truncate (docs/vocab.md): the teacher probability the dropped ids held, the most of
+  // any token and the mean over the step's tokens, all students; -1 both with loss.vocab error.
+  double truncatedMassMax = -1, truncatedMassMean = -1;
 };
 
 // One checkpoint the step API took (StepsOptions::onCheckpoint).
@@ -223,6 +226,7 @@ class Steps {
   std::string resumedExtra_, resumedRankExtra_, saveError_;
   bool saveOk_ = true, dry_ = false, done_ = false, stopped_ = false, stepOpen_ = false;
   double tokens_ = 0, loss_ = 0, kd_ = 0, ce_ = 0, wait_ = 0, myTokens_ = 0;
+  double massMax_ = 0, massSum_ = 0; // loss.vocab truncate: this student's, this step
   int64_t stepStartNs_ = 0;
   StepReport last_;
   at::Tensor lossScale_; // setLossScale()

@@ -1,0 +1,134 @@
+// loss.vocab: a teacher whose vocabulary differs from the student's (losses.h,
+// "Vocabularies that differ"; docs/vocab.md).
+//
+// The maths of truncate. Let q_j = softmax(z_T / T)_j over the teacher's V_t
+// ids, K = [0, V_s) the ids the student has and m = sum_{j not in K} q_j the
+// mass the others hold. The target is q restricted to K and renormalised,
+// q'_j = q_j / (1 - m), i.e. the log-softmax of z_T / T over K alone:
+// log q'_j = z_j / T - L' with L' = logsumexp_{j in K}(z_j / T) = L + log(1 - m),
+// L the teacher's full logsumexp.
+//   Dense: the columns K of the teacher's logits; the loss's log-softmax over
+//     them is already log q'. m = exp(logsumexp_{j >= V_s}(z_j / T) - L),
+//     summed over the dropped ids themselves (never 1 - a sum).
+//   Top-k (values v_i at ids j_i, L = the teacher's logsumexp, or
+//     logaddexp(logsumexp(v / T), logTail) with only the log tail, or
+//     logsumexp(v / T) with neither): the entries D with j_i >= V_s leave; the
+//     measured m = exp(logsumexp_{i in D}(v_i / T) - L). The kept buckets
+//     v_i / T - L' with
+//       logTail:       L' = logaddexp(logsumexp_{i not in D}(v_i / T), logTail)
+//                     (the loss computes it from the remaining values: exact);
+//       logsumexp:     L' = L + log1mexp(logsumexp_{i in D}(v_i / T) - L), and
+//                     the tail 1 - sum q'_i as before;
+//       neither:       the softmax over the remaining values.
+//     The teacher's tail stays whole: how much of it lies at ids >= V_s the
+//     teacher does not say, so m counts only the top-k's part (exact for
+//     padding rows, whose logits never reach the top-k).
+#include <ATen/ATen.h>
+
+#include <limits>
+#include <string>
+
+#include "distill/core/errors.h"
+#include "loss_problem.h"
+
+namespace distill::loss_impl {
+
+namespace {
+
+// log(1 - exp(a)) for a <= 0 (Maechler's log1mexp).
+at::Tensor log1mexp(const at::Tensor& a) {
+  return at::where(a > -std::log(2.0), at::log(-at::expm1(a)), at::log1p(-at::exp(a)));
+}
+
+// The dropped mass of every valid row of a dense teacher, chunk by chunk: one
+// [chunk, V_t] buffer at a time.
+at::Tensor denseMass(const Problem& pb) {
+  const int64_t nv = pb.valid.size(0);
+  at::Tensor mass = at::empty({nv}, pb.tFull.options().dtype(pb.compute));
+  for (int64_t c0 = 0; c0 < nv; c0 += pb.chunk) {
+    const int64_t c = std::min(pb.chunk, nv - c0);
+    at::Tensor s = pb.tFull.index_select(0, pb.valid.narrow(0, c0, c)).to(pb.compute).div_(pb.temperature);
+    at::Tensor all = at::logsumexp(s, 1);
+    at::Tensor dropped = at::logsumexp(s.narrow(1, pb.v, pb.vt - pb.v), 1);
+    mass.narrow(0, c0, c).copy_(dropped.sub_(all).exp_());
+  }
+  return mass;
+}
+
+// Top-k: the dropped mass of every row, and the renormalised teacher (see the
+// top of this file).
+at::Tensor topkTruncate(Problem& pb) {
+  const double inf = std::numeric_limits<double>::infinity();
+  at::Tensor drop = pb.tIndices >= pb.v; // [N, k]
+  at::Tensor s = pb.tValues.to(pb.compute).div(pb.temperature);
+  at::Tensor full; // L
+  if (pb.tLse.defined()) {
+    full = pb.tLse.to(pb.compute);
+  } else if (pb.tLogTail.defined()) {
+    full = at::logaddexp(at::logsumexp(s, 1), pb.tLogTail.to(pb.compute));
+  } else {
+    full = at::logsumexp(s, 1);
+  }
+  at::Tensor lseDropped = at::logsumexp(s.masked_fill(~drop, -inf), 1); // -inf: nothing dropped
+  at::Tensor mass = (lseDropped - full).exp();
+  if (!anyTopkDropped(pb)) return mass; // all zeros
+  pb.tNull = drop;
+  pb.tValues = pb.tValues.masked_fill(drop, -inf);
+  pb.tIndices = pb.tIndices.masked_fill(drop, 0);
+  if (pb.tLse.defined()) pb.tLse = full + log1mexp((lseDropped - full).clamp_max(0));
+  if (pb.tLse.defined() || pb.tLogTail.defined()) {
+    pb.tLogSum = at::logsumexp(pb.tValues.to(pb.compute).div(pb.temperature), 1);
+    if (pb.tLogTail.defined()) pb.tLogSum = at::logaddexp(pb.tLogSum, pb.tLogTail.to(pb.compute));
+  }
+  return mass;
+}
+
+} // namespace
+
+int64_t teacherVocab(const Problem& pb, const TeacherOutput& teacher, const LossOptions& o) {
+  int64_t vt = teacher.vocab;
+  if (teacher.logits.defined() && teacher.logits.dim() >= 1) {
+    const int64_t width = teacher.logits.size(-1);
+    DISTILL_CHECK_T(ProtocolError, vt <= 0 || vt == width, pb.fn, ": the teacher stated a vocabulary of ", vt,
+                    " entries but sent logits ", width, " wide");
+    vt = width;
+  }
+  if (vt <= 0 || vt == pb.v) return pb.v;
+  DISTILL_CHECK_T(ProtocolError, vt > pb.v, pb.fn, ": the teacher's vocabulary has ", vt, " entries, the student's ",
+                  pb.v, ": the student's ids >= ", vt,
+                  " have no teacher probability, and loss.vocab (error | truncate) only bridges a teacher vocabulary "
+                  "LARGER than the student's (docs/vocab.md)");
+  DISTILL_CHECK_T(ProtocolError, o.vocab == LossVocab::kTruncate, pb.fn, ": the teacher's vocabulary has ", vt,
+                  " entries, the student's ", pb.v,
+                  " (loss.vocab: error); set loss.vocab: truncate to drop the teacher's ids >= ", pb.v,
+                  " and renormalise the rest, when they are padding (docs/vocab.md)");
+  return vt;
+}
+
+bool anyTopkDropped(const Problem& pb) { return (pb.tIndices >= pb.v).any().item<bool>(); }
+
+void truncateTeacher(Problem& pb, const LossOptions& o) {
+  at::Tensor mass = pb.tFull.defined() ? denseMass(pb) : topkTruncate(pb);
+  if (!pb.tFull.defined() && !pb.allValid) mass = mass.index_select(0, pb.valid);
+  pb.massMax = 0, pb.massSum = 0;
+  if (mass.numel() == 0) return;
+  at::Tensor worst = mass.argmax();
+  // NaN compares false: a row whose mass is NaN fails too.
+  const double mx = mass.max().item<double>();
+  pb.massSum = mass.sum(at::kDouble).item<double>();
+  pb.massMax = mx;
+  if (mx <= o.max_truncated_mass && mx < 1) return;
+  const int64_t row = pb.valid[worst.item<int64_t>()].item<int64_t>();
+  DISTILL_THROW(ProtocolError, pb.fn, ": loss.vocab truncate: the teacher's ids >= ", pb.v, " (of its ", pb.vt,
+                ") hold probability ", mx, " (at T = ", pb.temperature, ") for token ", row,
+                ", above loss.max_truncated_mass = ", o.max_truncated_mass,
+                ": they are not padding, and truncating them would change what the student learns");
+}
+
+LossResult withMass(const Problem& pb, LossResult r) {
+  r.truncatedMassMax = pb.massMax;
+  r.truncatedMassSum = pb.massSum;
+  return r;
+}
+
+} // namespace distill::loss_impl
