@@ -30,6 +30,7 @@ from ._C import (  # noqa: F401
     ProtocolError,
     Reply,
     TimeoutError,
+    UsageError,
     count_tokens,
 )
 from .loss import LossResult, fused_linear_loss, loss  # noqa: F401

@@ -27,8 +27,8 @@ Steps::Steps(Session& session, torch::nn::Module& model, torch::optim::Optimizer
 
 Steps::Steps(Session& session, ExternalModel model, StepsOptions options)
     : session_(session), external_(std::move(model)), options_(std::move(options)) {
-  DISTILL_CHECK(external_->saveState && external_->loadState,
-                "distill::Steps: an ExternalModel needs saveState and loadState");
+  DISTILL_CHECK_T(UsageError, external_->saveState && external_->loadState,
+                  "distill::Steps: an ExternalModel needs saveState and loadState");
   params_ = external_->parameters;
   if (external_->trainerAverages) options_.overlapGradients = false;
   start(external_->buffers);
@@ -36,7 +36,7 @@ Steps::Steps(Session& session, ExternalModel model, StepsOptions options)
 
 // Both constructors: the checkpoint loaded, student rank 0's weights everywhere.
 void Steps::start(const std::vector<at::Tensor>& buffers) {
-  DISTILL_CHECK_T(ConfigError, session_.student && session_.client,
+  DISTILL_CHECK_T(UsageError, session_.student && session_.client,
                   "distill::Steps needs a student session (this rank is the teacher)");
   grad_acc_ = session_.config.student.grad_acc_steps;
   ckpt_ =
@@ -81,12 +81,12 @@ Steps::~Steps() {
 
 void Steps::finish() {
   if (done_) return;
-  DISTILL_CHECK(!current_, "distill::Steps::finish() before backward() of micro-batch ",
-                mbName(current_->step, current_->accStep));
+  DISTILL_CHECK_T(UsageError, !current_, "distill::Steps::finish() before backward() of micro-batch ",
+                  mbName(current_->step, current_->accStep));
   if (stepEnds()) finishStep(); // the step's all-reduce, its report, its checkpoint when due
   if (done_) return;
-  DISTILL_CHECK(!stepOpen_, "distill::Steps::finish() inside step ", step_, " (after acc_step ", accStep_,
-                "): call it once stepEnds() and the optimizer step are done");
+  DISTILL_CHECK_T(UsageError, !stepOpen_, "distill::Steps::finish() inside step ", step_, " (after acc_step ", accStep_,
+                  "): call it once stepEnds() and the optimizer step are done");
   end();
 }
 
@@ -99,8 +99,9 @@ bool Steps::fill(const Loader& loader, size_t count) {
       dry_ = true;
       break;
     }
-    DISTILL_CHECK(mb->inputs.defined() && mb->labels.defined(), "distill::Steps: the loader's micro-batch ",
-                  mbName(nextStep_, nextAcc_), " has undefined inputs or labels");
+    DISTILL_CHECK_T(UsageError, mb->inputs.defined() && mb->labels.defined(),
+                    "distill::Steps: the loader's micro-batch ", mbName(nextStep_, nextAcc_),
+                    " has undefined inputs or labels");
     queue_.push_back(Pending{std::move(*mb), nextStep_, nextAcc_, std::nullopt});
     if (++nextAcc_ == grad_acc_) nextAcc_ = 0, ++nextStep_;
   }
@@ -152,8 +153,8 @@ bool Steps::openStep(const Loader& loader) {
 
 std::optional<StepItem> Steps::next(const Loader& loader) {
   if (done_) return std::nullopt;
-  DISTILL_CHECK(!current_, "distill::Steps::next() before backward() of micro-batch ",
-                mbName(current_->step, current_->accStep));
+  DISTILL_CHECK_T(UsageError, !current_, "distill::Steps::next() before backward() of micro-batch ",
+                  mbName(current_->step, current_->accStep));
   if (stepEnds()) finishStep();
   if (done_) return std::nullopt;
   if (!stepOpen_ && !openStep(loader)) {
@@ -184,7 +185,7 @@ LossResult Steps::backward(const at::Tensor& hidden, const OutputHead& head) {
 }
 
 LossResult Steps::backwardWith(const LossFn& loss) {
-  DISTILL_CHECK(current_, "distill::Steps::backward() without a micro-batch: call next() first");
+  DISTILL_CHECK_T(UsageError, current_, "distill::Steps::backward() without a micro-batch: call next() first");
   const Pending p = std::move(*current_);
   current_.reset();
   const int64_t t0 = monotonicNs();
