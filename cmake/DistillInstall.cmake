@@ -10,12 +10,40 @@ install(TARGETS ${_libs} distill EXPORT distillTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# The installed headers: distill/distill.h and every distill header it reaches
+# through #include "distill/...", followed here at configure time; plus
+# distill/student/losses.h, the old include path of the losses. A header no
+# installed one includes (the launcher's, the segment's, sys.h, ...) is internal.
+set(_hdr_dirs ${PROJECT_SOURCE_DIR}/include)
 foreach(m core loss ipc teacher student ckpt train)
-  if(EXISTS ${PROJECT_SOURCE_DIR}/${m}/include)
-    install(DIRECTORY ${PROJECT_SOURCE_DIR}/${m}/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-  endif()
+  list(APPEND _hdr_dirs ${PROJECT_SOURCE_DIR}/${m}/include)
 endforeach()
-install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+set(_todo distill/distill.h distill/student/losses.h)
+set(_done distill/build_config.h) # generated: installed below
+while(_todo)
+  list(POP_FRONT _todo _h)
+  if(_h IN_LIST _done)
+    continue()
+  endif()
+  list(APPEND _done ${_h})
+  set(_found "")
+  foreach(_d ${_hdr_dirs})
+    if(EXISTS ${_d}/${_h})
+      set(_found ${_d}/${_h})
+    endif()
+  endforeach()
+  if(NOT _found)
+    message(FATAL_ERROR "${_h}: included by an installed distill header, but in no include folder")
+  endif()
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${_found})
+  file(STRINGS ${_found} _incs REGEX "^#include \"distill/")
+  foreach(_line ${_incs})
+    string(REGEX REPLACE "^#include \"([^\"]+)\".*" "\\1" _inc "${_line}")
+    list(APPEND _todo ${_inc})
+  endforeach()
+  get_filename_component(_sub ${_h} DIRECTORY)
+  install(FILES ${_found} DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/${_sub})
+endwhile()
 install(FILES ${PROJECT_BINARY_DIR}/generated/distill/build_config.h
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/distill)
 

@@ -55,13 +55,10 @@ Error::Error(std::string msg, ErrorWhere where, const char* file, int line)
       line_(line) {}
 
 const char* errorTypeName(const Error& e) {
-  if (dynamic_cast<const ConfigError*>(&e)) return "ConfigError";
-  if (dynamic_cast<const IpcError*>(&e)) return "IpcError";
-  if (dynamic_cast<const TimeoutError*>(&e)) return "TimeoutError";
-  if (dynamic_cast<const PeerLostError*>(&e)) return "PeerLostError";
-  if (dynamic_cast<const ProtocolError*>(&e)) return "ProtocolError";
-  if (dynamic_cast<const CheckpointError*>(&e)) return "CheckpointError";
-  if (dynamic_cast<const InternalError*>(&e)) return "InternalError";
+#define DISTILL_ERROR_NAME(Name) \
+  if (dynamic_cast<const Name*>(&e)) return #Name;
+  DISTILL_ERROR_TYPES(DISTILL_ERROR_NAME)
+#undef DISTILL_ERROR_NAME
   return "Error";
 }
 

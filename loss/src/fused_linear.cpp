@@ -155,9 +155,9 @@ class FusedLinearFunction : public torch::autograd::Function<FusedLinearFunction
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list gradOut) {
-    DISTILL_CHECK(ctx->saved_data.count("pending"),
-                  "fusedLinearLoss: backward ran twice through the same loss; its gradients are "
-                  "handed on by the first backward (retain_graph is not supported)");
+    DISTILL_CHECK_T(UsageError, ctx->saved_data.count("pending"),
+                    "fusedLinearLoss: backward ran twice through the same loss; its gradients are "
+                    "handed on by the first backward (retain_graph is not supported)");
     torch::autograd::variable_list out(5);
     const char* names[] = {"h", "w", "b"};
     for (int i = 0; i < 3; ++i) {
@@ -180,7 +180,7 @@ class FusedLinearFunction : public torch::autograd::Function<FusedLinearFunction
 LossResult fusedLinear(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
                        const at::Tensor& labels, const TeacherOutput& teacher, const LossOptions& options,
                        double normalizer, int64_t chunkTokens, bool allowFused) {
-  DISTILL_CHECK_T(ConfigError, chunkTokens >= 0, "fusedLinearLoss: chunk_tokens must be >= 0 (0: automatic), found ",
+  DISTILL_CHECK_T(UsageError, chunkTokens >= 0, "fusedLinearLoss: chunk_tokens must be >= 0 (0: automatic), found ",
                   chunkTokens);
   const StudentShape shape = linearShape(hidden, weight, bias, allowFused);
   Problem pb = prepare(shape, labels, teacher, options, normalizer);

@@ -97,7 +97,7 @@ void rowLogsumexp(const double* x, int64_t n, int64_t k, double t, double* out) 
 // The options' part of a Problem.
 Problem fromOptions(const LossOptions& o, double normalizer, const char* fn) {
   validateLossOptions(o);
-  DISTILL_CHECK_T(ConfigError, std::isfinite(normalizer) && normalizer >= 0, fn,
+  DISTILL_CHECK_T(UsageError, std::isfinite(normalizer) && normalizer >= 0, fn,
                   ": normalizer must be a positive token count (0 only for a call without "
                   "non-ignored tokens), found ",
                   normalizer);
@@ -332,7 +332,7 @@ Problem prepare(const StudentShape& z, const at::Tensor& labels, const TeacherOu
   runChecks(checks);
   pb.valid = keep.nonzero().squeeze(1);
   pb.allValid = pb.valid.size(0) == pb.n;
-  DISTILL_CHECK_T(ConfigError, normalizer > 0 || pb.valid.size(0) == 0, pb.fn, ": normalizer is 0 but this call has ",
+  DISTILL_CHECK_T(UsageError, normalizer > 0 || pb.valid.size(0) == 0, pb.fn, ": normalizer is 0 but this call has ",
                   pb.valid.size(0), " non-ignored token(s); pass the step's token count (stepTokenCount)");
   if (truncate) truncateTeacher(pb, o);
   pb.fused = cpuFused;

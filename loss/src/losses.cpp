@@ -379,9 +379,9 @@ class DistillFunction : public torch::autograd::Function<DistillFunction> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list gradOut) {
     auto it = ctx->saved_data.find("grad");
-    DISTILL_CHECK(it != ctx->saved_data.end(),
-                  "distillLoss: backward ran twice through the same loss; its gradient is "
-                  "handed on by the first backward (retain_graph is not supported)");
+    DISTILL_CHECK_T(UsageError, it != ctx->saved_data.end(),
+                    "distillLoss: backward ran twice through the same loss; its gradient is "
+                    "handed on by the first backward (retain_graph is not supported)");
     at::Tensor g = it->second.toTensor();
     ctx->saved_data.erase(it); // drop our reference so autograd may reuse the buffer
     if (!gradOut[0].defined()) return {at::Tensor(), at::Tensor()};

@@ -30,6 +30,7 @@ from ._C import (  # noqa: F401
     ProtocolError,
     Reply,
     TimeoutError,
+    UsageError,
     count_tokens,
 )
 from .config import Config  # noqa: F401

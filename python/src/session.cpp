@@ -10,12 +10,12 @@
 namespace distill::py {
 
 Client& PySession::client() const {
-  DISTILL_CHECK_T(ConfigError, session.client, "this process is the teacher: it has no client (session.is_teacher)");
+  DISTILL_CHECK_T(UsageError, session.client, "this process is the teacher: it has no client (session.is_teacher)");
   return *session.client;
 }
 
 StudentContext& PySession::student() const {
-  DISTILL_CHECK_T(ConfigError, session.student, "this process is the teacher: it is in no student group");
+  DISTILL_CHECK_T(UsageError, session.student, "this process is the teacher: it is in no student group");
   return *session.student;
 }
 
@@ -99,7 +99,7 @@ void bindSession(pyb::module_& m) {
       .def_property_readonly("trainer", [](const PySession& s) { return trainerDict(s.session.config); })
       .def_property_readonly("teacher_device",
                              [](const PySession& s) {
-                               DISTILL_CHECK_T(ConfigError, s.session.teacher, "teacher_device: not the teacher");
+                               DISTILL_CHECK_T(UsageError, s.session.teacher, "teacher_device: not the teacher");
                                return s.session.teacher->device();
                              })
       .def("_torch_store", &torchStore, pyb::call_guard<pyb::gil_scoped_release>())

@@ -25,7 +25,7 @@ struct PySteps {
   } final;
 
   Steps& live(const char* call) const {
-    DISTILL_CHECK_T(ConfigError, steps != nullptr, "distill.Steps.", call, ": this Steps was closed (close())");
+    DISTILL_CHECK_T(UsageError, steps != nullptr, "distill.Steps.", call, ": this Steps was closed (close())");
     return *steps;
   }
   void close() {
@@ -98,12 +98,12 @@ std::optional<MicroBatch> loadOne(const pyb::function& loader) {
   };
   const bool sequence = pyb::isinstance<pyb::tuple>(item) || pyb::isinstance<pyb::list>(item);
   DISTILL_CHECK_T(
-      ConfigError, sequence && pyb::len(item) == 2,
+      UsageError, sequence && pyb::len(item) == 2,
       "distill.Steps: the loader must yield (inputs, labels) pairs of tensors, got ",
       sequence ? "a " + typeOf(item) + " of " + std::to_string(pyb::len(item)) + " items" : "a " + typeOf(item));
   pyb::sequence pair = item.cast<pyb::sequence>();
   for (size_t i = 0; i < 2; ++i) {
-    DISTILL_CHECK_T(ConfigError, THPVariable_Check(pair[i].ptr()),
+    DISTILL_CHECK_T(UsageError, THPVariable_Check(pair[i].ptr()),
                     "distill.Steps: the loader must yield (inputs, labels) pairs of tensors; its ",
                     i == 0 ? "inputs are" : "labels are", " a ", typeOf(pair[i]));
   }

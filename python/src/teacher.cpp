@@ -86,7 +86,7 @@ class PyTeacher : public TeacherModel {
 };
 
 pyb::dict serveModule(const SessionPtr& s, pyb::object module, std::string fingerprint) {
-  DISTILL_CHECK_T(ConfigError, s->session.teacher,
+  DISTILL_CHECK_T(UsageError, s->session.teacher,
                   "distill.serve: this process is a student (serve the teacher on the teacher's rank: "
                   "`if session.is_teacher: distill.serve(session, model)`)");
   const bool noFingerprint = fingerprint.empty();

@@ -74,9 +74,9 @@ struct GradientSync::Impl {
     if (!syncing || landed[param]) return;
     landed[param] = 1;
     Bucket& b = buckets[size_t(bucketOf[param])];
-    DISTILL_CHECK(b.waiting > 0 && next <= size_t(bucketOf[param]),
-                  "GradientSync: a gradient landed in gradient bucket ", bucketOf[param],
-                  " after it started: call wait() after each syncing backward");
+    DISTILL_CHECK_T(UsageError, b.waiting > 0 && next <= size_t(bucketOf[param]),
+                    "GradientSync: a gradient landed in gradient bucket ", bucketOf[param],
+                    " after it started: call wait() after each syncing backward");
     --b.waiting;
     while (next < buckets.size() && buckets[next].waiting == 0) {
       start(next++);
@@ -108,10 +108,10 @@ GradientSync::GradientSync(StudentGroup& group, const std::vector<at::Tensor>& p
   }
   s.reset();
   for (size_t k = 0; k < s.params.size(); ++k) {
-    DISTILL_CHECK_T(ConfigError, s.params[k].is_leaf(), "GradientSync: parameter ", k,
+    DISTILL_CHECK_T(UsageError, s.params[k].is_leaf(), "GradientSync: parameter ", k,
                     " is not a leaf tensor (no gradient accumulates into it)");
     auto& hooks = torch::autograd::impl::post_acc_grad_hooks(s.params[k]);
-    DISTILL_CHECK_T(ConfigError, hooks == nullptr, "GradientSync: parameter ", k,
+    DISTILL_CHECK_T(UsageError, hooks == nullptr, "GradientSync: parameter ", k,
                     " already has a post-accumulate-grad hook (another GradientSync on the same model?)");
     torch::autograd::impl::set_post_acc_grad_hooks(s.params[k], std::make_unique<Impl::LandedHook>(impl_.get(), k));
   }

@@ -31,6 +31,12 @@ fi
 for h in $(grep -rhoE '^#include "distill/[^"]+"' "$inc" | sed -E 's/^#include "(.*)"/\1/' | sort -u); do
   [ -f "$inc/$h" ] || { echo "FAIL: an installed header includes $h, which is not installed"; exit 1; }
 done
+# Only the headers distill/distill.h reaches (cmake/DistillInstall.cmake) are installed: not the
+# segment's or the launcher's, not sys.h.
+[ -f "$inc/distill/distill.h" ] && [ -f "$inc/distill/train/steps.h" ] || { echo "FAIL: distill/distill.h or what it includes is not installed"; exit 1; }
+for h in distill/ipc/segment.h distill/ipc/hang_report.h distill/core/sys.h distill/core/rendezvous.h; do
+  [ ! -f "$inc/$h" ] || { echo "FAIL: $h is installed, but distill/distill.h does not reach it"; exit 1; }
+done
 
 # 2. The consumer's own Torch_DIR wins: torch through a symlinked root.
 ln -s "$torch_root" "$work/torch"

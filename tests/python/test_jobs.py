@@ -142,9 +142,12 @@ def test_killed_student_is_reported(job):
 
 
 def test_errors_are_python_classes_with_the_messages(tmp_path, monkeypatch):
-    for name in ("ConfigError", "IpcError", "TimeoutError", "PeerLostError", "ProtocolError", "CheckpointError"):
+    # One class per entry of the C++ list (DISTILL_ERROR_TYPES), each exported by distill.
+    assert "UsageError" in distill._C._error_types and "ConfigError" in distill._C._error_types
+    for name in distill._C._error_types:
         cls = getattr(distill, name)
-        assert issubclass(cls, distill.Error) and issubclass(cls, RuntimeError)
+        assert cls is getattr(distill._C, name)
+        assert issubclass(cls, distill.Error) and issubclass(cls, RuntimeError) and cls is not distill.Error
     # The C++ ConfigError of a process started without a launcher, word for word.
     for k in ("DISTILL_ROLE", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_PORT"):
         monkeypatch.delenv(k, raising=False)

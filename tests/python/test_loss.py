@@ -61,6 +61,19 @@ def test_a_bad_override_is_a_config_error():
         distill.loss(x, torch.zeros(2, dtype=torch.long), {"logits": x}, 2, temperature=-1)
 
 
+def test_a_bad_argument_is_a_usage_error():
+    # An argument of the call, not a config key: UsageError, in Python as in C++.
+    g = torch.Generator().manual_seed(3)
+    h, w = torch.randn(4, 3, generator=g), torch.randn(9, 3, generator=g)
+    labels = torch.randint(0, 9, (4,), generator=g)
+    t = {"logits": torch.randn(4, 9, generator=g)}
+    with pytest.raises(distill.UsageError, match="chunk_tokens must be >= 0"):
+        distill.fused_linear_loss(h, w, None, labels, t, 4, chunk_tokens=-1)
+    with pytest.raises(distill.UsageError, match="normalizer"):
+        distill.loss(h @ w.T, labels, t, -1)
+    assert not issubclass(distill.UsageError, distill.ConfigError)
+
+
 def _teacher(t, form, T):
     if form == "full":
         return {"logits": t}

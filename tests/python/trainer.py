@@ -221,7 +221,7 @@ def steps(session, args):
     try:
         s.step_ends()
         report["after_close"]["call"] = "no error"
-    except distill.ConfigError as e:
+    except distill.UsageError as e:
         report["after_close"]["call"] = str(e)
     report["weights_after"] = float(sum(p.detach().double().sum() for p in model.parameters()))
     if session.rank == 0:

@@ -203,6 +203,13 @@ DISTILL_TEST_ROLE(grad_sync_student) {
   const int rank = ctx.rank(), G = cfg.student.grad_acc_steps;
   auto overlapped = makeNet(), after = makeNet();
   distill::GradientSync sync(group, overlapped->parameters(), cfg.student.bucket_mb);
+  // A second GradientSync on the same parameters is API misuse: a UsageError, before any collective.
+  try {
+    distill::GradientSync twice(group, overlapped->parameters(), cfg.student.bucket_mb);
+    std::fprintf(stderr, "MISUSE none\n");
+  } catch (const distill::UsageError& e) {
+    std::fprintf(stderr, "MISUSE UsageError: %s\n", e.message().c_str());
+  }
   torch::optim::SGD optA(overlapped->parameters(), torch::optim::SGDOptions(0.1));
   torch::optim::SGD optB(after->parameters(), torch::optim::SGDOptions(0.1));
   double maxDiff = 0;
@@ -260,6 +267,7 @@ TEST(StudentGrad, OverlappedSyncEqualsAllReduceAfterBackward) {
     EXPECT_EQ(dt::numberAfter(log, "accumulating_collectives="), 0) << log; // no_sync
     const double diff = dt::numberAfter(log, "max_diff=");
     EXPECT_LE(diff, 1e-6) << log;
+    EXPECT_NE(log.find("MISUSE UsageError: GradientSync: parameter 0 already has"), std::string::npos) << log;
     std::printf("rank %d: overlapped vs after-backward max |diff| = %.3e\n", r, diff);
     torch::load(grads[size_t(r)], out[size_t(r)]);
     std::remove(out[size_t(r)].c_str());

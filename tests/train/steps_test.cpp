@@ -107,6 +107,12 @@ int withSteps(distill::Session& s, Net& net, torch::optim::SGD& opt, int64_t dry
     const int64_t k = read++ + train.resumedStep() * G; // from the step after the checkpoint
     return microBatch(rank, k / G + 1, k % G);
   };
+  try { // backward() before next(): API misuse, refused before anything changes
+    train.backward(at::zeros({1}));
+    std::printf("MISUSE none\n");
+  } catch (const distill::UsageError& e) {
+    std::printf("MISUSE UsageError: %s\n", e.message().c_str());
+  }
   while (auto mb = train.next(loader)) {
     // The teacher holds the current micro-batch and the next ones, in_flight deep (fewer at the end).
     const bool last = mb->step == steps && mb->accStep + 1 == G;
@@ -194,6 +200,8 @@ TEST_F(StepsTest, LossesEqualTheLowLevelLoopAndEveryAnswerIsItsMicroBatchs) {
   st = api.finish();
   ASSERT_TRUE(st.exited && st.code == 0) << st.describe() << "\n" << api.text();
   EXPECT_FALSE(has(api.text(), "DEPTH")) << api.text();
+  EXPECT_TRUE(has(api.text(), "[r0 student] MISUSE UsageError: distill::Steps::backward() without a micro-batch"))
+      << api.text();
   for (int r : {0, 1}) {
     const auto a = losses(low.text(), r), b = losses(api.text(), r);
     ASSERT_EQ(a.size(), 6u) << low.text();

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <deque>
 #include <exception>
 
 #include "distill/core/clock.h"
@@ -20,24 +21,73 @@ std::string mbName(int64_t step, int64_t acc) {
 }
 } // namespace
 
-Steps::Steps(Session& session, torch::nn::Module& model, torch::optim::Optimizer& optimizer, StepsOptions options)
+// Everything a Steps holds; its methods are the protocol, Steps forwards to them.
+struct Steps::Impl {
+  Impl(Session& session, torch::nn::Module& model, torch::optim::Optimizer& optimizer, StepsOptions options);
+  Impl(Session& session, ExternalModel model, StepsOptions options);
+  ~Impl();
+
+  std::optional<StepItem> next(const Loader& loader);
+  void finish();
+  LossResult backward(const at::Tensor& logits);
+  LossResult backward(const at::Tensor& hidden, const OutputHead& head);
+  bool stepEnds() const;
+
+  struct Pending {
+    MicroBatch mb;
+    int64_t step = 0, accStep = 0;
+    std::optional<Handle> handle;
+  };
+  using LossFn = std::function<LossResult(const at::Tensor& labels, const TeacherOutput& teacher)>;
+  LossResult backwardWith(const LossFn& loss);
+  bool fill(const Loader& loader, size_t count);
+  void submitAhead();
+  bool openStep(const Loader& loader);
+  void finishStep();
+  void syncGradients();
+  bool save(int64_t step);
+  void end();
+  void start(const std::vector<at::Tensor>& buffers);
+
+  Session& session_;
+  torch::nn::Module* model_ = nullptr; // or external_
+  torch::optim::Optimizer* optimizer_ = nullptr;
+  std::optional<ExternalModel> external_;
+  StepsOptions options_;
+  std::vector<at::Tensor> params_;
+  std::unique_ptr<CheckpointManager> ckpt_;
+  std::unique_ptr<GradientSync> sync_; // null without StepsOptions::overlapGradients
+  std::deque<Pending> queue_; // read ahead, in order; front: the current micro-batch once taken
+  std::optional<Pending> current_;
+  int grad_acc_ = 1;
+  int64_t resumed_ = 0, step_ = 0, accStep_ = -1, nextStep_ = 1, nextAcc_ = 0, savedStep_ = -1;
+  std::string resumedExtra_, resumedRankExtra_, saveError_;
+  bool saveOk_ = true, dry_ = false, done_ = false, stopped_ = false, stepOpen_ = false;
+  double tokens_ = 0, loss_ = 0, kd_ = 0, ce_ = 0, wait_ = 0, myTokens_ = 0;
+  double massMax_ = 0, massSum_ = 0; // loss.vocab truncate: this student's, this step
+  int64_t stepStartNs_ = 0;
+  StepReport last_;
+  at::Tensor lossScale_; // setLossScale()
+};
+
+Steps::Impl::Impl(Session& session, torch::nn::Module& model, torch::optim::Optimizer& optimizer, StepsOptions options)
     : session_(session), model_(&model), optimizer_(&optimizer), options_(std::move(options)) {
   params_ = model.parameters();
   start(model.buffers());
 }
 
-Steps::Steps(Session& session, ExternalModel model, StepsOptions options)
+Steps::Impl::Impl(Session& session, ExternalModel model, StepsOptions options)
     : session_(session), external_(std::move(model)), options_(std::move(options)) {
-  DISTILL_CHECK(external_->saveState && external_->loadState,
-                "distill::Steps: an ExternalModel needs saveState and loadState");
+  DISTILL_CHECK_T(UsageError, external_->saveState && external_->loadState,
+                  "distill::Steps: an ExternalModel needs saveState and loadState");
   params_ = external_->parameters;
   if (external_->trainerAverages) options_.overlapGradients = false;
   start(external_->buffers);
 }
 
 // Both constructors: the checkpoint loaded, student rank 0's weights everywhere.
-void Steps::start(const std::vector<at::Tensor>& buffers) {
-  DISTILL_CHECK_T(ConfigError, session_.student && session_.client,
+void Steps::Impl::start(const std::vector<at::Tensor>& buffers) {
+  DISTILL_CHECK_T(UsageError, session_.student && session_.client,
                   "distill::Steps needs a student session (this rank is the teacher)");
   grad_acc_ = session_.config.student.grad_acc_steps;
   ckpt_ =
@@ -68,7 +118,7 @@ void Steps::start(const std::vector<at::Tensor>& buffers) {
 // A trainer that left the loop itself without finish(): the steps after the
 // last checkpoint are in none. Said once, by student rank 0; not while an
 // exception unwinds (it says what happened).
-Steps::~Steps() {
+Steps::Impl::~Impl() {
   if (done_ || !ckpt_ || !ckpt_->enabled() || step_ <= savedStep_ || std::uncaught_exceptions() > 0) return;
   if (session_.student->group().rank() != 0) return;
   DISTILL_LOG(kWarning) << "distill::Steps: the trainer left the loop after step " << step_
@@ -80,19 +130,19 @@ Steps::~Steps() {
                         << "), or bound it with run.steps or checkpoint.every_steps";
 }
 
-void Steps::finish() {
+void Steps::Impl::finish() {
   if (done_) return;
-  DISTILL_CHECK(!current_, "distill::Steps::finish() before backward() of micro-batch ",
-                mbName(current_->step, current_->accStep));
+  DISTILL_CHECK_T(UsageError, !current_, "distill::Steps::finish() before backward() of micro-batch ",
+                  mbName(current_->step, current_->accStep));
   if (stepEnds()) finishStep(); // the step's all-reduce, its report, its checkpoint when due
   if (done_) return;
-  DISTILL_CHECK(!stepOpen_, "distill::Steps::finish() inside step ", step_, " (after acc_step ", accStep_,
-                "): call it once stepEnds() and the optimizer step are done");
+  DISTILL_CHECK_T(UsageError, !stepOpen_, "distill::Steps::finish() inside step ", step_, " (after acc_step ", accStep_,
+                  "): call it once stepEnds() and the optimizer step are done");
   end();
 }
 
 // Reads the loader until `count` micro-batches are queued; never past run.steps.
-bool Steps::fill(const Loader& loader, size_t count) {
+bool Steps::Impl::fill(const Loader& loader, size_t count) {
   const int64_t bound = session_.config.run.steps;
   while (queue_.size() < count && !dry_ && (bound <= 0 || nextStep_ <= bound)) {
     std::optional<MicroBatch> mb = loader();
@@ -100,8 +150,9 @@ bool Steps::fill(const Loader& loader, size_t count) {
       dry_ = true;
       break;
     }
-    DISTILL_CHECK(mb->inputs.defined() && mb->labels.defined(), "distill::Steps: the loader's micro-batch ",
-                  mbName(nextStep_, nextAcc_), " has undefined inputs or labels");
+    DISTILL_CHECK_T(UsageError, mb->inputs.defined() && mb->labels.defined(),
+                    "distill::Steps: the loader's micro-batch ", mbName(nextStep_, nextAcc_),
+                    " has undefined inputs or labels");
     queue_.push_back(Pending{std::move(*mb), nextStep_, nextAcc_, std::nullopt});
     if (++nextAcc_ == grad_acc_) nextAcc_ = 0, ++nextStep_;
   }
@@ -109,7 +160,7 @@ bool Steps::fill(const Loader& loader, size_t count) {
 }
 
 // Keeps student.in_flight requests with the teacher: the current one and those read ahead.
-void Steps::submitAhead() {
+void Steps::Impl::submitAhead() {
   if (current_ && !current_->handle)
     current_->handle = session_.client->submit(current_->mb.inputs, current_->step, current_->accStep);
   int64_t outstanding = current_ ? 1 : 0;
@@ -122,7 +173,7 @@ void Steps::submitAhead() {
 
 // A step's start: all its micro-batches read (their labels give the token
 // count), one all-reduce carrying the token count and whether a loader ran dry.
-bool Steps::openStep(const Loader& loader) {
+bool Steps::Impl::openStep(const Loader& loader) {
   const int64_t bound = session_.config.run.steps;
   if (bound > 0 && step_ >= bound) return false;
   stepStartNs_ = monotonicNs();
@@ -151,10 +202,10 @@ bool Steps::openStep(const Loader& loader) {
   return true;
 }
 
-std::optional<StepItem> Steps::next(const Loader& loader) {
+std::optional<StepItem> Steps::Impl::next(const Loader& loader) {
   if (done_) return std::nullopt;
-  DISTILL_CHECK(!current_, "distill::Steps::next() before backward() of micro-batch ",
-                mbName(current_->step, current_->accStep));
+  DISTILL_CHECK_T(UsageError, !current_, "distill::Steps::next() before backward() of micro-batch ",
+                  mbName(current_->step, current_->accStep));
   if (stepEnds()) finishStep();
   if (done_) return std::nullopt;
   if (!stepOpen_ && !openStep(loader)) {
@@ -171,21 +222,21 @@ std::optional<StepItem> Steps::next(const Loader& loader) {
   return StepItem{current_->mb.inputs, current_->mb.labels, current_->step, current_->accStep};
 }
 
-LossResult Steps::backward(const at::Tensor& logits) {
+LossResult Steps::Impl::backward(const at::Tensor& logits) {
   return backwardWith([&](const at::Tensor& labels, const TeacherOutput& teacher) {
     return distillLoss(logits, labels, teacher, session_.config.loss, tokens_);
   });
 }
 
-LossResult Steps::backward(const at::Tensor& hidden, const OutputHead& head) {
+LossResult Steps::Impl::backward(const at::Tensor& hidden, const OutputHead& head) {
   return backwardWith([&](const at::Tensor& labels, const TeacherOutput& teacher) {
     return fusedLinearLoss(hidden, head.weight, head.bias, labels, teacher, session_.config.loss, tokens_,
                            head.chunkTokens);
   });
 }
 
-LossResult Steps::backwardWith(const LossFn& loss) {
-  DISTILL_CHECK(current_, "distill::Steps::backward() without a micro-batch: call next() first");
+LossResult Steps::Impl::backwardWith(const LossFn& loss) {
+  DISTILL_CHECK_T(UsageError, current_, "distill::Steps::backward() without a micro-batch: call next() first");
   const Pending p = std::move(*current_);
   current_.reset();
   const int64_t t0 = monotonicNs();
@@ -220,11 +271,11 @@ LossResult Steps::backwardWith(const LossFn& loss) {
   return r;
 }
 
-bool Steps::stepEnds() const { return stepOpen_ && !current_ && accStep_ + 1 == grad_acc_; }
+bool Steps::Impl::stepEnds() const { return stepOpen_ && !current_ && accStep_ + 1 == grad_acc_; }
 
 // The one place the students' gradients are summed: the overlapped buckets
 // awaited, or one all-reduce after backward.
-void Steps::syncGradients() {
+void Steps::Impl::syncGradients() {
   if (external_ && external_->trainerAverages) return; // the trainer's DDP did it during backward
   if (sync_) {
     sync_->wait();
@@ -236,7 +287,7 @@ void Steps::syncGradients() {
 
 // After the optimizer step: the loss parts and the stop flag in one
 // all-reduce, the status, the trainer's callback, the checkpoint.
-void Steps::finishStep() {
+void Steps::Impl::finishStep() {
   stepOpen_ = false;
   accStep_ = -1;
   const bool stopAsked = session_.client->stopRequested();
@@ -272,7 +323,7 @@ void Steps::finishStep() {
   if (last || rep.stop) end();
 }
 
-bool Steps::save(int64_t step) {
+bool Steps::Impl::save(int64_t step) {
   TrainState state; // collective; with checkpoint.async it returns at once
   state.step = step;
   state.data.index = step;
@@ -295,7 +346,7 @@ bool Steps::save(int64_t step) {
 
 // Training is over: the last step saved (once), every save published, the
 // teacher told. Checkpoints off: nothing saved, nothing awaited.
-void Steps::end() {
+void Steps::Impl::end() {
   if (ckpt_->enabled()) {
     if (step_ > savedStep_) save(step_);
     if (!ckpt_->wait()) { // an async save failed after save() handed it over
@@ -307,5 +358,28 @@ void Steps::end() {
   session_.client->finish();
   done_ = true;
 }
+
+Steps::Steps(Session& session, torch::nn::Module& model, torch::optim::Optimizer& optimizer, StepsOptions options)
+    : impl_(std::make_unique<Impl>(session, model, optimizer, std::move(options))) {}
+Steps::Steps(Session& session, ExternalModel model, StepsOptions options)
+    : impl_(std::make_unique<Impl>(session, std::move(model), std::move(options))) {}
+Steps::~Steps() = default;
+
+std::optional<StepItem> Steps::next(const Loader& loader) { return impl_->next(loader); }
+void Steps::finish() { impl_->finish(); }
+LossResult Steps::backward(const at::Tensor& logits) { return impl_->backward(logits); }
+LossResult Steps::backward(const at::Tensor& hidden, const OutputHead& head) { return impl_->backward(hidden, head); }
+void Steps::setLossScale(at::Tensor scale) { impl_->lossScale_ = std::move(scale); }
+bool Steps::stepEnds() const { return impl_->stepEnds(); }
+int64_t Steps::resumedStep() const { return impl_->resumed_; }
+const std::string& Steps::resumedExtra() const { return impl_->resumedExtra_; }
+const std::string& Steps::resumedRankExtra() const { return impl_->resumedRankExtra_; }
+int64_t Steps::step() const { return impl_->step_; }
+double Steps::stepTokens() const { return impl_->tokens_; }
+bool Steps::stopped() const { return impl_->stopped_; }
+bool Steps::saved() const { return impl_->saveOk_; }
+const std::string& Steps::saveError() const { return impl_->saveError_; }
+const StepReport& Steps::last() const { return impl_->last_; }
+CheckpointManager& Steps::checkpoints() { return *impl_->ckpt_; }
 
 } // namespace distill

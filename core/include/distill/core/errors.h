@@ -4,13 +4,7 @@
 // caller can decide what to do (docs/errors.md says what, per type):
 //
 //   Error                      base; never thrown directly except by DISTILL_CHECK
-//   ├── ConfigError            bad YAML, bad --set override, bad environment
-//   ├── IpcError               segment / ring / header problems
-//   ├── TimeoutError           a wait passed its deadline
-//   ├── PeerLostError          a peer process died or stopped heart-beating
-//   ├── ProtocolError          a peer sent something out of order (tags, shapes)
-//   ├── CheckpointError        save / load failed; nothing saved before is lost
-//   └── InternalError          a broken invariant: a bug in distill
+//   └── one type per entry of DISTILL_ERROR_TYPES below
 //
 // Messages carry the identity of the process that threw ("[n0 r3 student]"),
 // the source location, and — where the thrower knows them — step, acc_step and
@@ -50,19 +44,37 @@ class Error : public std::runtime_error {
   int line_;
 };
 
+// The one list of distill's error types, each a direct subclass of Error:
+// X(Name). The C++ classes, errorTypeName, the Python classes (python/src/
+// errors.cpp), distill's Python exports and docs/errors.md's table are all
+// this list (tests/structure/check_errors.py checks the last two).
+//   ConfigError      bad YAML, bad --set override, bad environment
+//   UsageError       a call the API does not allow: out of order, a bad argument, the wrong role
+//   IpcError         segment / ring / header problems
+//   TimeoutError     a wait passed its deadline
+//   PeerLostError    a peer process died or stopped heart-beating
+//   ProtocolError    a peer sent something out of order (tags, shapes)
+//   CheckpointError  save / load failed; nothing saved before is lost
+//   InternalError    a broken invariant: a bug in distill
+#define DISTILL_ERROR_TYPES(X) \
+  X(ConfigError)               \
+  X(UsageError)                \
+  X(IpcError)                  \
+  X(TimeoutError)              \
+  X(PeerLostError)             \
+  X(ProtocolError)             \
+  X(CheckpointError)           \
+  X(InternalError)
+
 #define DISTILL_DECLARE_ERROR(Name)      \
   class Name : public ::distill::Error { \
    public:                               \
     using ::distill::Error::Error;       \
-  }
+  };
 
-DISTILL_DECLARE_ERROR(ConfigError);
-DISTILL_DECLARE_ERROR(IpcError);
-DISTILL_DECLARE_ERROR(TimeoutError);
-DISTILL_DECLARE_ERROR(PeerLostError);
-DISTILL_DECLARE_ERROR(ProtocolError);
-DISTILL_DECLARE_ERROR(CheckpointError);
-DISTILL_DECLARE_ERROR(InternalError);
+DISTILL_ERROR_TYPES(DISTILL_DECLARE_ERROR)
+
+#undef DISTILL_DECLARE_ERROR
 
 namespace detail {
 
@@ -108,7 +120,8 @@ inline ErrorWhere awaiting(std::string awaited) { return ErrorWhere{std::nullopt
 // Human-readable name of the current errno-style code.
 std::string errnoString(int err);
 
-// "ConfigError", "TimeoutError", ...: the most derived distill type of `e`.
+// "ConfigError", "TimeoutError", ...: the most derived distill type of `e`
+// ("Error" for the base).
 const char* errorTypeName(const Error& e);
 
 // Exit code of a process that an uncaught distill::Error ended (see below).

@@ -38,7 +38,6 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -155,9 +154,9 @@ class Steps {
 
   // The step the checkpoint loaded had finished (0: a clean start), and its
   // TrainState::extra.
-  int64_t resumedStep() const { return resumed_; }
-  const std::string& resumedExtra() const { return resumedExtra_; }
-  const std::string& resumedRankExtra() const { return resumedRankExtra_; } // RankState::extra
+  int64_t resumedStep() const;
+  const std::string& resumedExtra() const;
+  const std::string& resumedRankExtra() const; // RankState::extra
 
   // The next micro-batch, or nullopt when training is over (run.steps done,
   // a stop agreed, a loader dry): then the last checkpoint is published and
@@ -180,56 +179,24 @@ class Steps {
   // Multiplies the loss of the next backward() calls before their backward:
   // a loss scaler's scale for fp16 (a 0-dim tensor on the loss's device;
   // undefined: 1). The reported losses stay unscaled.
-  void setLossScale(at::Tensor scale) { lossScale_ = std::move(scale); }
+  void setLossScale(at::Tensor scale);
   // True after backward() of the step's last micro-batch: step the optimizer.
   bool stepEnds() const;
 
-  int64_t step() const { return step_; } // the current step
-  double stepTokens() const { return tokens_; } // its global token count
-  bool stopped() const { return stopped_; } // ended before run.steps by a stop or a dry loader
+  int64_t step() const; // the current step
+  double stepTokens() const; // its global token count
+  bool stopped() const; // ended before run.steps by a stop or a dry loader
   // The last save and its publication succeeded (true when none was made:
   // checkpoint.dir ""); saveError() says why one failed.
-  bool saved() const { return saveOk_; }
-  const std::string& saveError() const { return saveError_; }
-  const StepReport& last() const { return last_; } // the last finished step
-  CheckpointManager& checkpoints() { return *ckpt_; }
+  bool saved() const;
+  const std::string& saveError() const;
+  const StepReport& last() const; // the last finished step
+  CheckpointManager& checkpoints();
 
  private:
-  struct Pending {
-    MicroBatch mb;
-    int64_t step = 0, accStep = 0;
-    std::optional<Handle> handle;
-  };
-  using LossFn = std::function<LossResult(const at::Tensor& labels, const TeacherOutput& teacher)>;
-  LossResult backwardWith(const LossFn& loss);
-  bool fill(const Loader& loader, size_t count);
-  void submitAhead();
-  bool openStep(const Loader& loader);
-  void finishStep();
-  void syncGradients();
-  bool save(int64_t step);
-  void end();
-  void start(const std::vector<at::Tensor>& buffers);
-
-  Session& session_;
-  torch::nn::Module* model_ = nullptr; // or external_
-  torch::optim::Optimizer* optimizer_ = nullptr;
-  std::optional<ExternalModel> external_;
-  StepsOptions options_;
-  std::vector<at::Tensor> params_;
-  std::unique_ptr<CheckpointManager> ckpt_;
-  std::unique_ptr<GradientSync> sync_; // null without StepsOptions::overlapGradients
-  std::deque<Pending> queue_; // read ahead, in order; front: the current micro-batch once taken
-  std::optional<Pending> current_;
-  int grad_acc_ = 1;
-  int64_t resumed_ = 0, step_ = 0, accStep_ = -1, nextStep_ = 1, nextAcc_ = 0, savedStep_ = -1;
-  std::string resumedExtra_, resumedRankExtra_, saveError_;
-  bool saveOk_ = true, dry_ = false, done_ = false, stopped_ = false, stepOpen_ = false;
-  double tokens_ = 0, loss_ = 0, kd_ = 0, ce_ = 0, wait_ = 0, myTokens_ = 0;
-  double massMax_ = 0, massSum_ = 0; // loss.vocab truncate: this student's, this step
-  int64_t stepStartNs_ = 0;
-  StepReport last_;
-  at::Tensor lossScale_; // setLossScale()
+  // The state and the protocol (train/src/steps.cpp): none of it is the trainer's.
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 } // namespace distill
