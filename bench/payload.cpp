@@ -66,13 +66,13 @@ void measure(const at::Tensor& logits, int64_t k, distill::PayloadDtype dtype, c
   const distill::SlotBytes slot = distill::slotBytesNeeded(c);
   const double wirePer = double(wire) / double(n);
   const double fullFp32 = 4.0 * double(logits.size(-1));
-  std::printf("{\"bench\":\"payload\",\"v\":%lld,\"seq\":%lld,\"tokens\":%lld,\"payload\":\"%s\",\"k\":%lld,\"dtype\":\"%s\","
-              "\"wire_bytes_per_token\":%.1f,\"slot_bytes_per_token\":%.1f,\"cache_bytes_per_token\":%.1f,"
-              "\"full_fp32_over_wire\":%.1f,\"slot_matches_wire\":%s}\n",
-              static_cast<long long>(logits.size(-1)), static_cast<long long>(logits.size(1)),
-              static_cast<long long>(n), k > 0 ? "topk" : "full",
-              static_cast<long long>(k), name, wirePer, double(slot.response) / double(n),
-              double(cache) / double(n), fullFp32 / wirePer, slot.response == wire ? "true" : "false");
+  std::printf(
+      "{\"bench\":\"payload\",\"v\":%lld,\"seq\":%lld,\"tokens\":%lld,\"payload\":\"%s\",\"k\":%lld,\"dtype\":\"%s\","
+      "\"wire_bytes_per_token\":%.1f,\"slot_bytes_per_token\":%.1f,\"cache_bytes_per_token\":%.1f,"
+      "\"full_fp32_over_wire\":%.1f,\"slot_matches_wire\":%s}\n",
+      static_cast<long long>(logits.size(-1)), static_cast<long long>(logits.size(1)), static_cast<long long>(n),
+      k > 0 ? "topk" : "full", static_cast<long long>(k), name, wirePer, double(slot.response) / double(n),
+      double(cache) / double(n), fullFp32 / wirePer, slot.response == wire ? "true" : "false");
 }
 
 } // namespace

@@ -14,9 +14,7 @@ constexpr int64_t kFallbackResponse = int64_t(64) << 20;
 
 int64_t aligned(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-int64_t requestBytes(const TeacherOptions& t, int64_t tokens) {
-  return int64_t(t.inputs.size()) * aligned(tokens * 8);
-}
+int64_t requestBytes(const TeacherOptions& t, int64_t tokens) { return int64_t(t.inputs.size()) * aligned(tokens * 8); }
 
 // The answer's known part for `tokens` tokens: top-k (values, indices,
 // logsumexp, log tail) or full logits; 0 when full logits of an unknown vocabulary.
@@ -121,14 +119,14 @@ std::string describeSlotBytes(const Config& c) {
   const TeacherOptions& t = c.teacher;
   std::ostringstream os;
   os << "slots: request " << requestSlotBytes(c) << " B ("
-     << (c.transport.max_request_bytes > 0 ? "transport.max_request_bytes" : "auto") << "; "
-     << s.requestPerToken << " B/token x teacher.max_batch_tokens=" << s.tokens << " = " << mib(s.request)
-     << " needed), response " << responseSlotBytes(c) << " B ("
-     << (c.transport.max_response_bytes > 0 ? "transport.max_response_bytes" : "auto") << "; ";
+     << (c.transport.max_request_bytes > 0 ? "transport.max_request_bytes" : "auto") << "; " << s.requestPerToken
+     << " B/token x teacher.max_batch_tokens=" << s.tokens << " = " << mib(s.request) << " needed), response "
+     << responseSlotBytes(c) << " B (" << (c.transport.max_response_bytes > 0 ? "transport.max_response_bytes" : "auto")
+     << "; ";
   if (t.topk > 0 || t.vocab_size > 0) {
-    os << (t.topk > 0 ? "top-" + std::to_string(t.topk) : "full logits of V=" + std::to_string(t.vocab_size))
-       << " in " << payloadValueBytes(t) * 8 << "-bit values, " << s.responsePerToken << " B/token = "
-       << mib(s.response) << " needed";
+    os << (t.topk > 0 ? "top-" + std::to_string(t.topk) : "full logits of V=" + std::to_string(t.vocab_size)) << " in "
+       << payloadValueBytes(t) * 8 << "-bit values, " << s.responsePerToken << " B/token = " << mib(s.response)
+       << " needed";
   }
   if (!s.unknown.empty()) os << (t.topk > 0 || t.vocab_size > 0 ? ", plus " : "") << s.unknown;
   os << "); x " << c.transport.slots << " slots per student";

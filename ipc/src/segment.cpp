@@ -18,9 +18,9 @@
 #include <sstream>
 #include <thread>
 
-#include "distill/core/payload.h"
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
+#include "distill/core/payload.h"
 #include "segment_impl.h"
 #include "sys.h"
 

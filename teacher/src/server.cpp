@@ -422,8 +422,9 @@ class Server {
   void checkVocab(const at::Tensor& logits) const {
     const int64_t v = cfg_.teacher.vocab_size;
     DISTILL_CHECK_T(ProtocolError, v == 0 || (logits.dim() >= 1 && logits.size(-1) == v), "teacher output '",
-                    cfg_.teacher.output, "' has shape ", logits.sizes(), ": its vocabulary is not teacher.vocab_size=",
-                    v, " (the response slots were sized by it); set teacher.vocab_size to ",
+                    cfg_.teacher.output, "' has shape ", logits.sizes(),
+                    ": its vocabulary is not teacher.vocab_size=", v,
+                    " (the response slots were sized by it); set teacher.vocab_size to ",
                     logits.dim() >= 1 ? logits.size(-1) : 0, " or 0 (unknown)");
   }
 

@@ -786,12 +786,11 @@ TEST(Payload, SlotBytesFromTheTeacherKeys) {
   EXPECT_EQ(distill::requestSlotBytes(c), 4096 * 8);
   EXPECT_EQ(distill::responseSlotBytes(c), 4096 * 520);
   // bfloat16 values (set, or auto under teacher.autocast): 64 x 2 + 64 x 4 + 8 = 392 B.
-  EXPECT_EQ(distill::slotBytesNeeded(sizes("  topk: 64\n  max_batch_tokens: 4096\n  payload_dtype: bfloat16\n"))
-                .response,
-            4096 * 392);
   EXPECT_EQ(
-      distill::slotBytesNeeded(sizes("  topk: 64\n  max_batch_tokens: 4096\n  autocast: bfloat16\n")).response,
+      distill::slotBytesNeeded(sizes("  topk: 64\n  max_batch_tokens: 4096\n  payload_dtype: bfloat16\n")).response,
       4096 * 392);
+  EXPECT_EQ(distill::slotBytesNeeded(sizes("  topk: 64\n  max_batch_tokens: 4096\n  autocast: bfloat16\n")).response,
+            4096 * 392);
   EXPECT_EQ(distill::slotBytesNeeded(sizes("  topk: 64\n  max_batch_tokens: 4096\n  autocast: bfloat16\n"
                                            "  payload_dtype: float32\n"))
                 .response,

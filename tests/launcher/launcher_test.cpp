@@ -760,8 +760,9 @@ TEST_F(LauncherTest, UncaughtErrorEndsTheRankWithExitCode2AndItsMessage) {
 TEST_F(LauncherTest, SegmentTooBigForDevShmFailsAtOnceNamingBytesAndKeys) {
   const std::vector<std::string> wrapper{selfExe(), "--distill-role=small_shm"};
   // The sizes auto took before issue 28 (full logits of an unknown vocabulary: 64 MiB).
-  Launch l(jobArgs({"--set", "transport.max_request_bytes=4MiB", "--set", "transport.max_response_bytes=64MiB"}, {"ok"}),
-           false, wrapper);
+  Launch l(
+      jobArgs({"--set", "transport.max_request_bytes=4MiB", "--set", "transport.max_response_bytes=64MiB"}, {"ok"}),
+      false, wrapper);
   auto st = l.finish(Ms(30000));
   if (has(l.text(), "SKIP: no mount namespace")) GTEST_SKIP() << l.text();
   std::printf("segment too big for /dev/shm -> distill-run exit: %lld ms\n", static_cast<long long>(l.elapsedMs()));
@@ -793,9 +794,9 @@ TEST_F(LauncherTest, SlotBelowWhatTheConfigNeedsIsRefusedBeforeAnyRankStarts) {
   auto st = l.finish(Ms(30000));
   const std::string& t = l.text();
   EXPECT_TRUE(st.exited && st.code == 2) << st.describe() << "\n" << t;
-  for (const char* part : {"transport.max_response_bytes: 1048576 bytes is below the 8519680 bytes",
-                           "teacher.max_batch_tokens=16384", "at least 8519680 (or auto)",
-                           "lower teacher.max_batch_tokens to 2016 or fewer"})
+  for (const char* part :
+       {"transport.max_response_bytes: 1048576 bytes is below the 8519680 bytes", "teacher.max_batch_tokens=16384",
+        "at least 8519680 (or auto)", "lower teacher.max_batch_tokens to 2016 or fewer"})
     EXPECT_TRUE(has(t, part)) << part << "\n" << t;
   EXPECT_FALSE(has(t, "[r0 student]") || has(t, "[r2 teacher]")) << "a rank started:\n" << t;
   EXPECT_TRUE(readFile(dir_ + "/logs/rank_0.log").empty());
@@ -808,16 +809,18 @@ TEST_F(LauncherTest, SlotBelowWhatTheConfigNeedsIsRefusedBeforeAnyRankStarts) {
   Launch plan(jobArgs({"--dry-run", "--set", "teacher.topk=64", "--set", "teacher.max_batch_tokens=2016"}, {"ok"}));
   auto st3 = plan.finish(Ms(30000));
   EXPECT_TRUE(st3.exited && st3.code == 0) << st3.describe() << "\n" << plan.text();
-  EXPECT_TRUE(has(plan.text(), "slots: request 16128 B (auto; 8 B/token x teacher.max_batch_tokens=2016 = 0.02 MiB "
-                               "needed), response 1048320 B (auto; top-64 in 32-bit values, 520 B/token = 1.00 MiB "
-                               "needed); x 4 slots per student"))
+  EXPECT_TRUE(has(plan.text(),
+                  "slots: request 16128 B (auto; 8 B/token x teacher.max_batch_tokens=2016 = 0.02 MiB "
+                  "needed), response 1048320 B (auto; top-64 in 32-bit values, 520 B/token = 1.00 MiB "
+                  "needed); x 4 slots per student"))
       << plan.text();
   Launch fits(jobArgs({"--set", "transport.max_response_bytes=1MiB"}, {"ok"}));
   auto st4 = fits.finish();
   EXPECT_TRUE(st4.exited && st4.code == 0) << st4.describe() << "\n" << fits.text();
-  EXPECT_TRUE(has(fits.text(), "slots: request 131072 B (auto; 8 B/token x teacher.max_batch_tokens=16384 = 0.12 MiB "
-                               "needed), response 1048576 B (transport.max_response_bytes; full logits of an unknown "
-                               "vocabulary (teacher.vocab_size: 0))"))
+  EXPECT_TRUE(has(fits.text(),
+                  "slots: request 131072 B (auto; 8 B/token x teacher.max_batch_tokens=16384 = 0.12 MiB "
+                  "needed), response 1048576 B (transport.max_response_bytes; full logits of an unknown "
+                  "vocabulary (teacher.vocab_size: 0))"))
       << fits.text();
   EXPECT_TRUE(has(fits.text(), "[r2 teacher] teacher served 6 requests")) << fits.text();
 }

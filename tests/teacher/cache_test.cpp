@@ -147,8 +147,7 @@ TEST(TeacherCacheKeys, ContextNamesEverythingThatShapesTheAnswer) {
   EXPECT_NE(distill::answerContext(k8, 1.0, model), distill::answerContext(k4, 1.0, model));
   for (auto change : std::vector<std::function<void(distill::TeacherOptions&)>>{
            [](auto& o) { o.hidden_states = {"h"}; }, [](auto& o) { o.autocast = distill::Autocast::kBFloat16; },
-           [](auto& o) { o.device = "cuda"; }, [](auto& o) { o.output = "out"; },
-           [](auto& o) { o.method = "score"; },
+           [](auto& o) { o.device = "cuda"; }, [](auto& o) { o.output = "out"; }, [](auto& o) { o.method = "score"; },
            [](auto& o) { o.payload_dtype = distill::PayloadDtype::kBFloat16; }}) {
     distill::TeacherOptions o = t;
     change(o);

@@ -2,10 +2,10 @@
 // train through the real client, a teacher.kind self teacher (this binary in
 // teacher role), and misbehaving students. Each role reads its job from the
 // environment (topologyEnv + DISTILL_CONFIG) through distill::init.
+#include <ATen/autocast_mode.h>
 #include <signal.h>
 #include <torch/script.h>
 #include <torch/torch.h>
-#include <ATen/autocast_mode.h>
 
 #include <chrono>
 #include <cstdio>
