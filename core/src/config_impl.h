@@ -83,6 +83,10 @@ struct KeySpec {
     bytes = true;
     return *this;
   }
+  KeySpec& orAuto() {
+    autoZero = true;
+    return *this;
+  }
   KeySpec& mandatory() {
     required = true;
     return *this;
@@ -105,6 +109,7 @@ struct KeySpec {
   std::vector<std::string> choices; // strings of a fixed form ("cuda:N" stands for cuda:<index>);
                                     // enum fields take their choices from options.h
   bool bytes = false; // an int64 that also takes "64MiB"
+  bool autoZero = false; // an int64 that also takes "auto", stored as 0
   bool required = false; // no default: the file must set it
   bool notEmpty = false; // strings and lists
   bool runtimeOnly = false; // cannot change what is trained (paths, ports, timeouts,

@@ -57,6 +57,9 @@ const std::vector<KeySpec>& schema() {
       DISTILL_KEY(teacher, autocast),
       DISTILL_KEY(teacher, max_batch_tokens).min(1).runtime(),
       DISTILL_KEY(teacher, topk).min(0),
+      DISTILL_KEY(teacher, payload_dtype),
+      // Runtime: it sizes the response slots (and is checked at the first answer).
+      DISTILL_KEY(teacher, vocab_size).min(0).runtime(),
       DISTILL_KEY(teacher, max_restarts).min(0).runtime(),
       DISTILL_KEY(teacher, threads).min(0).runtime(),
       // Runtime: a hit is bit-equal to the answer it replaces, so the cache
@@ -73,8 +76,8 @@ const std::vector<KeySpec>& schema() {
       DISTILL_KEY(student, bucket_mb).above(0).runtime(),
 
       DISTILL_KEY(transport, slots).min(1).runtime(),
-      DISTILL_KEY(transport, max_request_bytes).byteSize().min(1).runtime(),
-      DISTILL_KEY(transport, max_response_bytes).byteSize().min(1).runtime(),
+      DISTILL_KEY(transport, max_request_bytes).byteSize().orAuto().min(0).runtime(), // auto = 0: computed
+      DISTILL_KEY(transport, max_response_bytes).byteSize().orAuto().min(0).runtime(), // idem
       DISTILL_KEY(transport, heartbeat_ms).min(1).max(60000).runtime(),
       DISTILL_KEY(transport, stall_timeout_s).min(kMinTimeoutS).max(kMaxTimeoutS).runtime(),
       DISTILL_KEY(transport, spin_us).min(0).max(1000000).runtime(),

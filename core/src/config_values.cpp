@@ -227,8 +227,11 @@ std::optional<std::string> assignDouble(const KeySpec& k, const YAML::Node& n, d
 std::optional<std::string> assignInteger(const KeySpec& k, const YAML::Node& n, const Field& field) {
   int64_t v = 0;
   bool overflow = false;
-  if (k.bytes) {
-    if (!n.IsScalar() || !parseByteSize(n, v, overflow)) return expected("a byte size", n);
+  if (k.autoZero && n.IsScalar() && n.Scalar() == "auto") {
+    v = 0;
+  } else if (k.bytes) {
+    if (!n.IsScalar() || !parseByteSize(n, v, overflow))
+      return expected(k.autoZero ? "a byte size or auto" : "a byte size", n);
   } else {
     if (!isPlain(n) || numberKind(n.Scalar()) != Number::kInt) return expected("an integer", n);
     overflow = !parseNumber(n.Scalar(), v);

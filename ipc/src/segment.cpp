@@ -20,6 +20,7 @@
 
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
+#include "distill/core/payload.h"
 #include "segment_impl.h"
 #include "sys.h"
 
@@ -29,13 +30,15 @@ namespace distill::ipc {
 
 static_assert(wire::kMaxTeachers == kMaxTeachersPerNode, "teacher.procs' bound is the segment's");
 
-SegmentLayout SegmentLayout::fromOptions(const TransportOptions& t, int numStudents, int numTeachers) {
+SegmentLayout SegmentLayout::fromConfig(const Config& c, int numStudents, int numTeachers) {
+  checkSlotBytes(c);
+  const TransportOptions& t = c.transport;
   SegmentLayout l;
   l.numStudents = numStudents;
   l.numTeachers = numTeachers;
   l.slots = t.slots;
-  l.maxRequestBytes = t.max_request_bytes;
-  l.maxResponseBytes = t.max_response_bytes;
+  l.maxRequestBytes = requestSlotBytes(c);
+  l.maxResponseBytes = responseSlotBytes(c);
   l.heartbeatMs = t.heartbeat_ms;
   l.stallTimeoutMs = std::max<int64_t>(1, std::llround(t.stall_timeout_s * 1000));
   return l;

@@ -57,7 +57,7 @@ void joinTorchrunSegment(Topology& topo, const Config& config) {
   }
   for (auto& stale : Segment::removeStale("distill-"))
     DISTILL_LOG(kWarning) << "removed stale segment /dev/shm/" << stale << ": its creator is gone";
-  const auto layout = SegmentLayout::fromOptions(config.transport, topo.studentsPerNode(), topo.teachersPerNode);
+  const auto layout = SegmentLayout::fromConfig(config, topo.studentsPerNode(), topo.teachersPerNode);
   Segment::createOrAttach(topo.segment, layout, topo.jobId, agent,
                           Deadline::afterSeconds(config.run.startup_timeout_s));
 }

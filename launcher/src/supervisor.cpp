@@ -16,6 +16,7 @@
 
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
+#include "distill/core/payload.h"
 #include "distill/core/rendezvous.h"
 #include "distill/ipc/hang_report.h"
 #include "summary.h"
@@ -49,6 +50,10 @@ int Supervisor::run() {
   // the validated config's, in ranges the schema states.
   const RunOptions& run = cfg_.run;
   node_ = run.node_rank;
+  // The ring slots the config needs (core/payload.h): a size set below them is
+  // an error now, before any rank starts, and the sizes are said once.
+  checkSlotBytes(cfg_);
+  DISTILL_LOG(kInfo) << describeSlotBytes(cfg_);
   const std::string jobId = randomId();
   const std::string segment = "distill-" + jobId + "-n" + std::to_string(node_);
   layOut(segment, jobId);

@@ -99,7 +99,7 @@ void Supervisor::createSegment(const std::string& segment, const std::string& jo
   // A distill-run that was SIGKILLed could not remove its segment: the next run does.
   for (auto& stale : ipc::Segment::removeStale("distill-"))
     DISTILL_LOG(kWarning) << "removed stale segment /dev/shm/" << stale << ": its distill-run is gone";
-  seg_ = ipc::Segment::create(segment, ipc::SegmentLayout::fromOptions(cfg_.transport, students, teachers), jobId);
+  seg_ = ipc::Segment::create(segment, ipc::SegmentLayout::fromConfig(cfg_, students, teachers), jobId);
   segmentName_ = segment;
   seg_->setTeacherMaxRestarts(cfg_.teacher.max_restarts);
   DISTILL_LOG(kInfo) << "job " << jobId << ": " << students << " student(s) + " << teachers << " teacher(s) on node "

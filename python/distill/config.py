@@ -181,6 +181,8 @@ class TeacherConfig(Section):
     autocast: str
     max_batch_tokens: int
     topk: int
+    payload_dtype: str
+    vocab_size: int
     max_restarts: int
     threads: int
     cache: TeacherCacheConfig

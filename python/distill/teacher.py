@@ -55,6 +55,11 @@ def serve(session: "Session", model: Union[torch.nn.Module, Callable[..., Any]],
     without parameters, e.g. a function, needs one). An exception of the forward ends serve()
     with it: the teacher fails, and distill-run names it.
 
+    With teacher.autocast (bfloat16 or float16), the forward runs under torch.autocast of the
+    teacher's device type ("cpu" or "cuda") and that dtype, as if wrapped in `with
+    torch.autocast(...)`; its logits or top-k values then travel in that dtype
+    (teacher.payload_dtype: auto).
+
     A Hugging Face PreTrainedModel is served as it is: called with the request's tensors by name
     (teacher.inputs: input_ids, attention_mask), use_cache=False, its ModelOutput's teacher.output
     taken (distill.hf.HFTeacher). Consecutive rows sharing a prefix of share_prefix tokens or more

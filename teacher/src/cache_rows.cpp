@@ -2,6 +2,10 @@
 // key (SHA-256), and a row's answer encoded compactly for the store (float32
 // logits and top-k values in float16, indices in the narrowest integer that
 // holds the vocabulary), sealed with a CRC32C over its key and bytes.
+// Logits and values that arrive in bfloat16 or float16 (teacher.payload_dtype,
+// or its auto under teacher.autocast) are stored as they are, 2 bytes each, and
+// come back bit-equal in their own dtype; teacher.payload_dtype is part of the
+// answer context, so answers of one payload dtype never answer another's.
 #include "cache.h"
 
 #include <openssl/evp.h>
@@ -153,6 +157,8 @@ std::string answerContext(const TeacherOptions& t, double temperature, const Tea
   os << "\nhidden_states";
   for (const auto& h : t.hidden_states) os << " " << h;
   os << "\nautocast " << t.autocast << "\ndevice " << at::Device(t.device).type();
+  // The dtype values travel in: a float32 answer and a bfloat16 one are not bit-equal.
+  os << "\npayload_dtype " << t.payload_dtype;
   return os.str();
 }
 

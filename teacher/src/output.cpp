@@ -19,7 +19,8 @@ std::string tagString(const Tag& t) { return "(" + describe(t) + ")"; }
 
 } // namespace
 
-std::map<std::string, at::Tensor> topkOutput(const at::Tensor& logits, int64_t k, double temperature) {
+std::map<std::string, at::Tensor> topkOutput(const at::Tensor& logits, int64_t k, double temperature,
+                                             at::ScalarType valueDtype) {
   DISTILL_CHECK_T(ConfigError, logits.dim() >= 1 && k >= 1 && k <= logits.size(-1), "teacher.topk=", k,
                   " exceeds the vocabulary of ", logits.dim() >= 1 ? logits.size(-1) : 0);
   std::map<std::string, at::Tensor> out;
@@ -29,12 +30,42 @@ std::map<std::string, at::Tensor> topkOutput(const at::Tensor& logits, int64_t k
   // the tail. The tail is summed, never taken as a difference, which cancels
   // to 0 when the top-k holds nearly all the mass.
   at::Tensor scaled = logits.to(at::kFloat).div(temperature);
-  out[protocol::kLogsumexp] = at::logsumexp(scaled, -1).contiguous();
+  at::Tensor lse = at::logsumexp(scaled, -1);
   scaled.scatter_(-1, indices, -std::numeric_limits<float>::infinity());
-  out[protocol::kLogTail] = at::logsumexp(scaled, -1).contiguous();
-  out[protocol::kTopkValues] = values.to(at::kFloat).contiguous();
+  at::Tensor tail = at::logsumexp(scaled, -1);
+  at::Tensor sent = values.to(valueDtype);
+  if (valueDtype != values.scalar_type()) {
+    const at::Tensor lost = at::isfinite(values).logical_and(at::isfinite(sent).logical_not());
+    DISTILL_CHECK_T(ProtocolError, !lost.any().item<bool>(), "teacher top-k values: a logit of magnitude ",
+                    values.masked_select(lost)[0].item<double>(), " overflows ", c10::toString(valueDtype),
+                    " (teacher.payload_dtype): use bfloat16 or float32");
+  }
+  if (c10::elementSize(valueDtype) < c10::elementSize(values.scalar_type())) {
+    // Rounded values: logsumexp = logaddexp(logsumexp(rounded / T), log_tail),
+    // so that the k + 1 buckets the student sees still sum to 1 (losses.h checks it).
+    lse = at::logaddexp(at::logsumexp(sent.to(at::kFloat).div(temperature), -1), tail);
+  }
+  out[protocol::kLogsumexp] = lse.contiguous();
+  out[protocol::kLogTail] = tail.contiguous();
+  out[protocol::kTopkValues] = sent.contiguous();
   out[protocol::kTopkIndices] = indices.to(at::kInt).contiguous();
   return out;
+}
+
+at::ScalarType payloadDtype(const TeacherOptions& t, at::ScalarType output) {
+  switch (t.payload_dtype) {
+    case PayloadDtype::kFloat32:
+      return at::kFloat;
+    case PayloadDtype::kBFloat16:
+      return at::kBFloat16;
+    case PayloadDtype::kFloat16:
+      return at::kHalf;
+    case PayloadDtype::kAuto:
+      break;
+  }
+  if (t.autocast == Autocast::kBFloat16) return at::kBFloat16;
+  if (t.autocast == Autocast::kFloat16) return at::kHalf;
+  return output == at::kHalf || output == at::kBFloat16 ? output : at::kFloat;
 }
 
 std::string checkTagOrder(const std::optional<Tag>& prev, const Tag& next, int gradAccSteps) {

@@ -33,24 +33,34 @@ std::string describe(const at::Tensor& t) {
   return os.str();
 }
 
-// teacher.autocast on a CUDA teacher: float16/bfloat16 autocast around forward
-// (restored on scope exit). On CPU the option is refused at start-up.
+// teacher.autocast: float16/bfloat16 autocast around forward on the teacher's
+// device type, cpu or cuda (restored on scope exit). torch's autocast state is
+// per thread: a Python teacher's forward (distill.serve), called on this
+// thread, runs under it as under torch.autocast(device_type, dtype).
 class AutocastScope {
  public:
-  explicit AutocastScope(const TeacherOptions& o) {
+  AutocastScope(const TeacherOptions& o, const at::Device& device) : type_(device.type()) {
     if (o.autocast == Autocast::kNone) return;
+    wasEnabled_ = at::autocast::is_autocast_enabled(type_);
+    wasDtype_ = at::autocast::get_autocast_dtype(type_);
     active_ = true;
-    at::autocast::set_autocast_enabled(at::kCUDA, true);
-    at::autocast::set_autocast_dtype(at::kCUDA, o.autocast == Autocast::kFloat16 ? at::kHalf : at::kBFloat16);
+    at::autocast::set_autocast_enabled(type_, true);
+    at::autocast::set_autocast_dtype(type_, o.autocast == Autocast::kFloat16 ? at::kHalf : at::kBFloat16);
   }
   ~AutocastScope() {
     if (!active_) return;
-    at::autocast::set_autocast_enabled(at::kCUDA, false);
+    at::autocast::set_autocast_enabled(type_, wasEnabled_);
+    at::autocast::set_autocast_dtype(type_, wasDtype_);
     at::autocast::clear_cache();
   }
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
 
  private:
+  at::DeviceType type_;
   bool active_ = false;
+  bool wasEnabled_ = false;
+  at::ScalarType wasDtype_ = at::kBFloat16;
 };
 
 // A response holds at most ipc::kMaxTensors tensors: the output (the
@@ -139,10 +149,8 @@ class Server {
                     "the teacher has no segment (DISTILL_SEGMENT is not set): start the job with distill-run");
     teacher_ = topo.teacherIndex;
     device_ = teacherDevice(cfg_.teacher, teacher_);
-    DISTILL_CHECK_T(ConfigError, cfg_.teacher.autocast == Autocast::kNone || parseDevice(device_).cuda,
-                    "teacher.autocast: ", cfg_.teacher.autocast, " needs a cuda teacher device, found ", device_);
     auto startup = Deadline::afterSeconds(cfg_.run.startup_timeout_s);
-    auto layout = ipc::SegmentLayout::fromOptions(cfg_.transport, topo.studentsPerNode(), topo.teachersPerNode);
+    auto layout = ipc::SegmentLayout::fromConfig(cfg_, topo.studentsPerNode(), topo.teachersPerNode);
     segment_ = ipc::Segment::attach(topo.segment, topo.jobId, layout, startup);
     auto options = ipc::EndpointOptions::fromOptions(cfg_.transport, topo.globalRank);
     options.config = configDescription(cfg_);
@@ -383,7 +391,7 @@ class Server {
   TeacherCache::Computed compute(const std::vector<at::Tensor>& rows, const std::string& label) {
     std::vector<at::Tensor> inputs;
     for (const at::Tensor& t : rows) inputs.push_back(t.to(at::Device(device_)));
-    AutocastScope autocast(cfg_.teacher);
+    AutocastScope autocast(cfg_.teacher, at::Device(device_));
     trace::Event ev; // the model is user code: a stall here shows as "busy in the model's forward"
     ev.op = trace::Op::kForward;
     ev.label = label;
@@ -412,6 +420,29 @@ class Server {
     }
   }
 
+  // teacher.vocab_size, when set, is the output's last dimension (the slots were sized by it).
+  void checkVocab(const at::Tensor& logits) const {
+    const int64_t v = cfg_.teacher.vocab_size;
+    DISTILL_CHECK_T(ProtocolError, v == 0 || (logits.dim() >= 1 && logits.size(-1) == v), "teacher output '",
+                    cfg_.teacher.output, "' has shape ", logits.sizes(),
+                    ": its vocabulary is not teacher.vocab_size=", v,
+                    " (the response slots were sized by it); set teacher.vocab_size to ",
+                    logits.dim() >= 1 ? logits.size(-1) : 0, " or 0 (unknown)");
+  }
+
+  // Full logits in the payload dtype (teacher.payload_dtype).
+  at::Tensor fullLogits(const at::Tensor& logits) const {
+    const at::ScalarType dtype = payloadDtype(cfg_.teacher, logits.scalar_type());
+    at::Tensor sent = logits.to(dtype);
+    if (dtype != logits.scalar_type()) {
+      const at::Tensor lost = at::isfinite(logits).logical_and(at::isfinite(sent).logical_not());
+      DISTILL_CHECK_T(ProtocolError, !lost.any().item<bool>(), "teacher logits: a value of magnitude ",
+                      logits.masked_select(lost)[0].item<double>(), " overflows ", c10::toString(dtype),
+                      " (teacher.payload_dtype): use bfloat16 or float32");
+    }
+    return sent.contiguous();
+  }
+
   // Full logits, or the top-k (topkOutput), plus hidden states.
   std::map<std::string, at::Tensor> shape(std::map<std::string, at::Tensor> raw, const at::Tensor& input) {
     auto it = raw.find(cfg_.teacher.output);
@@ -419,11 +450,13 @@ class Server {
                     "' (teacher.output)");
     at::Tensor logits = it->second;
     checkOutputShape(logits, input);
+    checkVocab(logits);
     std::map<std::string, at::Tensor> out;
     if (cfg_.teacher.topk > 0) {
-      out = topkOutput(logits, cfg_.teacher.topk, cfg_.loss.temperature);
+      out = topkOutput(logits, cfg_.teacher.topk, cfg_.loss.temperature,
+                       payloadDtype(cfg_.teacher, logits.scalar_type()));
     } else {
-      out[protocol::kLogits] = logits.contiguous();
+      out[protocol::kLogits] = fullLogits(logits);
     }
     for (auto& name : cfg_.teacher.hidden_states) {
       auto h = raw.find(name);

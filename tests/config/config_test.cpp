@@ -12,6 +12,7 @@
 
 #include "distill/core/config.h"
 #include "distill/core/errors.h"
+#include "distill/core/payload.h"
 #include "support/process.h"
 
 using distill::Config;
@@ -91,9 +92,11 @@ const std::vector<BadCase>& badCases() {
       {"teacher:\n  kind: self\n  hidden_states: [a, [b]]\n",
        "teacher.hidden_states: expected a list of strings, found a list with a list at index 1"},
       {kSelf + "transport:\n  max_request_bytes: 64MB\n",
-       "transport.max_request_bytes: expected a byte size, found string \"64MB\""},
+       "transport.max_request_bytes: expected a byte size or auto, found string \"64MB\""},
       {kSelf + "transport:\n  max_response_bytes: true\n",
-       "transport.max_response_bytes: expected a byte size, found boolean true"},
+       "transport.max_response_bytes: expected a byte size or auto, found boolean true"},
+      {"teacher:\n  kind: self\n  payload_dtype: bf16\n",
+       "teacher.payload_dtype: must be one of auto, float32, bfloat16, float16; found \"bf16\""},
       // ranges
       {kSelf + "loss:\n  alpha: 1.5\n", "loss.alpha: must be in [0, 1], found 1.5"},
       {kSelf + "transport:\n  slots: 0\n", "transport.slots: must be >= 1, found 0"},
@@ -134,7 +137,8 @@ const std::vector<BadCase>& badCases() {
       {kSelf + "run:\n  seed: 99999999999999999999\n",
        "run.seed: must be in [-9223372036854775808, 9223372036854775807], found 99999999999999999999"},
       {kSelf + "transport:\n  heartbeat_ms: 0\n", "transport.heartbeat_ms: must be in [1, 60000], found 0"},
-      {kSelf + "transport:\n  max_response_bytes: 0\n", "transport.max_response_bytes: must be >= 1, found 0"},
+      {kSelf + "transport:\n  max_response_bytes: -1\n", "transport.max_response_bytes: must be >= 0, found -1"},
+      {"teacher:\n  kind: self\n  vocab_size: -1\n", "teacher.vocab_size: must be >= 0, found -1"},
       {kSelf + "checkpoint:\n  keep_last: 0\n", "checkpoint.keep_last: must be >= 1, found 0"},
       {kSelf + "student:\n  bucket_mb: 0\n", "student.bucket_mb: must be > 0, found 0"},
       {kSelf + "run:\n  name: \"\"\n", "run.name: must not be empty"},
@@ -215,7 +219,10 @@ TEST(Config, DefaultsAreThoseOfOptions) {
   EXPECT_EQ(c.source, "");
   EXPECT_EQ(c.run.name, "distill");
   EXPECT_EQ(c.loss.temperature, 1.0);
-  EXPECT_EQ(c.transport.max_response_bytes, int64_t{64} << 20);
+  EXPECT_EQ(c.transport.max_response_bytes, 0); // auto
+  EXPECT_EQ(c.transport.max_request_bytes, 0); // auto
+  EXPECT_EQ(c.teacher.payload_dtype, distill::PayloadDtype::kAuto);
+  EXPECT_EQ(c.teacher.vocab_size, 0);
   EXPECT_EQ(c.teacher.inputs, std::vector<std::string>{"input_ids"});
   EXPECT_TRUE(c.checkpoint.resume);
   // A section left empty (every key commented out) is allowed.
@@ -349,18 +356,20 @@ TEST(Config, ByteSizes) {
   EXPECT_EQ(bytes("1 GiB"), int64_t{1} << 30);
   EXPECT_EQ(bytes("\"8MiB\""), int64_t{8} << 20);
   EXPECT_EQ(bytes("3GiB"), int64_t{3} << 30); // past int32
+  EXPECT_EQ(bytes("auto"), 0); // computed from the teacher's keys (core/payload.h)
+  EXPECT_EQ(bytes("0"), 0);
 
   auto problem = [](const std::string& v) {
     const auto p = problemsOf(kSelf + "transport:\n  max_request_bytes: " + v + "\n");
     return p.empty() ? std::string() : p[0];
   };
   const std::string key = "transport.max_request_bytes: ";
-  EXPECT_EQ(problem("1.5GiB"), key + "expected a byte size, found string \"1.5GiB\"");
-  EXPECT_EQ(problem("MiB"), key + "expected a byte size, found string \"MiB\"");
-  EXPECT_EQ(problem("\"4096\""), key + "expected a byte size, found string \"4096\"");
-  EXPECT_EQ(problem("[1]"), key + "expected a byte size, found a list");
-  EXPECT_EQ(problem("-1"), key + "must be >= 1, found -1");
-  EXPECT_EQ(problem("0KiB"), key + "must be >= 1, found 0KiB");
+  EXPECT_EQ(problem("1.5GiB"), key + "expected a byte size or auto, found string \"1.5GiB\"");
+  EXPECT_EQ(problem("MiB"), key + "expected a byte size or auto, found string \"MiB\"");
+  EXPECT_EQ(problem("\"4096\""), key + "expected a byte size or auto, found string \"4096\"");
+  EXPECT_EQ(problem("[1]"), key + "expected a byte size or auto, found a list");
+  EXPECT_EQ(problem("Auto"), key + "expected a byte size or auto, found string \"Auto\"");
+  EXPECT_EQ(problem("-1"), key + "must be >= 0, found -1");
   EXPECT_EQ(problem("99999999999GiB"),
             key + "must be in [-9223372036854775808, 9223372036854775807], found 99999999999GiB");
 }
@@ -400,7 +409,7 @@ TEST(Config, DumpAndHashAreStableAndSensitive) {
 
 TEST(Config, KeysInSchemaOrder) {
   const auto keys = configKeys();
-  EXPECT_EQ(keys.size(), 64u); // 62 + loss.vocab, loss.max_truncated_mass
+  EXPECT_EQ(keys.size(), 66u); // 62 + loss.vocab, loss.max_truncated_mass, teacher.payload_dtype, teacher.vocab_size
   EXPECT_EQ(keys.front(), "run.name");
   EXPECT_EQ(keys.back(), "checkpoint.on_corrupt");
   EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()).size(), keys.size());
@@ -761,3 +770,74 @@ TEST(Config, NestedCacheKeys) {
 }
 
 } // namespace
+
+// Issue 28 item 2: the slot sizes follow from the teacher's keys; an explicit
+// size below them is a ConfigError naming the size needed, the key and
+// teacher.max_batch_tokens, and auto (0) is the needed size.
+TEST(Payload, SlotBytesFromTheTeacherKeys) {
+  auto sizes = [](const std::string& teacher, const std::string& transport = "") {
+    return parseConfig("teacher:\n  kind: self\n" + teacher + (transport.empty() ? "" : "transport:\n" + transport));
+  };
+  // top-64 in float32: 64 x 4 + 64 x 4 + 4 + 4 = 520 B per token.
+  Config c = sizes("  topk: 64\n  max_batch_tokens: 4096\n");
+  distill::SlotBytes s = distill::slotBytesNeeded(c);
+  EXPECT_EQ(s.request, 4096 * 8);
+  EXPECT_EQ(s.response, 4096 * 520);
+  EXPECT_EQ(s.responsePerToken, 520);
+  EXPECT_TRUE(s.unknown.empty());
+  EXPECT_EQ(distill::requestSlotBytes(c), 4096 * 8);
+  EXPECT_EQ(distill::responseSlotBytes(c), 4096 * 520);
+  // bfloat16 values (set, or auto under teacher.autocast): 64 x 2 + 64 x 4 + 8 = 392 B.
+  EXPECT_EQ(
+      distill::slotBytesNeeded(sizes("  topk: 64\n  max_batch_tokens: 4096\n  payload_dtype: bfloat16\n")).response,
+      4096 * 392);
+  EXPECT_EQ(distill::slotBytesNeeded(sizes("  topk: 64\n  max_batch_tokens: 4096\n  autocast: bfloat16\n")).response,
+            4096 * 392);
+  EXPECT_EQ(distill::slotBytesNeeded(sizes("  topk: 64\n  max_batch_tokens: 4096\n  autocast: bfloat16\n"
+                                           "  payload_dtype: float32\n"))
+                .response,
+            4096 * 520);
+  // Two inputs: 16 B per token; each tensor starts at 64 bytes.
+  EXPECT_EQ(distill::slotBytesNeeded(sizes("  inputs: [input_ids, attention_mask]\n  max_batch_tokens: 3\n")).request,
+            2 * 64);
+  // Full logits: known with teacher.vocab_size only.
+  EXPECT_EQ(distill::slotBytesNeeded(sizes("  vocab_size: 32000\n  max_batch_tokens: 8\n  payload_dtype: "
+                                           "bfloat16\n"))
+                .response,
+            8 * 32000 * 2);
+  Config unknown = sizes("  max_batch_tokens: 8\n");
+  EXPECT_FALSE(distill::slotBytesNeeded(unknown).unknown.empty());
+  EXPECT_EQ(distill::responseSlotBytes(unknown), int64_t{64} << 20); // today's default
+  EXPECT_NO_THROW(distill::checkSlotBytes(sizes("  max_batch_tokens: 8\n", "  max_response_bytes: 1KiB\n")));
+  // Set sizes are kept as set, and checked.
+  Config big = sizes("  topk: 64\n  max_batch_tokens: 4096\n", "  max_response_bytes: 4MiB\n");
+  EXPECT_EQ(distill::responseSlotBytes(big), int64_t{4} << 20);
+  EXPECT_NO_THROW(distill::checkSlotBytes(big));
+
+  try {
+    distill::checkSlotBytes(sizes("  topk: 64\n", "  max_response_bytes: 1MiB\n"));
+    ADD_FAILURE() << "a 1 MiB response slot for 16384 tokens of top-64 was accepted";
+  } catch (const ConfigError& e) {
+    const std::string w = e.what();
+    for (const char* part : {"transport.max_response_bytes: 1048576 bytes is below the 8519680 bytes",
+                             "teacher.max_batch_tokens=16384", "top-64 in 32-bit values", "520 bytes per token",
+                             "at least 8519680 (or auto)", "lower teacher.max_batch_tokens to 2016 or fewer"})
+      EXPECT_NE(w.find(part), std::string::npos) << part << "\n" << w;
+  }
+  try {
+    distill::checkSlotBytes(sizes("  inputs: [a, b]\n", "  max_request_bytes: 64KiB\n"));
+    ADD_FAILURE() << "a 64 KiB request slot for 16384 tokens of 2 inputs was accepted";
+  } catch (const ConfigError& e) {
+    const std::string w = e.what();
+    for (const char* part : {"transport.max_request_bytes: 65536 bytes is below the 262144 bytes",
+                             "2 input(s) of teacher.inputs", "lower teacher.max_batch_tokens to 4096 or fewer"})
+      EXPECT_NE(w.find(part), std::string::npos) << part << "\n" << w;
+  }
+  // The log line distill-run prints.
+  const std::string line = distill::describeSlotBytes(c);
+  EXPECT_NE(line.find("slots: request 32768 B (auto; 8 B/token x teacher.max_batch_tokens=4096"), std::string::npos)
+      << line;
+  EXPECT_NE(line.find("response 2129920 B (auto; top-64 in 32-bit values, 520 B/token = 2.03 MiB needed)"),
+            std::string::npos)
+      << line;
+}

@@ -209,7 +209,10 @@ TEST_F(LauncherTest, UncaughtErrorEndsTheRankWithExitCode2AndItsMessage) {
 // transport that fits runs to the end on the same 8 MiB.
 TEST_F(LauncherTest, SegmentTooBigForDevShmFailsAtOnceNamingBytesAndKeys) {
   const std::vector<std::string> wrapper{selfExe(), "--distill-role=small_shm"};
-  Launch l(jobArgs({}, {"ok"}), false, wrapper);
+  // The sizes auto took before issue 28 (full logits of an unknown vocabulary: 64 MiB).
+  Launch l(
+      jobArgs({"--set", "transport.max_request_bytes=4MiB", "--set", "transport.max_response_bytes=64MiB"}, {"ok"}),
+      false, wrapper);
   auto st = l.finish(Ms(30000));
   if (has(l.text(), "SKIP: no mount namespace")) GTEST_SKIP() << l.text();
   std::printf("segment too big for /dev/shm -> distill-run exit: %lld ms\n", static_cast<long long>(l.elapsedMs()));
@@ -222,11 +225,53 @@ TEST_F(LauncherTest, SegmentTooBigForDevShmFailsAtOnceNamingBytesAndKeys) {
     EXPECT_TRUE(has(t, part)) << part << "\n" << t;
   EXPECT_FALSE(has(t, "[r0 student]") || has(t, "[r2 teacher]")) << "a rank started:\n" << t;
 
-  Launch fits(
-      jobArgs({"--set", "transport.max_request_bytes=64KiB", "--set", "transport.max_response_bytes=256KiB"}, {"ok"}),
-      false, wrapper);
+  Launch fits(jobArgs({"--set", "teacher.max_batch_tokens=4096", "--set", "transport.max_request_bytes=64KiB", "--set",
+                       "transport.max_response_bytes=256KiB"},
+                      {"ok"}),
+              false, wrapper);
   auto st2 = fits.finish();
   EXPECT_TRUE(st2.exited && st2.code == 0) << st2.describe() << "\n" << fits.text();
+  EXPECT_TRUE(has(fits.text(), "[r2 teacher] teacher served 6 requests")) << fits.text();
+}
+
+// Issue 28 item 2: a response slot set below what teacher.max_batch_tokens
+// tokens of the teacher's payload need was a failure at the first large batch;
+// now distill-run refuses it before any rank starts, naming the size needed,
+// the key and the token budget that would fit. Sizes left auto are computed
+// and said in one line.
+TEST_F(LauncherTest, SlotBelowWhatTheConfigNeedsIsRefusedBeforeAnyRankStarts) {
+  Launch l(jobArgs({"--set", "teacher.topk=64", "--set", "transport.max_response_bytes=1MiB"}, {"ok"}));
+  auto st = l.finish(Ms(30000));
+  const std::string& t = l.text();
+  EXPECT_TRUE(st.exited && st.code == 2) << st.describe() << "\n" << t;
+  for (const char* part :
+       {"transport.max_response_bytes: 1048576 bytes is below the 8519680 bytes", "teacher.max_batch_tokens=16384",
+        "at least 8519680 (or auto)", "lower teacher.max_batch_tokens to 2016 or fewer"})
+    EXPECT_TRUE(has(t, part)) << part << "\n" << t;
+  EXPECT_FALSE(has(t, "[r0 student]") || has(t, "[r2 teacher]")) << "a rank started:\n" << t;
+  EXPECT_TRUE(readFile(dir_ + "/logs/rank_0.log").empty());
+  // --dry-run checks it too.
+  Launch dry(jobArgs({"--dry-run", "--set", "teacher.topk=64", "--set", "transport.max_response_bytes=1MiB"}, {"ok"}));
+  auto st2 = dry.finish(Ms(30000));
+  EXPECT_TRUE(st2.exited && st2.code == 2 && has(dry.text(), "is below the 8519680 bytes")) << dry.text();
+
+  // Sizes that fit: said in one line (a dry run starts nothing; the ok job's teacher answers full logits).
+  Launch plan(jobArgs({"--dry-run", "--set", "teacher.topk=64", "--set", "teacher.max_batch_tokens=2016"}, {"ok"}));
+  auto st3 = plan.finish(Ms(30000));
+  EXPECT_TRUE(st3.exited && st3.code == 0) << st3.describe() << "\n" << plan.text();
+  EXPECT_TRUE(has(plan.text(),
+                  "slots: request 16128 B (auto; 8 B/token x teacher.max_batch_tokens=2016 = 0.02 MiB "
+                  "needed), response 1048320 B (auto; top-64 in 32-bit values, 520 B/token = 1.00 MiB "
+                  "needed); x 4 slots per student"))
+      << plan.text();
+  Launch fits(jobArgs({"--set", "transport.max_response_bytes=1MiB"}, {"ok"}));
+  auto st4 = fits.finish();
+  EXPECT_TRUE(st4.exited && st4.code == 0) << st4.describe() << "\n" << fits.text();
+  EXPECT_TRUE(has(fits.text(),
+                  "slots: request 131072 B (auto; 8 B/token x teacher.max_batch_tokens=16384 = 0.12 MiB "
+                  "needed), response 1048576 B (transport.max_response_bytes; full logits of an unknown "
+                  "vocabulary (teacher.vocab_size: 0))"))
+      << fits.text();
   EXPECT_TRUE(has(fits.text(), "[r2 teacher] teacher served 6 requests")) << fits.text();
 }
 

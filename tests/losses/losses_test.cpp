@@ -893,5 +893,63 @@ TEST(Losses, MemoryIsBoundedByChunks) {
   c10::SetCPUAllocator(before, /*priority=*/100);
 }
 
+// Issue 28 item 2: teacher values and logits arrive in bfloat16 or float16
+// (teacher.payload_dtype); the loss computes in float32 whatever arrives: the
+// same loss and gradient as with the same values upcast to float32 by the caller.
+TEST(Losses, HalfTeacherPayloadsComputeInFloat32) {
+  const int64_t n = 64, v = 1000, k = 32;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(28);
+  at::Tensor t = at::randn({n, v}, gen, at::kFloat) * 3;
+  at::Tensor z0 = at::randn({n, v}, gen, at::kFloat);
+  at::Tensor labels = at::randint(0, v, {n}, gen, at::kLong);
+  LossOptions o;
+  o.temperature = 2.0;
+  auto run = [&](const TeacherOutput& sent) {
+    at::Tensor z = z0.clone().requires_grad_();
+    LossResult r = distillLoss(z, labels, sent, o, double(n));
+    r.loss.backward();
+    EXPECT_EQ(r.loss.scalar_type(), at::kFloat);
+    return std::make_pair(r.loss.item<double>(), z.grad());
+  };
+  for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    auto out = topkOutput(t, k, o.temperature, dtype);
+    TeacherOutput half, up;
+    half.topkValues = out.at(protocol::kTopkValues);
+    ASSERT_EQ(half.topkValues.scalar_type(), dtype);
+    half.topkIndices = up.topkIndices = out.at(protocol::kTopkIndices);
+    half.logsumexp = up.logsumexp = out.at(protocol::kLogsumexp);
+    half.logTail = up.logTail = out.at(protocol::kLogTail);
+    up.topkValues = half.topkValues.to(at::kFloat);
+    auto [a, ga] = run(half);
+    auto [b, gb] = run(up);
+    EXPECT_EQ(a, b);
+    EXPECT_TRUE(at::equal(ga, gb));
+    // And near the float32 answer: values rounded, the k + 1 buckets still sum to 1.
+    auto f = topkOutput(t, k, o.temperature);
+    TeacherOutput full;
+    full.topkValues = f.at(protocol::kTopkValues), full.topkIndices = f.at(protocol::kTopkIndices);
+    full.logsumexp = f.at(protocol::kLogsumexp), full.logTail = f.at(protocol::kLogTail);
+    EXPECT_NEAR(a, run(full).first, 1e-2 * std::abs(a));
+    // Dense logits in the same dtype.
+    TeacherOutput dense, denseUp;
+    dense.logits = t.to(dtype);
+    denseUp.logits = dense.logits.to(at::kFloat);
+    auto [c, gc] = run(dense);
+    auto [d, gd] = run(denseUp);
+    EXPECT_EQ(c, d);
+    EXPECT_TRUE(at::equal(gc, gd));
+  }
+  // float16 cannot hold a logit of 1e5: an error naming the key, not an inf sent.
+  at::Tensor huge = t.clone();
+  huge[0][0] = 1e5;
+  try {
+    topkOutput(huge, k, 1.0, at::kHalf);
+    ADD_FAILURE() << "a logit of 1e5 was sent as float16";
+  } catch (const ProtocolError& e) {
+    EXPECT_NE(std::string(e.what()).find("overflows Half (teacher.payload_dtype)"), std::string::npos) << e.what();
+  }
+}
+
 } // namespace
 } // namespace distill

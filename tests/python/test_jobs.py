@@ -47,6 +47,21 @@ def test_two_students_python_self_teacher(job):
     assert "teacher served 12 requests" in job.output
 
 
+def test_python_teacher_under_cpu_bf16_autocast(job):
+    """Issue 28 item 2: teacher.autocast bfloat16 runs distill.serve's forward under torch's CPU
+    autocast (refused off the GPU before), and its logits travel as bfloat16 (payload_dtype auto)."""
+    cfg = BASE.format(teacher="{kind: self, autocast: bfloat16}", steps=3,
+                      extra="trainer: {teacher: autocast_probe}")
+    rc = job.run("lowlevel", cfg)
+    assert rc == 0, job.output
+    assert "forward autocast cpu=True dtype=torch.bfloat16" in job.output, job.output
+    for rank in (0, 1):
+        r = job.report(rank)
+        assert r["logits_dtype"] == "torch.bfloat16", r
+        assert 0 < r["max_logit_diff"] < 0.25, r["max_logit_diff"]  # bfloat16 against the float32 forward
+        assert r["max_loss_diff"] < 0.05, r["max_loss_diff"]
+
+
 def reference_grads(teacher_path, initial, batches, normalizer, alpha=0.5, T=2.0, model=None):
     """One process, the concatenated batch, the loss written out: alpha T^2 KL(teacher_T || student_T)
     + (1 - alpha) CE, both summed over tokens and divided by the step's token count."""

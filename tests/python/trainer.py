@@ -135,6 +135,9 @@ def serve(session, args):
         if calls[0] == interrupt_at:  # Ctrl-C twice: the first is noted, the second interrupts
             os.kill(os.getpid(), signal.SIGINT)
             os.kill(os.getpid(), signal.SIGINT)
+        if calls[0] == 1 and how == "autocast_probe":  # what teacher.autocast turned on around the forward
+            print(f"forward autocast cpu={torch.is_autocast_enabled('cpu')} "
+                  f"dtype={torch.get_autocast_dtype('cpu')}", flush=True)
         out = teacher(ids)
         if pad:  # a padded vocabulary (rows that never win), or extra rows that carry mass
             extra = out.amax(-1, keepdim=True) + 2 if pad_mass else torch.full_like(out[..., :1], -1e4)
@@ -164,6 +167,8 @@ def lowlevel(session, args):
         with torch.no_grad():
             expect = teacher(x)
         got = reply.output["logits"]
+        report["logits_dtype"] = str(got.dtype)
+        got = got.float()
         report["max_logit_diff"] = max(report["max_logit_diff"], (got - expect).abs().max().item())
         student_logits = torch.randn(BATCH, SEQ, VOCAB, generator=torch.Generator().manual_seed(i))
         n = distill.count_tokens(labels, session.ignore_index)

@@ -147,8 +147,8 @@ TEST(TeacherCacheKeys, ContextNamesEverythingThatShapesTheAnswer) {
   EXPECT_NE(distill::answerContext(k8, 1.0, model), distill::answerContext(k4, 1.0, model));
   for (auto change : std::vector<std::function<void(distill::TeacherOptions&)>>{
            [](auto& o) { o.hidden_states = {"h"}; }, [](auto& o) { o.autocast = distill::Autocast::kBFloat16; },
-           [](auto& o) { o.device = "cuda"; }, [](auto& o) { o.output = "out"; },
-           [](auto& o) { o.method = "score"; }}) {
+           [](auto& o) { o.device = "cuda"; }, [](auto& o) { o.output = "out"; }, [](auto& o) { o.method = "score"; },
+           [](auto& o) { o.payload_dtype = distill::PayloadDtype::kBFloat16; }}) {
     distill::TeacherOptions o = t;
     change(o);
     EXPECT_NE(base, distill::answerContext(o, 1.0, model));
@@ -847,3 +847,27 @@ TEST(TeacherCacheEncoding, DenseRowsTakeTwoBytesPerLogit) {
 }
 
 } // namespace
+
+// Issue 28 item 2: answers whose values travel in bfloat16 or float16
+// (teacher.payload_dtype) are stored as they are, 2 bytes a value, and come
+// back bit-equal in their own dtype: top-k values and full logits alike.
+TEST(TeacherCacheEncoding, HalfPayloadsRoundTripBitEqualInTheirDtype) {
+  for (at::ScalarType dtype : {at::kBFloat16, at::kHalf}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    at::Tensor logits = tableLogits(ids(1, 16, 3), 32000).reshape({16, 32000});
+    Answer topk = distill::topkOutput(logits, 64, 2.0, dtype);
+    Answer dense{{distill::protocol::kLogits, logits.to(dtype)}};
+    for (Answer* a : {&topk, &dense}) {
+      Answer stored = *a;
+      distill::roundForStorage(stored, 2.0); // leaves 2-byte values alone
+      Answer row;
+      for (const auto& [name, t] : stored) row[name] = t.narrow(0, 5, 1);
+      const std::string record = distill::encodeRow(row, 32000);
+      Answer back = distill::decodeRow(record.data(), record.size());
+      for (const auto& [name, t] : row) EXPECT_TRUE(bitEqual(t, back.at(name))) << name;
+      const int64_t values = a == &topk ? 64 : 32000;
+      // 2 bytes a value (+ 2 per uint16 index for top-k), plus the record's headers.
+      EXPECT_LT(int64_t(record.size()), values * (a == &topk ? 4 : 2) + 256) << record.size();
+    }
+  }
+}

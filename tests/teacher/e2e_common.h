@@ -17,7 +17,9 @@ inline std::string jobYaml(const std::string& teacher, int gradAccSteps = 4, int
                            double hangTimeoutS = 30) {
   return "run:\n  startup_timeout_s: 30\n  collective_timeout_s: 30\n  hang_timeout_s: " +
       std::to_string(hangTimeoutS) + "\nteacher:\n" + teacher +
-      "student:\n  grad_acc_steps: " + std::to_string(gradAccSteps) + "\n  in_flight: " + std::to_string(inFlight) +
+      // Requests of kBatch x kSeq = 32 tokens: slots sized for 1024 fit the sizes set below.
+      "  max_batch_tokens: 1024\nstudent:\n  grad_acc_steps: " + std::to_string(gradAccSteps) +
+      "\n  in_flight: " + std::to_string(inFlight) +
       "\ntransport:\n  slots: 4\n  max_request_bytes: 65536\n  max_response_bytes: 262144\n"
       "  heartbeat_ms: 100\nloss:\n  kind: forward_kl\n  temperature: 2.0\n  alpha: 0.5\n"
       "  ignore_index: " +

@@ -2,6 +2,7 @@
 // train through the real client, a teacher.kind self teacher (this binary in
 // teacher role), and misbehaving students. Each role reads its job from the
 // environment (topologyEnv + DISTILL_CONFIG) through distill::init.
+#include <ATen/autocast_mode.h>
 #include <signal.h>
 #include <torch/script.h>
 #include <torch/torch.h>
@@ -55,17 +56,36 @@ std::function<at::Tensor(const at::Tensor&)> inProcessTeacher(const std::string&
   return selfTeacherLogits;
 }
 
+// teacher.autocast on this thread's CPU ops, as the server's forward runs (restored on exit).
+class CpuAutocast {
+ public:
+  explicit CpuAutocast(distill::Autocast a) : on_(a != distill::Autocast::kNone) {
+    if (!on_) return;
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    at::autocast::set_autocast_dtype(at::kCPU, a == distill::Autocast::kFloat16 ? at::kHalf : at::kBFloat16);
+  }
+  ~CpuAutocast() {
+    if (!on_) return;
+    at::autocast::set_autocast_enabled(at::kCPU, false);
+    at::autocast::clear_cache();
+  }
+
+ private:
+  bool on_;
+};
+
 // What the server sends for these logits: full, or its top-k output (values,
-// indices, logsumexp and log tail at the loss temperature).
+// indices, logsumexp and log tail at the loss temperature), in teacher.payload_dtype.
 distill::TeacherOutput shapeLikeServer(const at::Tensor& logits, const distill::Config& cfg) {
   distill::TeacherOutput o;
+  const at::ScalarType dtype = distill::payloadDtype(cfg.teacher, logits.scalar_type());
   if (cfg.teacher.topk == 0) {
     // teacher.cache stores float32 full logits as float16 and answers every row from the store.
-    const bool cached = cfg.teacher.cache.mode != distill::CacheMode::kOff && logits.scalar_type() == at::kFloat;
-    o.logits = cached ? logits.to(at::kHalf).to(at::kFloat) : logits;
+    const bool cached = cfg.teacher.cache.mode != distill::CacheMode::kOff && dtype == at::kFloat;
+    o.logits = cached ? logits.to(at::kHalf).to(at::kFloat) : logits.to(dtype);
     return o;
   }
-  auto out = distill::topkOutput(logits, cfg.teacher.topk, cfg.loss.temperature);
+  auto out = distill::topkOutput(logits, cfg.teacher.topk, cfg.loss.temperature, dtype);
   o.topkValues = out.at(distill::protocol::kTopkValues);
   o.topkIndices = out.at(distill::protocol::kTopkIndices);
   o.logsumexp = out.at(distill::protocol::kLogsumexp);
@@ -94,6 +114,7 @@ DISTILL_TEST_ROLE(distill_student) {
   auto submit = [&](int k) { handles[k] = s.client->submit(microBatch(rank, k / G, k % G).ids, k / G, k % G); };
   double normalizer = 0, maxDiff = 0, lossSum = 0;
   int gets = 0;
+  std::string payload = "none";
   submit(0);
   for (int k = 0; k < total; ++k) {
     const int step = k / G, acc = k % G;
@@ -112,6 +133,7 @@ DISTILL_TEST_ROLE(distill_student) {
     }
     ++gets;
     const distill::TeacherOutput sent = reply.output();
+    payload = c10::toString((sent.logits.defined() ? sent.logits : sent.topkValues).scalar_type());
     if (cfg.teacher.topk > 0 && !(sent.logsumexp.defined() && sent.logTail.defined())) {
       std::fprintf(stderr, "reply %d: top-k answer without %s\n", k,
                    sent.logsumexp.defined() ? "log_tail" : "logsumexp"); // the exact tail (losses.h)
@@ -122,6 +144,7 @@ DISTILL_TEST_ROLE(distill_student) {
     at::Tensor local;
     {
       c10::InferenceMode guard;
+      CpuAutocast autocast(cfg.teacher.autocast);
       local = teacher(mb.ids);
     }
     auto ref = distill::distillLoss(logits.detach(), mb.labels, shapeLikeServer(local, cfg), cfg.loss, normalizer);
@@ -135,7 +158,8 @@ DISTILL_TEST_ROLE(distill_student) {
     }
   }
   s.client->finish();
-  std::fprintf(stderr, "RESULT gets=%d max_loss_diff=%.3e mean_step_loss=%.6f\n", gets, maxDiff, lossSum / steps);
+  std::fprintf(stderr, "RESULT gets=%d max_loss_diff=%.3e mean_step_loss=%.6f payload=%s\n", gets, maxDiff,
+               lossSum / steps, payload.c_str());
   return 0;
 }
 
@@ -148,6 +172,11 @@ DISTILL_TEST_ROLE(self_teacher) {
   int calls = 0;
   distill::serve(*s.teacher, distill::teacherFromFunction([&](const std::vector<at::Tensor>& in) {
     if (++calls == dieAt) ::raise(SIGKILL);
+    if (calls == 1) {
+      // What teacher.autocast turned on around the forward (the e2e tests read it).
+      std::fprintf(stderr, "FORWARD autocast cpu=%d dtype=%s\n", int(at::autocast::is_autocast_enabled(at::kCPU)),
+                   c10::toString(at::autocast::get_autocast_dtype(at::kCPU)));
+    }
     return selfTeacherLogits(in.at(0));
   }));
   return 0;

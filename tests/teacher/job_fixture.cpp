@@ -25,8 +25,7 @@ Job::Job(int students, const std::string& yaml, bool withSegment)
       logBase_(::testing::TempDir() + segment_) {
   config_ = parseConfig(yaml, {}, configPath_);
   std::ofstream(configPath_) << yaml;
-  if (withSegment_)
-    ipc::Segment::create(segment_, ipc::SegmentLayout::fromOptions(config_.transport, students_), jobId_);
+  if (withSegment_) ipc::Segment::create(segment_, ipc::SegmentLayout::fromConfig(config_, students_), jobId_);
 }
 
 Job::~Job() {

@@ -35,6 +35,8 @@ enum class TeacherKind { kTorchscript, kRegistered, kSelf };
 DISTILL_OPTION_ENUM_NAMES(TeacherKind, "torchscript", "registered", "self");
 enum class Autocast { kNone, kFloat16, kBFloat16 };
 DISTILL_OPTION_ENUM_NAMES(Autocast, "none", "float16", "bfloat16");
+enum class PayloadDtype { kAuto, kFloat32, kBFloat16, kFloat16 };
+DISTILL_OPTION_ENUM_NAMES(PayloadDtype, "auto", "float32", "bfloat16", "float16");
 enum class GroupBackend { kAuto, kGloo, kNccl };
 DISTILL_OPTION_ENUM_NAMES(GroupBackend, "auto", "gloo", "nccl");
 enum class CudaIpc { kAuto, kOn, kOff };
@@ -145,9 +147,14 @@ struct TeacherOptions {
   std::string device = "cpu"; // cpu | cuda | cuda:N
   int procs = 1; // teacher processes per node: the last `procs` local ranks (>= 1, < run.nproc_per_node)
   std::vector<std::string> devices; // one device per teacher, or one for all ([] = `device`); see teacherDevice
-  Autocast autocast = Autocast::kNone; // none | float16 | bfloat16 (GPU only)
+  Autocast autocast = Autocast::kNone; // none | float16 | bfloat16: the forward under torch autocast (cpu or cuda)
   int64_t max_batch_tokens = 16384; // batch requests of several students up to this many tokens
   int64_t topk = 0; // 0: full logits; k > 0: top-k values + int32 indices
+  // auto | float32 | bfloat16 | float16: the dtype of the logits or top-k values
+  // sent (logsumexp and log tail stay float32). auto: teacher.autocast's dtype
+  // when set, else the output's (float16 and bfloat16 kept, anything else float32).
+  PayloadDtype payload_dtype = PayloadDtype::kAuto;
+  int64_t vocab_size = 0; // the teacher's vocabulary V (0: unknown); sizes full-logits response slots
   int max_restarts = 0; // distill-run restarts each dead teacher this many times
   int threads = 0; // torch intra-op threads (0: torch's default)
   // The teacher-output cache (teacher/src/cache.h): rows answered before are
@@ -177,8 +184,10 @@ struct StudentOptions {
 // transport: the shared-memory rings between the students and the teacher of a node.
 struct TransportOptions {
   int slots = 4; // slots per ring (>= 1)
-  int64_t max_request_bytes = 4 << 20; // payload capacity of a request slot
-  int64_t max_response_bytes = 64 << 20; // payload capacity of a response slot
+  // Payload capacity of a request / response slot; 0 ("auto"): computed from the
+  // teacher's keys (slotBytes in config.h).
+  int64_t max_request_bytes = 0;
+  int64_t max_response_bytes = 0;
   int heartbeat_ms = 100; // liveness period: a peer silent for ~2 of them is stalled (1 .. 60000)
   // A stalled peer (alive, no heartbeat: stopped, descheduled, paused) is an
   // error only after this long; a dead one is known from the kernel at once.

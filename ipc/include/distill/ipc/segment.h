@@ -32,7 +32,9 @@ struct SegmentLayout {
   int numTeachers = 1; // local teachers (teacher.procs): local ranks numStudents .. numStudents+numTeachers-1
   int64_t stallTimeoutMs = 60000; // a live peer without heartbeats is lost after this long (transport.stall_timeout_s)
 
-  static SegmentLayout fromOptions(const TransportOptions& t, int numStudents, int numTeachers = 1);
+  // transport.* of `c`, with max_*_bytes auto resolved (core/payload.h: slotBytes);
+  // ConfigError when an explicit size is below what the config needs (checkSlotBytes).
+  static SegmentLayout fromConfig(const Config& c, int numStudents, int numTeachers = 1);
   bool operator==(const SegmentLayout& o) const;
   bool operator!=(const SegmentLayout& o) const { return !(*this == o); }
   // "students=3 teachers=1 slots=4 request_bytes=4194304 response_bytes=67108864 heartbeat_ms=100 stall_timeout_ms=60000"

@@ -44,13 +44,22 @@ struct ServeStats {
 ServeStats serve(TeacherContext& ctx, std::shared_ptr<TeacherModel> model);
 
 // The top-k output the server sends for `logits` [..., V] (teacher.topk = k
-// > 0), by protocol name: topk_values [..., k] float32 (the logits of the top-k
-// tokens), topk_indices [..., k] int32, logsumexp [...] float32 =
+// > 0), by protocol name: topk_values [..., k] in `values` (the logits of the
+// top-k tokens), topk_indices [..., k] int32, logsumexp [...] float32 =
 // logsumexp(logits / T) over the vocabulary, and log_tail [...] float32 = the
 // same over the V - k other tokens (-inf when k = V), computed in one pass.
+// Values rounded to a narrower dtype than the logits': the logsumexp is taken
+// of the rounded values and the tail, so that the k + 1 buckets sum to 1.
 // See student/losses.h for how the student uses them. ConfigError if k is
-// outside 1..V. Any thread; under inference mode or not.
-std::map<std::string, at::Tensor> topkOutput(const at::Tensor& logits, int64_t k, double temperature);
+// outside 1..V; ProtocolError if a finite value overflows `values` (float16).
+// Any thread; under inference mode or not.
+std::map<std::string, at::Tensor> topkOutput(const at::Tensor& logits, int64_t k, double temperature,
+                                             at::ScalarType values = at::kFloat);
+
+// The dtype logits or top-k values travel in (teacher.payload_dtype) for an
+// output of dtype `output`: the configured one; auto: teacher.autocast's dtype
+// when set, else `output` if float16 or bfloat16, else float32.
+at::ScalarType payloadDtype(const TeacherOptions& t, at::ScalarType output);
 
 // "" if `next` may follow `prev` (nullopt: the student's first request) with
 // grad_acc_steps G; otherwise why not, naming both tags.

@@ -1,0 +1,92 @@
+// Bytes per token of the teacher's answer (issue 28 item 2): on the wire (the
+// tensors the server sends, each starting at a 64-byte boundary of the slot,
+// as teacher/src/server.cpp shapes them) and in the teacher-output cache (the
+// records teacher/src/cache_rows.cpp stores), for a vocabulary of --v entries
+// (32 000) and --rows sequences of --seq tokens of random logits (a cache
+// record holds one sequence): top-k for k = 32, 64, 128 and full logits, in
+// float32 and bfloat16 values. The wire figures equal
+// core/payload.h's slot arithmetic (what transport.max_response_bytes auto
+// reserves per token); the bench checks that they do. One JSON line each:
+//   {"bench":"payload","v":32000,"payload":"topk","k":64,"dtype":"bfloat16",
+//    "wire_bytes_per_token":392.0,"slot_bytes_per_token":392.0,"cache_bytes_per_token":…,
+//    "full_fp32_over_wire":…}
+// printf of literal keys and numbers only: trivially valid JSON.
+#include <ATen/ATen.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "cache.h" // internal: teacher/src (encodeRow, roundForStorage)
+#include "distill/core/options.h"
+#include "distill/core/payload.h"
+#include "distill/core/protocol.h"
+#include "distill/teacher/server.h"
+
+namespace {
+
+int64_t argOr(int argc, char** argv, const char* name, int64_t fallback) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], name) == 0) return std::atoll(argv[i + 1]);
+  }
+  return fallback;
+}
+
+int64_t aligned(int64_t n) { return (n + 63) / 64 * 64; }
+
+// One configuration: the answer as the server sends it, its wire bytes and
+// its cache records, per token.
+void measure(const at::Tensor& logits, int64_t k, distill::PayloadDtype dtype, const char* name) {
+  distill::Config c;
+  c.teacher.topk = k;
+  c.teacher.payload_dtype = dtype;
+  c.teacher.vocab_size = logits.size(-1);
+  c.teacher.max_batch_tokens = logits.size(0) * logits.size(1);
+  const at::ScalarType st = distill::payloadDtype(c.teacher, logits.scalar_type());
+  const double temperature = 1.0;
+  distill::Answer answer;
+  if (k > 0) {
+    answer = distill::topkOutput(logits, k, temperature, st);
+  } else {
+    answer[distill::protocol::kLogits] = logits.to(st).contiguous();
+  }
+  const int64_t rows = logits.size(0), n = rows * logits.size(1);
+  int64_t wire = 0;
+  for (const auto& [_, t] : answer) wire += aligned(int64_t(t.nbytes()));
+  // The cache rounds float32 top-k values to float16 first, as cache.cpp does.
+  distill::Answer stored = answer;
+  distill::roundForStorage(stored, temperature);
+  int64_t cache = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    distill::Answer row;
+    for (const auto& [key, t] : stored) row[key] = t.narrow(0, r, 1);
+    cache += int64_t(distill::encodeRow(row, logits.size(-1)).size());
+  }
+  const distill::SlotBytes slot = distill::slotBytesNeeded(c);
+  const double wirePer = double(wire) / double(n);
+  const double fullFp32 = 4.0 * double(logits.size(-1));
+  std::printf(
+      "{\"bench\":\"payload\",\"v\":%lld,\"seq\":%lld,\"tokens\":%lld,\"payload\":\"%s\",\"k\":%lld,\"dtype\":\"%s\","
+      "\"wire_bytes_per_token\":%.1f,\"slot_bytes_per_token\":%.1f,\"cache_bytes_per_token\":%.1f,"
+      "\"full_fp32_over_wire\":%.1f,\"slot_matches_wire\":%s}\n",
+      static_cast<long long>(logits.size(-1)), static_cast<long long>(logits.size(1)), static_cast<long long>(n),
+      k > 0 ? "topk" : "full", static_cast<long long>(k), name, wirePer, double(slot.response) / double(n),
+      double(cache) / double(n), fullFp32 / wirePer, slot.response == wire ? "true" : "false");
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  const int64_t v = argOr(argc, argv, "--v", 32000);
+  const int64_t rows = argOr(argc, argv, "--rows", 2), seq = argOr(argc, argv, "--seq", 128);
+  at::manual_seed(0);
+  const at::Tensor logits = at::randn({rows, seq, v}) * 3;
+  for (int64_t k : {32, 64, 128}) {
+    measure(logits, k, distill::PayloadDtype::kFloat32, "float32");
+    measure(logits, k, distill::PayloadDtype::kBFloat16, "bfloat16");
+  }
+  measure(logits, 0, distill::PayloadDtype::kFloat32, "float32");
+  measure(logits, 0, distill::PayloadDtype::kBFloat16, "bfloat16");
+  return 0;
+}
