@@ -19,6 +19,17 @@ std::string tagString(const Tag& t) { return "(" + describe(t) + ")"; }
 
 } // namespace
 
+at::Tensor toPayloadDtype(const at::Tensor& t, at::ScalarType dtype, const char* what) {
+  at::Tensor sent = t.to(dtype);
+  if (dtype != t.scalar_type()) {
+    const at::Tensor lost = at::isfinite(t).logical_and(at::isfinite(sent).logical_not());
+    DISTILL_CHECK_T(ProtocolError, !lost.any().item<bool>(), what, " of magnitude ",
+                    t.masked_select(lost)[0].item<double>(), " overflows ", c10::toString(dtype),
+                    " (teacher.payload_dtype): use bfloat16 or float32");
+  }
+  return sent;
+}
+
 std::map<std::string, at::Tensor> topkOutput(const at::Tensor& logits, int64_t k, double temperature,
                                              at::ScalarType valueDtype) {
   DISTILL_CHECK_T(ConfigError, logits.dim() >= 1 && k >= 1 && k <= logits.size(-1), "teacher.topk=", k,
@@ -33,13 +44,7 @@ std::map<std::string, at::Tensor> topkOutput(const at::Tensor& logits, int64_t k
   at::Tensor lse = at::logsumexp(scaled, -1);
   scaled.scatter_(-1, indices, -std::numeric_limits<float>::infinity());
   at::Tensor tail = at::logsumexp(scaled, -1);
-  at::Tensor sent = values.to(valueDtype);
-  if (valueDtype != values.scalar_type()) {
-    const at::Tensor lost = at::isfinite(values).logical_and(at::isfinite(sent).logical_not());
-    DISTILL_CHECK_T(ProtocolError, !lost.any().item<bool>(), "teacher top-k values: a logit of magnitude ",
-                    values.masked_select(lost)[0].item<double>(), " overflows ", c10::toString(valueDtype),
-                    " (teacher.payload_dtype): use bfloat16 or float32");
-  }
+  at::Tensor sent = toPayloadDtype(values, valueDtype, "teacher top-k values: a logit");
   if (c10::elementSize(valueDtype) < c10::elementSize(values.scalar_type())) {
     // Rounded values: logsumexp = logaddexp(logsumexp(rounded / T), log_tail),
     // so that the k + 1 buckets the student sees still sum to 1 (losses.h checks it).

@@ -433,14 +433,7 @@ class Server {
   // Full logits in the payload dtype (teacher.payload_dtype).
   at::Tensor fullLogits(const at::Tensor& logits) const {
     const at::ScalarType dtype = payloadDtype(cfg_.teacher, logits.scalar_type());
-    at::Tensor sent = logits.to(dtype);
-    if (dtype != logits.scalar_type()) {
-      const at::Tensor lost = at::isfinite(logits).logical_and(at::isfinite(sent).logical_not());
-      DISTILL_CHECK_T(ProtocolError, !lost.any().item<bool>(), "teacher logits: a value of magnitude ",
-                      logits.masked_select(lost)[0].item<double>(), " overflows ", c10::toString(dtype),
-                      " (teacher.payload_dtype): use bfloat16 or float32");
-    }
-    return sent.contiguous();
+    return toPayloadDtype(logits, dtype, "teacher logits: a value").contiguous();
   }
 
   // Full logits, or the top-k (topkOutput), plus hidden states.

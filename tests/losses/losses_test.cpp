@@ -17,11 +17,14 @@
 #include "distill/core/errors.h"
 #include "distill/core/protocol.h"
 #include "distill/loss/losses.h"
+#include "support/expect_throw.h"
 #include "distill/teacher/server.h"
 #include "counting_allocator.h"
 
 namespace distill {
 namespace {
+
+using testing::expectThrow;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
@@ -400,20 +403,6 @@ TEST(Losses, AllIgnoredAndLowPrecision) {
     EXPECT_TRUE(std::isfinite(rm.loss.item<double>())) << kind;
     EXPECT_TRUE(zm.grad().isfinite().all().item<bool>()) << kind;
   }
-}
-
-template <typename E, typename F>
-std::string expectThrow(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.message();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "wrong exception type: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "no exception";
-  return {};
 }
 
 TEST(Losses, Errors) {

@@ -16,9 +16,12 @@
 
 #include "distill/core/errors.h"
 #include "distill/loss/losses.h"
+#include "support/expect_throw.h"
 
 namespace distill {
 namespace {
+
+using testing::expectThrow;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr int64_t kN = 12, kVs = 40, kVt = kVs + 8, kK = 6, kIgnore = -100;
@@ -222,20 +225,6 @@ TEST(Vocab, PaddingRowsAreDroppedSilently) {
   }
 }
 
-template <typename E, typename F>
-std::string messageOf(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.message();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "wrong exception type: " << e.what();
-    return {};
-  }
-  ADD_FAILURE() << "no exception";
-  return {};
-}
-
 TEST(Vocab, Errors) {
   const Data d = makeData(14, /*denseExtra=*/true);
   LossOptions errorMode = options(LossKind::kForwardKl, 1.0);
@@ -243,14 +232,14 @@ TEST(Vocab, Errors) {
   for (const std::string mode : {"dense", "topk_lse"}) {
     const Data dm = makeData(14, mode == "dense");
     const TeacherOutput t = bigTeacher(dm, mode, 1.0);
-    std::string m = messageOf<ProtocolError>([&] { distillLoss(dm.zs, dm.labels, t, errorMode, 10); });
+    std::string m = expectThrow<ProtocolError>([&] { distillLoss(dm.zs, dm.labels, t, errorMode, 10); });
     EXPECT_NE(m.find("48 entries"), std::string::npos) << m;
     EXPECT_NE(m.find("student's 40"), std::string::npos) << m;
     EXPECT_NE(m.find("loss.vocab"), std::string::npos) << m;
     // The extra ids carry mass: truncate refuses at the default bound, naming the mass.
     LossOptions strict = options(LossKind::kForwardKl, 1.0);
     strict.max_truncated_mass = 1e-4;
-    m = messageOf<ProtocolError>([&] { distillLoss(dm.zs, dm.labels, t, strict, 10); });
+    m = expectThrow<ProtocolError>([&] { distillLoss(dm.zs, dm.labels, t, strict, 10); });
     EXPECT_NE(m.find("not padding"), std::string::npos) << m;
     EXPECT_NE(m.find("loss.max_truncated_mass = 0.0001"), std::string::npos) << m;
     EXPECT_NE(m.find("probability 0."), std::string::npos) << m;
@@ -260,14 +249,14 @@ TEST(Vocab, Errors) {
   for (LossVocab v : {LossVocab::kError, LossVocab::kTruncate}) {
     LossOptions o = options(LossKind::kForwardKl, 1.0);
     o.vocab = v;
-    std::string m = messageOf<ProtocolError>([&] { distillLoss(d.zs, d.labels, narrow, o, 10); });
+    std::string m = expectThrow<ProtocolError>([&] { distillLoss(d.zs, d.labels, narrow, o, 10); });
     EXPECT_NE(m.find("36 entries"), std::string::npos) << m;
     EXPECT_NE(m.find("student's 40"), std::string::npos) << m;
   }
   // A stated vocabulary the logits contradict.
   TeacherOutput lying{d.zt, {}, {}, {}, {}};
   lying.vocab = kVt + 1;
-  std::string m = messageOf<ProtocolError>([&] { distillLoss(d.zs, d.labels, lying, errorMode, 10); });
+  std::string m = expectThrow<ProtocolError>([&] { distillLoss(d.zs, d.labels, lying, errorMode, 10); });
   EXPECT_NE(m.find("49"), std::string::npos) << m;
 }
 

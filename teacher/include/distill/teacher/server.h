@@ -61,6 +61,10 @@ std::map<std::string, at::Tensor> topkOutput(const at::Tensor& logits, int64_t k
 // when set, else `output` if float16 or bfloat16, else float32.
 at::ScalarType payloadDtype(const TeacherOptions& t, at::ScalarType output);
 
+// `t` in `dtype`; ProtocolError naming `what` and teacher.payload_dtype if a
+// finite value overflows it (float16).
+at::Tensor toPayloadDtype(const at::Tensor& t, at::ScalarType dtype, const char* what);
+
 // "" if `next` may follow `prev` (nullopt: the student's first request) with
 // grad_acc_steps G; otherwise why not, naming both tags.
 std::string checkTagOrder(const std::optional<Tag>& prev, const Tag& next, int gradAccSteps);
