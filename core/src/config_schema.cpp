@@ -19,8 +19,11 @@ namespace distill::config_impl {
 // The path and the field come from one spelling, so they cannot drift apart.
 #define DISTILL_KEY(sec, key) KeySpec(#sec "." #key, [](Config& c) -> Field { return fieldOf(&c.sec.key); })
 
-const std::vector<KeySpec>& schema() {
-  static const std::vector<KeySpec> keys = {
+namespace {
+
+// The run and teacher sections, in schema order.
+std::vector<KeySpec> runAndTeacherKeys() {
+  return {
       DISTILL_KEY(run, name).nonEmpty().runtime(),
       DISTILL_KEY(run, nproc_per_node).min(2).max(kMaxProcsPerNode),
       DISTILL_KEY(run, nnodes).min(1), // and nnodes x nproc_per_node fits an int, checked across fields
@@ -68,7 +71,12 @@ const std::vector<KeySpec>& schema() {
       DISTILL_KEY(teacher, cache.mode).runtime(),
       DISTILL_KEY(teacher, cache.max_bytes).byteSize().min(1 << 20).runtime(),
       DISTILL_KEY(teacher, cache.on_corrupt).runtime(),
+  };
+}
 
+// The student, transport, loss and checkpoint sections, in schema order.
+std::vector<KeySpec> trainingKeys() {
+  return {
       DISTILL_KEY(student, grad_acc_steps).min(1),
       DISTILL_KEY(student, in_flight).min(1).runtime(), // and <= transport.slots, checked across fields
       DISTILL_KEY(student, device).oneOf({"cpu", "cuda", "cuda:N"}),
@@ -100,6 +108,16 @@ const std::vector<KeySpec>& schema() {
       DISTILL_KEY(checkpoint, on_error).runtime(),
       DISTILL_KEY(checkpoint, on_corrupt).runtime(),
   };
+}
+
+} // namespace
+
+const std::vector<KeySpec>& schema() {
+  static const std::vector<KeySpec> keys = [] {
+    std::vector<KeySpec> k = runAndTeacherKeys();
+    for (KeySpec& spec : trainingKeys()) k.push_back(std::move(spec));
+    return k;
+  }();
   return keys;
 }
 

@@ -44,6 +44,20 @@ SegmentLayout SegmentLayout::fromConfig(const Config& c, int numStudents, int nu
   return l;
 }
 
+SegmentLayout SegmentLayout::expectedFromConfig(const Config& c, int numStudents, int numTeachers) {
+  SegmentLayout l = fromConfig(c, numStudents, numTeachers);
+  if (c.transport.max_request_bytes == 0) l.maxRequestBytes = 0;
+  if (c.transport.max_response_bytes == 0) l.maxResponseBytes = 0;
+  return l;
+}
+
+bool SegmentLayout::matches(const SegmentLayout& expected) const {
+  SegmentLayout e = expected;
+  if (e.maxRequestBytes == 0) e.maxRequestBytes = maxRequestBytes;
+  if (e.maxResponseBytes == 0) e.maxResponseBytes = maxResponseBytes;
+  return e == *this;
+}
+
 bool SegmentLayout::operator==(const SegmentLayout& o) const {
   return numStudents == o.numStudents && slots == o.slots && maxRequestBytes == o.maxRequestBytes &&
       maxResponseBytes == o.maxResponseBytes && heartbeatMs == o.heartbeatMs && numTeachers == o.numTeachers &&
@@ -382,7 +396,7 @@ Segment Segment::attach(const std::string& name, const std::string& jobId, const
                     c.stallTimeoutMs};
   checkLayout(l, name);
   if (expected)
-    DISTILL_CHECK_T(IpcError, *expected == l, "segment '", name, "' has layout {", l.describe(),
+    DISTILL_CHECK_T(IpcError, l.matches(*expected), "segment '", name, "' has layout {", l.describe(),
                     "} but this process expects {", expected->describe(), "}");
   const LayoutOffsets off = computeOffsets(l);
   DISTILL_CHECK_T(IpcError,

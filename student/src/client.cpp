@@ -115,7 +115,7 @@ Client::Client(const Topology& topo, const Config& config) : impl_(std::make_uni
   DISTILL_CHECK_T(ConfigError, !topo.segment.empty(),
                   "no segment for this node (DISTILL_SEGMENT is not set): start the job with distill-run");
   auto startup = Deadline::afterSeconds(config.run.startup_timeout_s);
-  auto layout = ipc::SegmentLayout::fromConfig(config, topo.studentsPerNode(), topo.teachersPerNode);
+  auto layout = ipc::SegmentLayout::expectedFromConfig(config, topo.studentsPerNode(), topo.teachersPerNode);
   s.segment = ipc::Segment::attach(topo.segment, topo.jobId, layout, startup);
   auto options = ipc::EndpointOptions::fromOptions(config.transport, topo.globalRank);
   options.config = configDescription(config); // the teacher compares it with its own before admitting us

@@ -3,7 +3,6 @@
 #include "distill/ipc/torchrun.h"
 
 #include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
 #include <c10/core/InferenceMode.h>
 
 #include <chrono>
@@ -12,6 +11,7 @@
 #include <map>
 #include <sstream>
 
+#include "autocast_scope.h"
 #include "cache.h"
 #include "distill/core/clock.h"
 #include "distill/core/config.h"
@@ -32,36 +32,6 @@ std::string describe(const at::Tensor& t) {
   os << c10::toString(t.scalar_type()) << " " << t.sizes();
   return os.str();
 }
-
-// teacher.autocast: float16/bfloat16 autocast around forward on the teacher's
-// device type, cpu or cuda (restored on scope exit). torch's autocast state is
-// per thread: a Python teacher's forward (distill.serve), called on this
-// thread, runs under it as under torch.autocast(device_type, dtype).
-class AutocastScope {
- public:
-  AutocastScope(const TeacherOptions& o, const at::Device& device) : type_(device.type()) {
-    if (o.autocast == Autocast::kNone) return;
-    wasEnabled_ = at::autocast::is_autocast_enabled(type_);
-    wasDtype_ = at::autocast::get_autocast_dtype(type_);
-    active_ = true;
-    at::autocast::set_autocast_enabled(type_, true);
-    at::autocast::set_autocast_dtype(type_, o.autocast == Autocast::kFloat16 ? at::kHalf : at::kBFloat16);
-  }
-  ~AutocastScope() {
-    if (!active_) return;
-    at::autocast::set_autocast_enabled(type_, wasEnabled_);
-    at::autocast::set_autocast_dtype(type_, wasDtype_);
-    at::autocast::clear_cache();
-  }
-  AutocastScope(const AutocastScope&) = delete;
-  AutocastScope& operator=(const AutocastScope&) = delete;
-
- private:
-  at::DeviceType type_;
-  bool active_ = false;
-  bool wasEnabled_ = false;
-  at::ScalarType wasDtype_ = at::kBFloat16;
-};
 
 // A response holds at most ipc::kMaxTensors tensors: the output (the
 // logits, or the top-k's four) and the hidden states must fit, which is known
@@ -150,7 +120,7 @@ class Server {
     teacher_ = topo.teacherIndex;
     device_ = teacherDevice(cfg_.teacher, teacher_);
     auto startup = Deadline::afterSeconds(cfg_.run.startup_timeout_s);
-    auto layout = ipc::SegmentLayout::fromConfig(cfg_, topo.studentsPerNode(), topo.teachersPerNode);
+    auto layout = ipc::SegmentLayout::expectedFromConfig(cfg_, topo.studentsPerNode(), topo.teachersPerNode);
     segment_ = ipc::Segment::attach(topo.segment, topo.jobId, layout, startup);
     auto options = ipc::EndpointOptions::fromOptions(cfg_.transport, topo.globalRank);
     options.config = configDescription(cfg_);

@@ -35,6 +35,12 @@ struct SegmentLayout {
   // transport.* of `c`, with max_*_bytes auto resolved (core/payload.h: slotBytes);
   // ConfigError when an explicit size is below what the config needs (checkSlotBytes).
   static SegmentLayout fromConfig(const Config& c, int numStudents, int numTeachers = 1);
+  // What a rank attaching to the segment distill-run made expects: fromConfig,
+  // with the slot sizes left auto as 0 (any: the creator's computation holds,
+  // and admission compares the configs, naming a key that differs).
+  static SegmentLayout expectedFromConfig(const Config& c, int numStudents, int numTeachers = 1);
+  // Equal, a 0 slot size of `expected` matching any.
+  bool matches(const SegmentLayout& expected) const;
   bool operator==(const SegmentLayout& o) const;
   bool operator!=(const SegmentLayout& o) const { return !(*this == o); }
   // "students=3 teachers=1 slots=4 request_bytes=4194304 response_bytes=67108864 heartbeat_ms=100 stall_timeout_ms=60000"
