@@ -22,17 +22,17 @@ TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "onpolicy_tra
 CONFIG = """
 run: {{name: onpolicy, steps: {steps}, seed: 3, log_dir: logs, startup_timeout_s: 120, collective_timeout_s: 120,
       hang_timeout_s: 120}}
-teacher: {{kind: self, max_restarts: 0}}
+teacher: {{kind: self, max_restarts: 0{teacher}}}
 student: {{grad_acc_steps: 1, in_flight: {in_flight}}}
 loss: {{kind: reverse_kl, alpha: 0.9, temperature: 1.0}}
 {extra}
 """
 
 
-def start_job(bin_dir, tmp_path, mode, steps=1, in_flight=2, extra=""):
+def start_job(bin_dir, tmp_path, mode, steps=1, in_flight=2, extra="", teacher=""):
     tmp_path.mkdir(exist_ok=True)
     cfg = tmp_path / "job.yaml"
-    cfg.write_text(CONFIG.format(steps=steps, in_flight=in_flight, extra=extra))
+    cfg.write_text(CONFIG.format(steps=steps, in_flight=in_flight, extra=extra, teacher=teacher))
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
     cmd = [os.path.join(bin_dir, "distill-run"), "--config", str(cfg), "--nproc-per-node", "3", "--master-port", "0",
@@ -52,8 +52,8 @@ def finish_job(p, tmp_path, ok=True):
     return ([json.load(open(tmp_path / "out" / f"rank{r}.json")) for r in (0, 1)] if ok else None), output
 
 
-def run_job(bin_dir, tmp_path, mode, steps=1, in_flight=2, extra="", ok=True):
-    return finish_job(start_job(bin_dir, tmp_path, mode, steps, in_flight, extra), tmp_path, ok)
+def run_job(bin_dir, tmp_path, mode, steps=1, in_flight=2, extra="", ok=True, teacher=""):
+    return finish_job(start_job(bin_dir, tmp_path, mode, steps, in_flight, extra, teacher), tmp_path, ok)
 
 
 def test_sampling_is_reproducible_from_the_seed():
@@ -147,7 +147,9 @@ def test_a_group_request_is_answered_as_single_requests(bin_dir, tmp_path):
 
 
 def test_a_group_larger_than_a_request_slot_is_named(bin_dir, tmp_path):
-    _, output = run_job(bin_dir, tmp_path, "big", extra="transport: {max_request_bytes: 2KiB}", ok=False)
+    # 2 KiB holds teacher.max_batch_tokens=256 tokens (checked before start); the group's 16 rows do not fit.
+    _, output = run_job(bin_dir, tmp_path, "big", extra="transport: {max_request_bytes: 2KiB}", ok=False,
+                        teacher=", max_batch_tokens: 256")
     width = ot.P + ot.R - 1
     assert f"tensor 'input_ids' of {16 * width * 8} bytes does not fit a request slot" in output, output[-3000:]
     assert "the slot holds 2048 bytes; raise transport.max_request_bytes" in output
