@@ -64,5 +64,6 @@ __all__ = [
     "ProtocolError",
     "CheckpointError",
     "InternalError",
+    "UsageError",
     "__version__",
 ]
