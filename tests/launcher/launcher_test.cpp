@@ -68,9 +68,7 @@ int blockUntilKilled() {
 
 // A teacher that doubles its input, served until every student finished.
 int serveDoubler(distill::Session& s) {
-  auto doubler =
-      distill::teacherFromFunction([](const std::vector<at::Tensor>& in) { return in.at(0).to(torch::kFloat) * 2; });
-  auto stats = distill::serve(*s.teacher, doubler);
+  auto stats = distill::serve(*s.teacher, doublerTeacher());
   std::printf("teacher served %lld requests\n", static_cast<long long>(stats.requests));
   return 0;
 }

@@ -62,8 +62,7 @@ DISTILL_TEST_ROLE(live) {
   std::printf("PID %s %d\n", s.isTeacher() ? "teacher" : ("student" + std::to_string(envInt("DISTILL_LOCAL_RANK"))).c_str(),
               static_cast<int>(::getpid()));
   if (s.isTeacher()) {
-    distill::serve(*s.teacher, distill::teacherFromFunction(
-                                   [](const std::vector<at::Tensor>& in) { return in.at(0).to(torch::kFloat) * 2; }));
+    distill::serve(*s.teacher, doublerTeacher());
     return 0;
   }
   const int rank = s.topology.studentRank;

@@ -82,8 +82,7 @@ DISTILL_TEST_ROLE(node_job) {
   char* argv[] = {arg0, nullptr};
   distill::Session s = distill::init(argc, argv);
   if (s.isTeacher()) {
-    distill::serve(*s.teacher, distill::teacherFromFunction(
-                                   [](const std::vector<at::Tensor>& in) { return in.at(0).to(torch::kFloat) * 2; }));
+    distill::serve(*s.teacher, doublerTeacher());
     return 0;
   }
   const int rank = s.topology.studentRank;

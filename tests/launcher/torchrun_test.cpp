@@ -53,9 +53,7 @@ DISTILL_TEST_ROLE(trun) {
   distill::Session s = initSession();
   if (s.isTeacher()) {
     std::printf("SEGMENT %s attempt %d\n", s.topology.segment.c_str(), attempt());
-    auto doubler =
-        distill::teacherFromFunction([](const std::vector<at::Tensor>& in) { return in.at(0).to(torch::kFloat) * 2; });
-    auto stats = distill::serve(*s.teacher, doubler);
+    auto stats = distill::serve(*s.teacher, doublerTeacher());
     std::printf("SERVED %lld attempt %d\n", static_cast<long long>(stats.requests), attempt());
     return 0;
   }

@@ -8,12 +8,18 @@
 
 #include <torch/torch.h>
 
+#include <memory>
 #include <utility>
 #include <vector>
 
 #include "distill/distill.h"
 
 namespace distill::testing {
+
+// The launcher tests' teacher: 2 x its first input, as float.
+inline std::shared_ptr<TeacherModel> doublerTeacher() {
+  return teacherFromFunction([](const std::vector<at::Tensor>& in) { return in.at(0).to(torch::kFloat) * 2; });
+}
 
 // Returns the number of answers checked (`acc`).
 inline int doublerStep(Client& client, int rank, int64_t step, int64_t acc) {
