@@ -53,14 +53,21 @@ def slug(text):
     return text.replace(" ", "-")
 
 
-def headings(text):
-    """(heading texts with backticks dropped, anchors) of a markdown text; code blocks skipped."""
-    names, anchors, seen, fenced = set(), set(), {}, False
-    for line in text.splitlines():
+def prose_lines(text):
+    """(line number, line) of a markdown text outside its code blocks (fence lines left out)."""
+    fenced = False
+    for n, line in enumerate(text.splitlines(), 1):
         if FENCE.match(line):
             fenced = not fenced
-            continue
-        m = None if fenced else HEADING.match(line)
+        elif not fenced:
+            yield n, line
+
+
+def headings(text):
+    """(heading texts with backticks dropped, anchors) of a markdown text; code blocks skipped."""
+    names, anchors, seen = set(), set(), {}
+    for _, line in prose_lines(text):
+        m = HEADING.match(line)
         if not m:
             continue
         names.add(m.group(2).replace("`", ""))
@@ -132,12 +139,7 @@ class Repo:
 
 def check_links(repo, problems):
     for doc in repo.docs:
-        fenced = False
-        for n, line in enumerate(read_text(repo.root, doc).splitlines(), 1):
-            if FENCE.match(line):
-                fenced = not fenced
-            if fenced:
-                continue
+        for n, line in prose_lines(read_text(repo.root, doc)):
             for target in LINK.findall(line):
                 if re.match(r"[a-z]+:", target):
                     continue
@@ -166,12 +168,8 @@ def check_citations(repo, path, text, problems):
 def check_keys(repo, keys, problems):
     sections = {k.split(".")[0] for k in keys} - {"trainer"}
     for doc in repo.docs:
-        fenced = False
-        for n, line in enumerate(read_text(repo.root, doc).splitlines(), 1):
-            if FENCE.match(line):
-                fenced = not fenced
-            if fenced:
-                continue  # examples of output, such as a misspelt key's error
+        # Code blocks left out: examples of output, such as a misspelt key's error.
+        for n, line in prose_lines(read_text(repo.root, doc)):
             for m in KEY.finditer(line):
                 key = f"{m.group(1)}.{m.group(2)}"
                 if m.group(1) in sections and not FILE_SUFFIX.search(key) and key not in keys:
