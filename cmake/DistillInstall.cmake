@@ -15,7 +15,7 @@ install(TARGETS ${_libs} distill EXPORT distillTargets
 # distill/student/losses.h, the old include path of the losses. A header no
 # installed one includes (the launcher's, the segment's, sys.h, ...) is internal.
 set(_hdr_dirs ${PROJECT_SOURCE_DIR}/include)
-foreach(m core loss ipc teacher student ckpt train)
+foreach(m core loss ipc group teacher student ckpt train)
   list(APPEND _hdr_dirs ${PROJECT_SOURCE_DIR}/${m}/include)
 endforeach()
 set(_todo distill/distill.h distill/student/losses.h)

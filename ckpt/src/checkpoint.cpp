@@ -1,6 +1,8 @@
 #include "distill/ckpt/checkpoint.h"
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize.h>
 
 #include <nlohmann/json.hpp>
 
@@ -16,11 +18,11 @@
 #include "checkpoint_impl.h"
 #include "distill/core/clock.h"
 #include "distill/core/config.h"
-#include "distill/core/context.h"
+#include "distill/group/student_context.h"
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
 #include "distill/core/strings.h"
-#include "distill/core/student_group.h"
+#include "distill/group/student_group.h"
 #include "distill/core/trace.h"
 #include "layout.h"
 

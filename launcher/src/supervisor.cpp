@@ -17,7 +17,7 @@
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
 #include "distill/core/payload.h"
-#include "distill/core/rendezvous.h"
+#include "distill/group/rendezvous.h"
 #include "distill/ipc/hang_report.h"
 #include "summary.h"
 
@@ -79,7 +79,7 @@ int Supervisor::run() {
   return rc;
 }
 
-// The student group's rendezvous (core/rendezvous.h): every student gets
+// The student group's rendezvous (group/rendezvous.h): every student gets
 // the job secret; a free port (run.master_port 0) only for one node, whose
 // launcher chooses it (bindStore).
 void Supervisor::rendezvousEnv(int nnodes) {

@@ -29,7 +29,7 @@
 //   <log_dir>/hang_report.txt, then per run.on_hang a teardown or nothing.
 //   SIGUSR1 prints the same table at any time and changes nothing.
 //
-// Rendezvous (core/rendezvous.h): node 0 binds the student group's store
+// Rendezvous (group/rendezvous.h): node 0 binds the student group's store
 // socket to run.master_addr:run.master_port before anything starts (a port in
 // use fails here; 0 picks a free one on a single node) and hands it to student
 // rank 0 (DISTILL_STORE_FD). Students get the job secret in

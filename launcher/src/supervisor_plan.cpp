@@ -8,7 +8,7 @@
 
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
-#include "distill/core/rendezvous.h"
+#include "distill/group/rendezvous.h"
 #include "supervisor.h"
 
 namespace distill::launcher {

@@ -5,7 +5,7 @@
 
 #include "distill/core/config.h"
 #include "distill/core/errors.h"
-#include "distill/core/student_group.h"
+#include "distill/group/student_group.h"
 
 namespace distill::py {
 

@@ -34,7 +34,7 @@ done
 # Only the headers distill/distill.h reaches (cmake/DistillInstall.cmake) are installed: not the
 # segment's or the launcher's, not sys.h.
 [ -f "$inc/distill/distill.h" ] && [ -f "$inc/distill/train/steps.h" ] || { echo "FAIL: distill/distill.h or what it includes is not installed"; exit 1; }
-for h in distill/ipc/segment.h distill/ipc/hang_report.h distill/core/sys.h distill/core/rendezvous.h; do
+for h in distill/ipc/segment.h distill/ipc/hang_report.h distill/core/sys.h distill/group/rendezvous.h; do
   [ ! -f "$inc/$h" ] || { echo "FAIL: $h is installed, but distill/distill.h does not reach it"; exit 1; }
 done
 

@@ -1,4 +1,4 @@
-// The student group's rendezvous store that distill-run serves (core/src/rendezvous.cpp,
+// The student group's rendezvous store that distill-run serves (group/src/rendezvous.cpp,
 // job_store.cpp): its port, its listeners, another user refused, two nodes on one machine
 // (a lost node, a lost store host, a node with another secret). Ranks are this binary in the
 // `job` role (launcher_test.cpp).

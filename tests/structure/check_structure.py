@@ -4,6 +4,9 @@
 1. Include arrows: each module folder may include only the modules that the
    "Layers" table of docs/design.md allows (the table is parsed, so the test and
    the docs cannot drift apart); a relative include may not leave its module.
+   The first design rule is fixed here, whatever the table says: teacher/ may
+   not include group/ (the student group and its store), so teacher code cannot
+   reach a collective.
 2. No library source file (*.cpp, *.h of the module folders) over 500 lines.
 3. No library function over 80 lines, measured by lizard (pip package
    `lizard`, installed by cmake/distill.sh). Without lizard the test is
@@ -21,6 +24,7 @@ MAX_FILE_LINES = 500
 MAX_FUNCTION_LINES = 80
 SKIP = 77
 SOURCE_SUFFIXES = (".cpp", ".h", ".cu", ".cuh")
+FORBIDDEN = {"teacher": "group"}  # the first design rule (docs/design.md, "Layers")
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]')
 
 
@@ -44,6 +48,12 @@ def layers(root):
             rows[module] = {m for m in allowed if m}
     if not rows:
         sys.exit(f"{path}: no 'Layers' table (| folder | holds | may include |) found")
+    for module, forbidden in FORBIDDEN.items():
+        if module not in rows or forbidden not in rows:
+            sys.exit(f"{path}: the Layers table must have rows {module}/ and {forbidden}/")
+        if forbidden in rows[module]:
+            sys.exit(f"{path}: the Layers table lets {module}/ include {forbidden}/; the first design rule "
+                     f"forbids it (the teacher never reaches a collective)")
     return rows
 
 

@@ -10,7 +10,7 @@
 #include <cstdio>
 
 #include "distill/core/config.h"
-#include "distill/core/context.h"
+#include "distill/group/student_context.h"
 #include "distill/core/errors.h"
 #include "distill/core/topology.h"
 #include "distill/student/grad.h"

@@ -1,43 +1,21 @@
 #pragma once
 
-// What a process is in a distill job: a student or the teacher of its node.
+// What the teacher process is in a distill job: TeacherContext.
 //
-// The two are distinct types on purpose. Only StudentContext can hand out the
-// StudentGroup; TeacherContext has no member that leads to a collective, so
-// teacher code cannot enter one (docs/design.md, "The four hangs this design rules out":
-// the checkpoint set-up hang) — a compile-time impossibility, not a runtime check.
-// Checkpoint and gradient helpers take a StudentContext& and nothing else.
+// A student's context, StudentContext, lives in the group module
+// (distill/group/student_context.h) with the student group it hands out. The
+// two are distinct types on purpose, and the teacher module may not include
+// group/ (docs/design.md, "Layers"; tests/structure checks it): TeacherContext
+// has no member that leads to a collective, so teacher code cannot enter one
+// (docs/design.md, "The four hangs this design rules out": the checkpoint
+// set-up hang) — a compile-time impossibility, not a runtime check.
 
-#include <memory>
+#include <string>
 
 #include "distill/core/options.h"
 #include "distill/core/topology.h"
 
 namespace distill {
-
-class StudentGroup;
-
-class StudentContext {
- public:
-  // Joins the student group (rendezvous bounded by run.startup_timeout_s).
-  // Throws ConfigError if `topo` is not a student's.
-  StudentContext(Topology topo, Config config);
-  ~StudentContext();
-  StudentContext(const StudentContext&) = delete;
-  StudentContext& operator=(const StudentContext&) = delete;
-
-  const Topology& topology() const { return topo_; }
-  const Config& config() const { return config_; }
-  int rank() const { return topo_.studentRank; }
-  int worldSize() const { return topo_.studentWorldSize; }
-  // The students' process group; the only way to one.
-  StudentGroup& group() { return *group_; }
-
- private:
-  Topology topo_;
-  Config config_;
-  std::unique_ptr<StudentGroup> group_;
-};
 
 class TeacherContext {
  public:

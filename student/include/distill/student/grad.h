@@ -14,7 +14,7 @@
 #include <functional>
 #include <vector>
 
-#include "distill/core/student_group.h"
+#include "distill/group/student_group.h"
 
 namespace distill {
 

@@ -33,7 +33,7 @@
 #include <memory>
 #include <vector>
 
-#include "distill/core/student_group.h"
+#include "distill/group/student_group.h"
 
 namespace distill {
 

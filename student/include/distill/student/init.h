@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "distill/core/context.h"
+#include "distill/group/student_context.h"
 #include "distill/core/options.h"
 #include "distill/core/topology.h"
 #include "distill/student/client.h"

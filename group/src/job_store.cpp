@@ -18,7 +18,7 @@
 
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
-#include "distill/core/rendezvous.h"
+#include "distill/group/rendezvous.h"
 #include "job_store_wire.h"
 
 namespace distill {

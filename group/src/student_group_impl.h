@@ -18,7 +18,7 @@
 #include "distill/core/clock.h"
 #include "distill/core/errors.h"
 #include "distill/core/strings.h"
-#include "distill/core/student_group.h"
+#include "distill/group/student_group.h"
 #include "distill/core/trace.h"
 #include "job_store.h"
 

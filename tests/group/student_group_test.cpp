@@ -15,8 +15,9 @@
 
 #include "distill/core/clock.h"
 #include "distill/core/context.h"
+#include "distill/group/student_context.h"
 #include "distill/core/errors.h"
-#include "distill/core/student_group.h"
+#include "distill/group/student_group.h"
 #include "support/process.h"
 #include "support/roles.h"
 

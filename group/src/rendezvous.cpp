@@ -1,4 +1,4 @@
-#include "distill/core/rendezvous.h"
+#include "distill/group/rendezvous.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>

@@ -7,15 +7,15 @@
 // the checkpoint set-up hang). A StudentGroup
 // can only be made by a StudentContext (private constructor), and a
 // TeacherContext has no way to reach one — that is checked at compile time by
-// tests/core/context_test.cpp.
+// tests/group/context_test.cpp.
 //
 // Backends: c10d ProcessGroupGloo for CPU tensors (and every barrier);
 // ProcessGroupNCCL for CUDA tensors when built with CUDA and student.backend
 // allows it. Rendezvous: the job's own store at MASTER_ADDR:MASTER_PORT
-// (core/src/job_store.h; student rank 0 serves it, bound to MASTER_ADDR only,
+// (group/src/job_store.h; student rank 0 serves it, bound to MASTER_ADDR only,
 // on the socket distill-run hands it in DISTILL_STORE_FD or one it binds),
 // under the prefix "distill/students/". Every peer of the store proves the job
-// secret (DISTILL_JOB_SECRET, core/rendezvous.h) first; without one (a rank
+// secret (DISTILL_JOB_SECRET, group/rendezvous.h) first; without one (a rank
 // started by hand) it warns that the store takes anyone. Under torchrun
 // (TORCHELASTIC_USE_AGENT_STORE) the agent's TCPStore is used instead.
 //

@@ -19,7 +19,7 @@
 #include "distill/core/clock.h"
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
-#include "distill/core/rendezvous.h"
+#include "distill/group/rendezvous.h"
 #include "job_store_wire.h"
 
 namespace distill {

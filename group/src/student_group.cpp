@@ -1,4 +1,4 @@
-#include "distill/core/student_group.h"
+#include "distill/group/student_group.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -10,7 +10,7 @@
 
 #include "distill/core/logging.h"
 #include "distill/core/options.h"
-#include "distill/core/rendezvous.h"
+#include "distill/group/rendezvous.h"
 #include "distill/core/sys.h"
 #include "distill/core/topology.h"
 #include "nccl_backend.h"

@@ -4,8 +4,9 @@
 #include <type_traits>
 
 #include "distill/core/context.h"
+#include "distill/group/student_context.h"
 #include "distill/core/errors.h"
-#include "distill/core/student_group.h"
+#include "distill/group/student_group.h"
 
 namespace {
 

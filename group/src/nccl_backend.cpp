@@ -4,6 +4,12 @@
 #include "distill/core/errors.h"
 
 #if DISTILL_CUDA
+// ProcessGroupNCCL.hpp declares nothing without USE_C10D_NCCL (torch's own
+// build defines it); defined here rather than as a source property so that
+// this file joins the library's unity translation unit.
+#ifndef USE_C10D_NCCL
+#define USE_C10D_NCCL
+#endif
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
