@@ -42,6 +42,22 @@ function(distill_torch_pch target)
   endif()
 endfunction()
 
+# distill_unity(target [sources left out...]): with DISTILL_UNITY_BUILD, the
+# target's sources are compiled as one translation unit (CMake's UNITY_BUILD),
+# so torch's headers are parsed and its inline templates instantiated and
+# optimised once per library instead of once per file: that is where a clean
+# build's time goes (docs/building.md, "Build time"). The sources listed are
+# left out (the cheap ones that need no torch).
+function(distill_unity target)
+  if(NOT DISTILL_UNITY_BUILD)
+    return()
+  endif()
+  set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_MODE BATCH UNITY_BUILD_BATCH_SIZE 0)
+  if(ARGN)
+    set_source_files_properties(${ARGN} TARGET_DIRECTORY ${target} PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
+  endif()
+endfunction()
+
 # distill_library(name SOURCES ... DEPS ... [TORCH_SOURCES ...])
 # A module: folder `name`, namespace distill, shared library distill_<name>,
 # alias distill::<name>, public headers in <folder>/include/distill/<name>/.
@@ -62,6 +78,7 @@ function(distill_library name)
     distill_torch_pch(${t})
     set_source_files_properties(${A_SOURCES} PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
   endif()
+  distill_unity(${t} ${A_SOURCES})
   set_property(GLOBAL APPEND PROPERTY DISTILL_LIBRARIES ${t})
 endfunction()
 

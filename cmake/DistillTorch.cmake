@@ -19,15 +19,9 @@ if(NOT TARGET torch)
       OUTPUT_VARIABLE _torch_prefix OUTPUT_STRIP_TRAILING_WHITESPACE
       RESULT_VARIABLE _torch_rc ERROR_QUIET)
     if(NOT _torch_rc EQUAL 0)
-      # pip's build isolation (pip install .) hides the installed packages through
-      # the environment; -I ignores it, so the interpreter's own torch is found.
-      execute_process(
-        COMMAND ${_distill_python} -I -c "import torch; print(torch.utils.cmake_prefix_path)"
-        OUTPUT_VARIABLE _torch_prefix OUTPUT_STRIP_TRAILING_WHITESPACE
-        RESULT_VARIABLE _torch_rc ERROR_QUIET)
-    endif()
-    if(NOT _torch_rc EQUAL 0)
-      message(FATAL_ERROR "distill: '${_distill_python} -c \"import torch\"' failed; pip install torch==2.11.0 "
+      message(FATAL_ERROR "distill: '${_distill_python} -c \"import torch\"' failed. Install torch==2.11.0 "
+                          "into this Python; under pip, build with 'pip install --no-build-isolation .' "
+                          "(pip's build isolation hides the installed torch, as for any PyTorch C++ extension); "
                           "or set Torch_DIR to LibTorch's share/cmake/Torch")
     endif()
     list(APPEND CMAKE_PREFIX_PATH ${_torch_prefix})

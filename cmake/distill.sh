@@ -31,7 +31,7 @@ fi
 # torch==$TORCH_VERSION: LibTorch (the PyPI wheel, pinned); mpmath: tests/losses/reference.py's
 # exact values; matplotlib: the demo's plot; lizard: tests/structure's function lengths;
 # transformers, tokenizers: the [hf] extra (the Hugging Face tests, examples/llm); pytest, mypy:
-# the [test] extra (tests/python, test_typing.py); scikit-build-core: pip install . of the package.
+# the [test] extra (tests/python, test_typing.py); scikit-build-core: pip install --no-build-isolation . of the package.
 has() { python3 -c "import $1" 2>/dev/null; }
 pip_missing=()
 python3 -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '$TORCH_VERSION' else 1)" \
@@ -62,8 +62,12 @@ os.path.exists(os.path.join(sysconfig.get_path('stdlib'), 'EXTERNALLY-MANAGED'))
 fi
 
 # ---- configure (once) and build ----
+# RelWithDebInfo with line tables only (-g1: file:line in backtraces, not full debug info: a
+# third less compile time); each library as one translation unit (DISTILL_UNITY_BUILD). Both
+# are for a fast first build; docs/building.md, "Build time", says how to configure otherwise.
 if [ ! -f "$BUILD/build.ninja" ]; then
-  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDISTILL_BUILD_FUZZ=ON
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" \
+    -DDISTILL_UNITY_BUILD=ON -DDISTILL_BUILD_FUZZ=ON
 fi
 start=$(date +%s)
 cmake --build "$BUILD" -j "$JOBS"

@@ -19,7 +19,7 @@ if ! python3 -c "import distill" 2>/dev/null; then export PYTHONPATH="$PWD/$buil
 run=$(command -v distill-run || echo "$build/bin/distill-run")
 [ -x "$build/bin/distill-run" ] && run="$build/bin/distill-run"
 python3 -c "import transformers, tokenizers" 2>/dev/null ||
-  { echo "examples/llm needs transformers and tokenizers: pip install transformers tokenizers (or pip install .[hf])" >&2; exit 2; }
+  { echo "examples/llm needs transformers and tokenizers: pip install transformers tokenizers (or pip install --no-build-isolation '.[hf]')" >&2; exit 2; }
 export OMP_NUM_THREADS=1 RAYON_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error
 ex=examples/llm/train.py
 mkdir -p "$out"

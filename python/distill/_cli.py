@@ -1,4 +1,4 @@
-"""distill-run and distill-teacher on PATH after `pip install .`: they run the C++ programs."""
+"""distill-run and distill-teacher on PATH after `pip install --no-build-isolation .`: they run the C++ programs."""
 
 import os
 import sys
@@ -10,7 +10,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def find_program(name: str) -> Optional[str]:
-    """The package's own (pip install), else this build tree's (PYTHONPATH=build/python)."""
+    """The package's own (pip install; beside the extension in an editable install, whose Python
+    files are the sources'), else this build tree's (PYTHONPATH=build/python)."""
     for d in (os.path.join(_HERE, "bin"), os.environ.get("DISTILL_BIN_DIR", "")):
         p = os.path.join(d, name)
         if d and os.access(p, os.X_OK):
@@ -18,9 +19,10 @@ def find_program(name: str) -> Optional[str]:
     try:
         from . import _C
 
-        p = os.path.join(_C.build_bin_dir, name)
-        if os.access(p, os.X_OK):
-            return p
+        for d in (os.path.join(os.path.dirname(os.path.abspath(_C.__file__)), "bin"), _C.build_bin_dir):
+            p = os.path.join(d, name)
+            if os.access(p, os.X_OK):
+                return p
     except ImportError:
         pass
     return None
@@ -29,7 +31,7 @@ def find_program(name: str) -> Optional[str]:
 def _exec(name: str) -> None:
     path = find_program(name)
     if path is None:
-        sys.exit(f"{name}: not found in {os.path.join(_HERE, 'bin')} (reinstall distill: pip install .)")
+        sys.exit(f"{name}: not found in {os.path.join(_HERE, 'bin')} (reinstall distill: pip install --no-build-isolation .)")
     os.execv(path, [name] + sys.argv[1:])
 
 

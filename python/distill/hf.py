@@ -1,4 +1,4 @@
-"""Hugging Face `transformers` models with distill (the optional extra: pip install .[hf]).
+"""Hugging Face `transformers` models with distill (the optional extra: pip install --no-build-isolation '.[hf]').
 
 A `PreTrainedModel` is a teacher in one line, `distill.serve(session, model)`: serve() wraps it in
 HFTeacher, which calls it with the request's tensors by name (teacher.inputs: input_ids, and

@@ -1,6 +1,7 @@
 #include "distill/student/grad.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <algorithm>
 #include <functional>

@@ -1,4 +1,4 @@
 // distill-teacher: the built-in teacher server (teacher.kind torchscript or registered).
-#include "distill/teacher/server.h"
+#include "distill/teacher/teacher_main.h"
 
 int main(int argc, char** argv) { return distill::teacherMain(argc, argv); }

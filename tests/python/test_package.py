@@ -1,5 +1,6 @@
-"""`pip install .` of a fresh clone, in a fresh virtual environment: the package imports, its
-programs are on PATH, and a job runs from the installed package alone (no build tree)."""
+"""`pip install --no-build-isolation .` of a fresh clone, in a fresh virtual environment: the package
+imports, its programs are on PATH, and a job runs from the installed package alone (no build tree).
+Then the editable install (-e) of the same clone: its Python files are the clone's."""
 
 import os
 import shutil
@@ -23,8 +24,8 @@ def test_pip_install_of_a_fresh_clone(tmp_path, tiny_lm):
     env["PATH"] = f"{bindir}:{env['PATH']}"
     jobs = os.environ.get("DISTILL_JOBS", str(os.cpu_count() or 2))
     env["CMAKE_BUILD_PARALLEL_LEVEL"] = jobs
-    p = subprocess.run([py, "-m", "pip", "install", "-q", str(clone)], env=env, capture_output=True, text=True,
-                       timeout=1800)
+    p = subprocess.run([py, "-m", "pip", "install", "-q", "--no-build-isolation", str(clone)], env=env,
+                       capture_output=True, text=True, timeout=1800)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     # Imported from elsewhere: the installed package, not the clone or the build tree.
     p = subprocess.run([py, "-c", "import distill, os; print(distill.__file__); print(distill._cli.find_program('distill-run'))"],
@@ -51,3 +52,19 @@ def test_pip_install_of_a_fresh_clone(tmp_path, tiny_lm):
                        cwd=tmp_path, env=dict(env, OMP_NUM_THREADS="1"), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     assert (tmp_path / "out" / "rank1.json").exists()
+
+    # The editable install of the same clone (it reuses the clone's build/pip objects): `distill` is
+    # imported from the clone's python/distill, an edit there is seen without reinstalling, and the
+    # programs are found beside the extension.
+    p = subprocess.run([py, "-m", "pip", "install", "-q", "--no-build-isolation", "-e", str(clone)], env=env,
+                       capture_output=True, text=True, timeout=1800)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    with open(clone / "python" / "distill" / "_cli.py", "a") as f:
+        f.write("\nEDITED_IN_PLACE = 1\n")
+    p = subprocess.run([py, "-c", "import distill, distill._cli as c; print(distill.__file__); print(c.EDITED_IN_PLACE); "
+                        "print(c.find_program('distill-run'))"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    where, edited, run_bin = p.stdout.split()
+    assert where == str(clone / "python" / "distill" / "__init__.py"), where
+    assert edited == "1"
+    assert run_bin.startswith(str(venv)) and os.access(run_bin, os.X_OK), run_bin

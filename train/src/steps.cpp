@@ -1,7 +1,9 @@
 // distill::Steps: the per-step protocol of a student (docs/cpp.md, "The step API").
 #include "distill/train/steps.h"
 
-#include <torch/torch.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize.h>
 
 #include <algorithm>
 #include <deque>

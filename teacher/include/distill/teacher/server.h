@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "distill/core/context.h"
+#include "distill/teacher/teacher_main.h"
 #include "distill/core/tag.h"
 #include "distill/teacher/model.h"
 
@@ -68,9 +69,5 @@ at::Tensor toPayloadDtype(const at::Tensor& t, at::ScalarType dtype, const char*
 // "" if `next` may follow `prev` (nullopt: the student's first request) with
 // grad_acc_steps G; otherwise why not, naming both tags.
 std::string checkTagOrder(const std::optional<Tag>& prev, const Tag& next, int gradAccSteps);
-
-// main() of distill-teacher: config from --config/DISTILL_CONFIG and --set,
-// topology from the environment; returns the process exit code.
-int teacherMain(int argc, char** argv);
 
 } // namespace distill
