@@ -161,6 +161,7 @@ class TeacherCacheConfig(Section):
     mode: str
     max_bytes: int
     on_corrupt: str
+    keys: str
 
 
 class TeacherConfig(Section):

@@ -180,6 +180,58 @@ CacheKey rowKey(const std::string& context, const std::vector<std::string>& name
   return h.finish();
 }
 
+std::string prefixInputsProblem(const std::vector<std::string>& names, const std::vector<at::Tensor>& inputs) {
+  const int64_t seq = inputs.at(0).dim() >= 2 ? inputs[0].size(1) : -1;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor& t = inputs[i];
+    if (seq > 0 && t.dim() >= 2 && t.size(1) == seq) continue;
+    std::ostringstream os;
+    os << "teacher.cache.keys: prefix keys answers per position of a sequence dimension (dim 1) of at least one "
+          "position that every input shares; input '"
+       << names.at(i) << "' has shape " << t.sizes() << " and input '" << names.at(0) << "' " << inputs[0].sizes()
+       << "; set teacher.cache.keys to row";
+    return os.str();
+  }
+  return "";
+}
+
+std::vector<CacheKey> positionKeys(const std::string& context, const std::vector<std::string>& names,
+                                   const std::vector<at::Tensor>& inputs, int64_t row) {
+  const int64_t seq = inputs.at(0).dim() >= 2 ? inputs[0].size(1) : -1;
+  std::vector<size_t> bytes; // of one position of each input
+  const std::string problem = prefixInputsProblem(names, inputs);
+  DISTILL_CHECK_T(ProtocolError, problem.empty(), problem);
+  Sha256 first;
+  first.addString(context);
+  first.addString("prefix");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor& t = inputs[i];
+    DISTILL_INTERNAL_ASSERT(t.is_contiguous() && t.device().is_cpu(), "positionKeys needs contiguous CPU inputs");
+    first.addString(names.at(i));
+    first.addString(c10::toString(t.scalar_type()));
+    first.addInt(t.dim() - 2);
+    for (int64_t d = 2; d < t.dim(); ++d) first.addInt(t.size(d));
+    bytes.push_back(t.nbytes() / static_cast<size_t>(t.size(0) * seq));
+    first.addInt(static_cast<int64_t>(bytes.back()));
+  }
+  auto addPosition = [&](Sha256& h, int64_t pos) {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const size_t at = bytes[i] * static_cast<size_t>(row * seq + pos);
+      h.add(static_cast<const char*>(inputs[i].data_ptr()) + at, bytes[i]);
+    }
+  };
+  std::vector<CacheKey> keys;
+  addPosition(first, 0);
+  keys.push_back(first.finish());
+  for (int64_t pos = 1; pos < seq; ++pos) {
+    Sha256 h;
+    h.add(keys.back().data(), keys.back().size());
+    addPosition(h, pos);
+    keys.push_back(h.finish());
+  }
+  return keys;
+}
+
 void roundForStorage(Answer& answer, double temperature) {
   auto values = answer.find(protocol::kTopkValues);
   auto lse = answer.find(protocol::kLogsumexp);
