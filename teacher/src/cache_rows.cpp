@@ -188,8 +188,9 @@ std::string prefixInputsProblem(const std::vector<std::string>& names, const std
     std::ostringstream os;
     os << "teacher.cache.keys: prefix keys answers per position of a sequence dimension (dim 1) of at least one "
           "position that every input shares; input '"
-       << names.at(i) << "' has shape " << t.sizes() << " and input '" << names.at(0) << "' " << inputs[0].sizes()
-       << "; set teacher.cache.keys to row";
+       << names.at(i) << "' has shape " << t.sizes();
+    if (i > 0) os << ", input '" << names.at(0) << "' " << inputs[0].sizes();
+    os << "; set teacher.cache.keys to row";
     return os.str();
   }
   return "";

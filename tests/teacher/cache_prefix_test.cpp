@@ -60,6 +60,8 @@ at::Tensor causalLogits(const at::Tensor& ids) {
 at::Tensor group(const at::Tensor& prompt, uint64_t seed) {
   auto g = at::make_generator<at::CPUGeneratorImpl>(seed);
   at::Tensor responses = at::randint(1, kVocab, {kG, kR}, g, at::kLong);
+  // First response tokens distinct across groups: no new response shares a prefix with an old one.
+  responses.select(1, 0).copy_(at::arange(1, kG + 1, at::kLong) + kG * int64_t(seed));
   responses[1].fill_(kPad);
   return at::cat({prompt.expand({kG, kP}), responses}, 1).contiguous();
 }
@@ -189,7 +191,7 @@ TEST(TeacherCachePrefix, MisuseIsAnErrorNamingTheKey) {
   };
   const at::Tensor ids = group(prompt(31), 6);
   expectKeyNamed({ids.select(1, 0).contiguous(), ids.select(1, 0).contiguous()}, "input 'input_ids' has shape [4]");
-  expectKeyNamed({ids, at::ones({kG, kP}, at::kLong)}, "input 'attention_mask' has shape [4, 12]");
+  expectKeyNamed({ids, at::ones({kG, kP}, at::kLong)}, "input 'attention_mask' has shape [4, 12], input 'input_ids' [4, 17]");
   EXPECT_NE(distill::prefixInputsProblem({"input_ids", "attention_mask"}, {ids, at::ones({kG, 3}, at::kLong)}), "");
   EXPECT_EQ(distill::prefixInputsProblem({"input_ids", "attention_mask"}, {ids, at::ones_like(ids)}), "");
 
