@@ -77,6 +77,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "distill/core/options.h"
@@ -206,6 +207,12 @@ class TeacherCache {
                              const at::Device& device);
 
   const CacheStats& stats() const { return stats_; }
+  // The hit share's (lookups, hits), as the segment publishes them: rows, or
+  // with prefix keys positions (a group's rows rarely all hit: new responses).
+  std::pair<int64_t, int64_t> hitShareCounts() const {
+    if (keys_ != CacheKeys::kPrefix) return {stats_.lookups, stats_.hits};
+    return {reads_ ? stats_.positions : 0, stats_.positionHits};
+  }
   // Bytes the store's file uses now.
   int64_t storeBytes() const;
   const std::string& path() const { return path_; }

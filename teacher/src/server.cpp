@@ -347,8 +347,7 @@ class Server {
   void publishCache() {
     const CacheStats& c = cache_->stats();
     ipc::TeacherCacheGauge g;
-    g.lookups = c.lookups;
-    g.hits = c.hits;
+    std::tie(g.lookups, g.hits) = cache_->hitShareCounts();
     g.storedTokens = c.insertedTokens;
     g.storedBytes = c.storedBytes;
     if (cache_->full()) {

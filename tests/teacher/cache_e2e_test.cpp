@@ -371,7 +371,8 @@ TEST(TeacherCacheEndToEnd, ReadJobNeverServesADamagedRow) {
 }
 
 // Issue 30 §2, teacher.cache.keys prefix, with real processes (distill-teacher
-// serving the TorchScript causal tiny LM, top-k 8): (a) every group's answer is
+// serving the registered CausalMean, top-k 8, whose answers at a position are
+// the same bits whatever follows it and whatever rows share its forward): (a) every group's answer is
 // bit-equal to the same groups answered through row keys; (b) the first group
 // of a prompt computes P + G * R positions, a second group of the same prompt
 // in a later step only its new responses' positions (row 1, the empty
@@ -381,8 +382,14 @@ TEST(TeacherCacheEndToEnd, ReadJobNeverServesADamagedRow) {
 TEST(TeacherCacheEndToEnd, PrefixKeysAnswerGroupsOnceBitEqualToRowKeys) {
   CacheDir rowDir, prefixDir;
   const std::string out = ::testing::TempDir() + dt::uniqueName("groups");
-  auto yaml = [](const CacheDir& d, const std::string& keys) {
-    return jobYaml(scriptTeacher(8) + cacheYaml(d.path, "readwrite") + "    keys: " + keys + "\n", 1, 1);
+  const std::string weights = out + "-causal-mean.pt";
+  torch::manual_seed(7);
+  std::shared_ptr<torch::nn::Module> model = std::make_shared<dt::CausalMean>();
+  torch::save(model, weights);
+  auto yaml = [&](const CacheDir& d, const std::string& keys) {
+    return jobYaml("  kind: registered\n  library: " DISTILL_TEST_TEACHER_LIB "\n  module: causal_mean\n  weights: " +
+                       weights + "\n  topk: 8\n" + cacheYaml(d.path, "readwrite") + "    keys: " + keys + "\n",
+                   1, 1);
   };
   const int64_t T = kSeq, P = kGroupP, R = kGroupR, G = kGroupG;
   auto positions = [&](const JobResult& r, int64_t n, int64_t hits, int64_t computed) {
@@ -397,6 +404,7 @@ TEST(TeacherCacheEndToEnd, PrefixKeysAnswerGroupsOnceBitEqualToRowKeys) {
   positions(first, 2 * 2 * G * T, 2 * (G * P + R), 2 * (P + G * R + (G - 1) * R));
   JobResult later = runJob(yaml(prefixDir, "prefix"), "group_student", {"3", out + "-p2-%d.pt"});
   positions(later, 2 * G * T, 2 * (G * P + R), 2 * (G - 1) * R);
+  EXPECT_DOUBLE_EQ(later.hitShare, double(G * P + R) / double(G * T)) << "the share of positions found";
   runJob(yaml(rowDir, "row"), "group_student", {"1,2", out + "-r1-%d.pt"});
   runJob(yaml(rowDir, "row"), "group_student", {"3", out + "-r2-%d.pt"});
   for (const std::string run : {"1", "2"}) {
@@ -421,6 +429,7 @@ TEST(TeacherCacheEndToEnd, PrefixKeysAnswerGroupsOnceBitEqualToRowKeys) {
               std::string::npos)
         << log;
   }
+  std::remove(weights.c_str());
 }
 
 } // namespace
