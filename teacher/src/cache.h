@@ -56,9 +56,10 @@
 // at position t depends on inputs[0..t] alone): one record per position,
 // keyed by a chain over the row's positions, k_0 = SHA-256(context, "prefix",
 // every input's name, dtype and shape after dim 1, position 0's bytes), k_t =
-// SHA-256(k_{t-1}, position t's bytes). The G rows of an on-policy group share
-// their prompt's keys, so the prompt is shaped and stored once, and a new
-// sample of a prompt answered before finds it. A row whose positions all hit
+// SHA-256(k_{t-1}, position t's bytes); a record of RecordKind::kPosition.
+// The G rows of an on-policy group share their prompt's keys, so the prompt
+// is shaped and stored once, and a new sample of a prompt answered before
+// finds it. A row whose positions all hit
 // is answered without a forward; the rows with a miss run whole (a TorchScript
 // teacher has no KV cache), and only their missing positions are shaped
 // (top-k, rounding), encoded and stored. Every position is decoded from its
@@ -130,7 +131,11 @@ std::vector<at::Tensor> gatherRows(const std::vector<std::vector<at::Tensor>>& r
 // integer that holds it). `key`: the row's key, which the record's CRC32C
 // covers with its bytes (so a record moved under another key fails it too).
 // decodeRow throws IpcError on a malformed record; it does not check the CRC.
-std::string encodeRow(const Answer& row, int64_t vocab, const CacheKey& key = {});
+// kPosition (prefix keys): one position, each tensor [1, 1, ...], in a compact
+// layout (names of the protocol as a byte, dims as uint32, no byte counts):
+// about 65 bytes for a top-8 position against 180 in a row's layout.
+enum class RecordKind : uint8_t { kRow, kPosition };
+std::string encodeRow(const Answer& row, int64_t vocab, const CacheKey& key = {}, RecordKind kind = RecordKind::kRow);
 Answer decodeRow(const void* data, size_t size);
 // Does the record at `data` carry the right CRC32C for `key` and its bytes?
 bool recordIntact(const CacheKey& key, const void* data, size_t size);

@@ -107,7 +107,7 @@ void TeacherCache::computePositions(PrefixBatch& b, const std::vector<std::vecto
   for (int64_t i = 0; i < n; ++i) {
     Answer position;
     for (auto& [name, t] : host) position[name] = t.narrow(0, i, 1);
-    std::string record = encodeRow(position, computed.vocab, b.flatKeys[size_t(i)]);
+    std::string record = encodeRow(position, computed.vocab, b.flatKeys[size_t(i)], RecordKind::kPosition);
     if (writes_) records.emplace_back(b.flatKeys[size_t(i)], record);
     b.pool[b.flatSlots[size_t(i)]] = std::move(record);
   }

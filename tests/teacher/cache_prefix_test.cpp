@@ -213,3 +213,34 @@ TEST(TeacherCachePrefix, MisuseIsAnErrorNamingTheKey) {
   ::unlink((dir.path + "-pooled/lock.mdb").c_str());
   ::rmdir((dir.path + "-pooled").c_str());
 }
+
+// A position's record (RecordKind::kPosition): every tensor back bit-equal in
+// its dtype and shape [1, 1, ...] (float16 values, uint8 and uint16 indices, a
+// value float16 cannot hold kept float32, a hidden state under its own name),
+// about a third of a row layout's bytes for a top-8 position, sealed by its
+// CRC32C like a row's, and a short record an error, never a wild read.
+TEST(TeacherCachePrefix, PositionRecordsRoundTripCompactly) {
+  auto g = at::make_generator<at::CPUGeneratorImpl>(5);
+  for (int64_t vocab : {int64_t(64), int64_t(1000), int64_t(100000)}) {
+    Answer a = distill::topkOutput(at::randn({1, 1, vocab}, g, at::kFloat) * 4, 8, 2.0);
+    distill::roundForStorage(a, 2.0);
+    a["layer_3"] = at::randn({1, 1, 5}, g, at::kFloat);
+    const distill::CacheKey key{{7}};
+    const std::string record = distill::encodeRow(a, vocab, key, distill::RecordKind::kPosition);
+    EXPECT_TRUE(bitEqual(distill::decodeRow(record.data(), record.size()), a)) << "vocab " << vocab;
+    EXPECT_TRUE(distill::recordIntact(key, record.data(), record.size()));
+    EXPECT_FALSE(distill::recordIntact(distill::CacheKey{{8}}, record.data(), record.size()));
+    std::string flipped = record;
+    flipped.back() ^= 1;
+    EXPECT_FALSE(distill::recordIntact(key, flipped.data(), flipped.size()));
+    EXPECT_THROW(distill::decodeRow(record.data(), record.size() - 1), distill::IpcError);
+    a.erase("layer_3");
+    const size_t compact = distill::encodeRow(a, vocab, key, distill::RecordKind::kPosition).size();
+    const size_t asRow = distill::encodeRow(a, vocab, key).size();
+    if (vocab == 64) EXPECT_LE(compact, 66u) << "a top-8 position with uint8 indices";
+    EXPECT_LE(compact * 2, asRow) << "vocab " << vocab;
+  }
+  Answer big{{distill::protocol::kLogits, at::full({1, 1, 4}, 1e6f)}};
+  const std::string record = distill::encodeRow(big, 4, {}, distill::RecordKind::kPosition);
+  EXPECT_TRUE(bitEqual(distill::decodeRow(record.data(), record.size()), big));
+}
