@@ -34,11 +34,10 @@ struct Args {
 
 Args parse(int argc, char** argv) {
   Args a;
-  const std::map<std::string, int64_t*> flags = {{"--prompt", &a.prompt}, {"--response", &a.response},
-                                                 {"--group", &a.group},   {"--prompts", &a.prompts},
-                                                 {"--vocab", &a.vocab},   {"--dim", &a.dim},
-                                                 {"--topk", &a.topk},     {"--threads", &a.threads},
-                                                 {"--reps", &a.reps}};
+  const std::map<std::string, int64_t*> flags = {
+      {"--prompt", &a.prompt},   {"--response", &a.response}, {"--group", &a.group},
+      {"--prompts", &a.prompts}, {"--vocab", &a.vocab},       {"--dim", &a.dim},
+      {"--topk", &a.topk},       {"--threads", &a.threads},   {"--reps", &a.reps}};
   for (int i = 1; i + 1 < argc; i += 2) {
     auto it = flags.find(argv[i]);
     if (it == flags.end()) {
@@ -149,6 +148,7 @@ int main(int argc, char** argv) {
       ratio(double(prefix.stored), double(row.stored)), (long long)row.shaped, (long long)prefix.shaped,
       ratio(double(prefix.shaped), double(row.shaped)), (long long)row.bytes, (long long)prefix.bytes,
       ratio(double(prefix.bytes), double(row.bytes)), row.msPerGroup, prefix.msPerGroup,
-      ratio(prefix.msPerGroup, row.msPerGroup), (long long)a.reps, (long long)a.threads, std::thread::hardware_concurrency(), load[0]);
+      ratio(prefix.msPerGroup, row.msPerGroup), (long long)a.reps, (long long)a.threads,
+      std::thread::hardware_concurrency(), load[0]);
   return 0;
 }

@@ -176,8 +176,7 @@ class TeacherCache {
   // With the positions wanted: undefined (row keys: every position, [M, T, ...]),
   // or (prefix keys) int64 [N] flat indices row * T + t into the inputs' rows,
   // whose answers alone are shaped: [N, 1, ...] (gatherPositions).
-  using ComputePositions =
-      std::function<Computed(const std::vector<at::Tensor>& inputs, const at::Tensor& positions)>;
+  using ComputePositions = std::function<Computed(const std::vector<at::Tensor>& inputs, const at::Tensor& positions)>;
 
   // Fault injection (tests): `commit`, when set, is called before the nth
   // commit of rows (n from 1); a non-zero return (an errno or an LMDB code) is
@@ -239,8 +238,8 @@ class TeacherCache {
   void noteCorrupt(const CacheKey& key, const std::string& why);
   void stopInserting(const std::string& why);
   void insert(const std::vector<std::pair<CacheKey, std::string>>& rows, const std::vector<int64_t>& tokens);
-  std::vector<Answer> answerRows(const std::vector<std::vector<at::Tensor>>& requests,
-                                 const ComputePositions& compute, const at::Device& device);
+  std::vector<Answer> answerRows(const std::vector<std::vector<at::Tensor>>& requests, const ComputePositions& compute,
+                                 const at::Device& device);
   struct PrefixBatch; // cache_prefix.cpp
   void lookupPositions(PrefixBatch& b, const std::vector<std::vector<at::Tensor>>& requests);
   void computePositions(PrefixBatch& b, const std::vector<std::vector<at::Tensor>>& requests,

@@ -99,8 +99,8 @@ void TeacherCache::computePositions(PrefixBatch& b, const std::vector<std::vecto
   roundForStorage(computed.answer, temperature_);
   Answer host;
   for (auto& [name, t] : computed.answer) {
-    DISTILL_CHECK_T(ProtocolError, t.dim() >= 2 && t.size(0) == n && t.size(1) == 1, "teacher.cache.keys: ",
-                    n, " positions were asked for, the teacher's '", name, "' holds ", t.sizes());
+    DISTILL_CHECK_T(ProtocolError, t.dim() >= 2 && t.size(0) == n && t.size(1) == 1, "teacher.cache.keys: ", n,
+                    " positions were asked for, the teacher's '", name, "' holds ", t.sizes());
     host[name] = t.cpu();
   }
   std::vector<std::pair<CacheKey, std::string>> records;

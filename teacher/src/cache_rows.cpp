@@ -117,8 +117,9 @@ std::string keyHex(const CacheKey& k) {
 
 bool recordIntact(const CacheKey& key, const void* data, size_t size) {
   const char* p = static_cast<const char*>(data);
-  if (size < kBodyAt || (std::memcmp(p, kRecordMagic, sizeof kRecordMagic) != 0 &&
-                         std::memcmp(p, kPositionMagic, sizeof kPositionMagic) != 0)) {
+  if (size < kBodyAt ||
+      (std::memcmp(p, kRecordMagic, sizeof kRecordMagic) != 0 &&
+       std::memcmp(p, kPositionMagic, sizeof kPositionMagic) != 0)) {
     return false;
   }
   uint32_t stored;
@@ -260,8 +261,8 @@ void roundForStorage(Answer& answer, double temperature) {
 namespace {
 
 // A position record's tensor names: one byte for the protocol's, else 0 and the name.
-const char* const kNameCodes[] = {"", protocol::kLogits, protocol::kTopkValues, protocol::kTopkIndices,
-                                  protocol::kLogsumexp, protocol::kLogTail};
+const char* const kNameCodes[] = {
+    "", protocol::kLogits, protocol::kTopkValues, protocol::kTopkIndices, protocol::kLogsumexp, protocol::kLogTail};
 
 uint8_t nameCode(const std::string& name) {
   for (uint8_t c = 1; c < std::size(kNameCodes); ++c) {

@@ -281,7 +281,10 @@ class Server {
         std::vector<std::vector<at::Tensor>> requests;
         for (auto& p : batch) requests.push_back(p.inputs);
         cached = cache_->answer(
-            requests, [&](const std::vector<at::Tensor>& rows, const at::Tensor& positions) { return compute(rows, label, positions); },
+            requests,
+            [&](const std::vector<at::Tensor>& rows, const at::Tensor& positions) {
+              return compute(rows, label, positions);
+            },
             cfg_.transport.cuda_ipc == CudaIpc::kOff ? at::Device(at::kCPU) : at::Device(device_));
       }
       std::vector<at::Tensor> inputs;

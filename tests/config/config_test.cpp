@@ -760,7 +760,8 @@ TEST(Config, NestedCacheKeys) {
       problemsOf(teacher, {"teacher.cache.mod=read"}),
       (std::vector<std::string>{"teacher.cache.mod: unknown key; did you mean teacher.cache.mode? (from --set)"}));
   EXPECT_EQ(problemsOf(teacher + "  cache: on\n"),
-            (std::vector<std::string>{"teacher.cache: expected a map of path, mode, max_bytes, on_corrupt, keys, found string \"on\""}));
+            (std::vector<std::string>{
+                "teacher.cache: expected a map of path, mode, max_bytes, on_corrupt, keys, found string \"on\""}));
   EXPECT_EQ(
       problemsOf(teacher + "  cache:\n    mode: always\n"),
       (std::vector<std::string>{"teacher.cache.mode: must be one of off, read, write, readwrite; found \"always\""}));

@@ -191,7 +191,8 @@ TEST(TeacherCachePrefix, MisuseIsAnErrorNamingTheKey) {
   };
   const at::Tensor ids = group(prompt(31), 6);
   expectKeyNamed({ids.select(1, 0).contiguous(), ids.select(1, 0).contiguous()}, "input 'input_ids' has shape [4]");
-  expectKeyNamed({ids, at::ones({kG, kP}, at::kLong)}, "input 'attention_mask' has shape [4, 12], input 'input_ids' [4, 17]");
+  expectKeyNamed({ids, at::ones({kG, kP}, at::kLong)},
+                 "input 'attention_mask' has shape [4, 12], input 'input_ids' [4, 17]");
   EXPECT_NE(distill::prefixInputsProblem({"input_ids", "attention_mask"}, {ids, at::ones({kG, 3}, at::kLong)}), "");
   EXPECT_EQ(distill::prefixInputsProblem({"input_ids", "attention_mask"}, {ids, at::ones_like(ids)}), "");
 
