@@ -71,6 +71,7 @@ std::vector<KeySpec> runAndTeacherKeys() {
       DISTILL_KEY(teacher, cache.mode).runtime(),
       DISTILL_KEY(teacher, cache.max_bytes).byteSize().min(1 << 20).runtime(),
       DISTILL_KEY(teacher, cache.on_corrupt).runtime(),
+      DISTILL_KEY(teacher, cache.keys).runtime(),
   };
 }
 

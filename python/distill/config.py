@@ -5,6 +5,7 @@
     cfg["loss"]["temperature"]          # float
     cfg.teacher.cache.max_bytes         # int (bytes)
     cfg.checkpoint.async_               # bool (cfg["checkpoint"]["async"]: `async` is a keyword)
+    cfg.teacher.cache.keys_             # str (cfg["teacher"]["cache"]["keys"]: `keys` is the mapping's method)
     cfg.trainer                         # the trainer's own keys, key -> text
     cfg["run.log_dir"]                  # "section.key": the value as text, as iterating gives it
 
@@ -161,6 +162,7 @@ class TeacherCacheConfig(Section):
     mode: str
     max_bytes: int
     on_corrupt: str
+    keys_: str  # the key `keys` (a Mapping's method name); section["keys"] reads it too
 
 
 class TeacherConfig(Section):

@@ -124,6 +124,7 @@ TeacherCache::TeacherCache(const TeacherOptions::CacheOptions& o, std::string co
       context_(std::move(context)),
       names_(std::move(names)),
       temperature_(temperature),
+      keys_(o.keys),
       maxBytes_(o.max_bytes),
       reads_(o.mode == CacheMode::kRead || o.mode == CacheMode::kReadWrite),
       writes_(o.mode == CacheMode::kWrite || o.mode == CacheMode::kReadWrite),
@@ -342,6 +343,10 @@ std::string TeacherCache::summary() const {
      << " forwards, " << c.inserted << " rows stored (" << c.insertedTokens << " tokens), store " << storeBytes()
      << " bytes";
   if (c.insertedTokens > 0) os << " (" << std::lround(bytesPerStoredToken()) << " bytes per stored token)";
+  if (keys_ == CacheKeys::kPrefix) {
+    os << "; prefix keys: " << c.positions << " positions, " << c.positionHits << " hits, " << c.positionsComputed
+       << " computed";
+  }
   if (full_) os << "; " << stopReason_ << ": stored no more rows";
   return os.str();
 }
@@ -357,8 +362,42 @@ int64_t TeacherCache::storeBytes() const {
   return static_cast<int64_t>(info.me_last_pgno + 1) * st.ms_psize;
 }
 
+std::vector<at::Tensor> gatherRows(const std::vector<std::vector<at::Tensor>>& requests,
+                                   const std::vector<std::pair<size_t, int64_t>>& rows) {
+  std::vector<at::Tensor> inputs;
+  for (size_t i = 0; i < requests.at(rows.at(0).first).size(); ++i) {
+    std::vector<at::Tensor> parts;
+    for (size_t m = 0; m < rows.size();) {
+      size_t end = m + 1;
+      while (end < rows.size() && rows[end].first == rows[m].first && rows[end].second == rows[end - 1].second + 1) {
+        ++end;
+      }
+      parts.push_back(requests[rows[m].first][i].narrow(0, rows[m].second, int64_t(end - m)));
+      m = end;
+    }
+    inputs.push_back(parts.size() == 1 ? parts[0] : at::cat(parts, 0));
+  }
+  return inputs;
+}
+
 std::vector<Answer> TeacherCache::answer(const std::vector<std::vector<at::Tensor>>& requests, const Compute& compute,
                                          const at::Device& device) {
+  // Every position shaped, then the wanted ones taken (tests; the server shapes only those).
+  auto withPositions = [&](const std::vector<at::Tensor>& inputs, const at::Tensor& positions) {
+    Computed c = compute(inputs);
+    if (positions.defined()) c.answer = gatherPositions(c.answer, {}, positions, inputs.at(0).size(1));
+    return c;
+  };
+  return answer(requests, ComputePositions(withPositions), device);
+}
+
+std::vector<Answer> TeacherCache::answer(const std::vector<std::vector<at::Tensor>>& requests,
+                                         const ComputePositions& compute, const at::Device& device) {
+  return keys_ == CacheKeys::kPrefix ? answerPrefix(requests, compute, device) : answerRows(requests, compute, device);
+}
+
+std::vector<Answer> TeacherCache::answerRows(const std::vector<std::vector<at::Tensor>>& requests,
+                                             const ComputePositions& compute, const at::Device& device) {
   struct Row {
     size_t request;
     int64_t row;
@@ -390,23 +429,10 @@ std::vector<Answer> TeacherCache::answer(const std::vector<std::vector<at::Tenso
     }
   }
   if (!missing.empty()) {
-    // Every missing row of every request in one forward: runs of consecutive
-    // rows of one request are taken as one slice.
-    std::vector<at::Tensor> inputs;
-    for (size_t i = 0; i < names_.size(); ++i) {
-      std::vector<at::Tensor> parts;
-      for (size_t m = 0; m < missing.size();) {
-        size_t end = m + 1;
-        while (end < missing.size() && missing[end].request == missing[m].request &&
-               missing[end].row == missing[end - 1].row + 1) {
-          ++end;
-        }
-        parts.push_back(requests[missing[m].request][i].narrow(0, missing[m].row, int64_t(end - m)));
-        m = end;
-      }
-      inputs.push_back(parts.size() == 1 ? parts[0] : at::cat(parts, 0));
-    }
-    Computed computed = compute(inputs);
+    // Every missing row of every request in one forward.
+    std::vector<std::pair<size_t, int64_t>> where;
+    for (const Row& m : missing) where.emplace_back(m.request, m.row);
+    Computed computed = compute(gatherRows(requests, where), at::Tensor());
     ++stats_.forwards;
     roundForStorage(computed.answer, temperature_);
     std::vector<std::pair<CacheKey, std::string>> rows;

@@ -52,6 +52,20 @@
 // fails (a full or failing disk: ENOSPC, EIO), inserts stop with one warning
 // saying why; lookups go on, and the job with them.
 //
+// Prefix keys (teacher.cache.keys: prefix, for a causal teacher whose answer
+// at position t depends on inputs[0..t] alone): one record per position,
+// keyed by a chain over the row's positions, k_0 = SHA-256(context, "prefix",
+// every input's name, dtype and shape after dim 1, position 0's bytes), k_t =
+// SHA-256(k_{t-1}, position t's bytes); a record of RecordKind::kPosition.
+// The G rows of an on-policy group share their prompt's keys, so the prompt
+// is shaped and stored once, and a new sample of a prompt answered before
+// finds it. A row whose positions all hit
+// is answered without a forward; the rows with a miss run whole (a TorchScript
+// teacher has no KV cache), and only their missing positions are shaped
+// (top-k, rounding), encoded and stored. Every position is decoded from its
+// record's bytes, as rows are. A position met twice in one batch (a group's
+// prompt) is computed once.
+//
 // Not thread-safe: the teacher server's thread only.
 
 #include <ATen/ATen.h>
@@ -64,6 +78,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "distill/core/options.h"
@@ -89,12 +104,38 @@ std::string modelDigest(const TeacherModel& model);
 CacheKey rowKey(const std::string& context, const std::vector<std::string>& names,
                 const std::vector<at::Tensor>& inputs, int64_t row);
 
+// teacher.cache.keys prefix: the key of every position of row `row` (inputs
+// [B, T, ...] in teacher.inputs order, contiguous, CPU), the chain above.
+// ProtocolError naming teacher.cache.keys when an input has no sequence
+// dimension (dim 1) or the inputs' sequence lengths differ.
+// Why `inputs` cannot be keyed per position (no sequence dimension, or
+// sequence lengths that differ), naming teacher.cache.keys; "" if they can.
+std::string prefixInputsProblem(const std::vector<std::string>& names, const std::vector<at::Tensor>& inputs);
+std::vector<CacheKey> positionKeys(const std::string& context, const std::vector<std::string>& names,
+                                   const std::vector<at::Tensor>& inputs, int64_t row);
+
+// teacher.cache.keys prefix: the model's outputs `names` of `raw` ([M, T, ...];
+// every one when `names` is empty) at `positions` (int64 [N], flat indices row * T + t) as [N, 1, ...].
+// ProtocolError naming teacher.cache.keys when one has no sequence dimension of T.
+std::map<std::string, at::Tensor> gatherPositions(const std::map<std::string, at::Tensor>& raw,
+                                                  const std::vector<std::string>& names, const at::Tensor& positions,
+                                                  int64_t seq);
+
+// The rows (request, row) of `requests`, every input gathered along dim 0 in
+// their order: runs of consecutive rows of one request taken as one slice.
+std::vector<at::Tensor> gatherRows(const std::vector<std::vector<at::Tensor>>& requests,
+                                   const std::vector<std::pair<size_t, int64_t>>& rows);
+
 // A row's answer (each tensor [1, ...], CPU) as stored, and back. `vocab`:
 // the logits' last dimension (top-k indices are stored in the narrowest
 // integer that holds it). `key`: the row's key, which the record's CRC32C
 // covers with its bytes (so a record moved under another key fails it too).
 // decodeRow throws IpcError on a malformed record; it does not check the CRC.
-std::string encodeRow(const Answer& row, int64_t vocab, const CacheKey& key = {});
+// kPosition (prefix keys): one position, each tensor [1, 1, ...], in a compact
+// layout (names of the protocol as a byte, dims as uint32, no byte counts):
+// about 65 bytes for a top-8 position against 180 in a row's layout.
+enum class RecordKind : uint8_t { kRow, kPosition };
+std::string encodeRow(const Answer& row, int64_t vocab, const CacheKey& key = {}, RecordKind kind = RecordKind::kRow);
 Answer decodeRow(const void* data, size_t size);
 // Does the record at `data` carry the right CRC32C for `key` and its bytes?
 bool recordIntact(const CacheKey& key, const void* data, size_t size);
@@ -117,6 +158,10 @@ struct CacheStats {
   int64_t storedBytes = 0; // what those rows take in the store (record, key, LMDB's page rounding)
   int64_t corrupt = 0; // lookups whose record failed its CRC32C or could not be read: misses
   int64_t forwards = 0; // forward calls made through answer()
+  // teacher.cache.keys prefix: positions of the rows answered (all looked up in modes read and
+  // readwrite), those found in the store, and those computed (shaped, encoded, stored): a position
+  // met twice in one batch is computed once, so computed <= positions - positionHits.
+  int64_t positions = 0, positionHits = 0, positionsComputed = 0;
 };
 
 class TeacherCache {
@@ -128,6 +173,10 @@ class TeacherCache {
     int64_t vocab = 0;
   };
   using Compute = std::function<Computed(const std::vector<at::Tensor>& inputs)>;
+  // With the positions wanted: undefined (row keys: every position, [M, T, ...]),
+  // or (prefix keys) int64 [N] flat indices row * T + t into the inputs' rows,
+  // whose answers alone are shaped: [N, 1, ...] (gatherPositions).
+  using ComputePositions = std::function<Computed(const std::vector<at::Tensor>& inputs, const at::Tensor& positions)>;
 
   // Fault injection (tests): `commit`, when set, is called before the nth
   // commit of rows (n from 1); a non-zero return (an errno or an LMDB code) is
@@ -154,10 +203,20 @@ class TeacherCache {
   // all requests with ONE call of `compute`, stores them (modes write,
   // readwrite) and returns each request's answer, rows in their order, every
   // row decoded from its stored bytes, on `device`.
+  std::vector<Answer> answer(const std::vector<std::vector<at::Tensor>>& requests, const ComputePositions& compute,
+                             const at::Device& device);
+  // The same with a compute that shapes every position (prefix keys: the
+  // positions wanted are taken from its answer).
   std::vector<Answer> answer(const std::vector<std::vector<at::Tensor>>& requests, const Compute& compute,
                              const at::Device& device);
 
   const CacheStats& stats() const { return stats_; }
+  // The hit share's (lookups, hits), as the segment publishes them: rows, or
+  // with prefix keys positions (a group's rows rarely all hit: new responses).
+  std::pair<int64_t, int64_t> hitShareCounts() const {
+    if (keys_ != CacheKeys::kPrefix) return {stats_.lookups, stats_.hits};
+    return {reads_ ? stats_.positions : 0, stats_.positionHits};
+  }
   // Bytes the store's file uses now.
   int64_t storeBytes() const;
   const std::string& path() const { return path_; }
@@ -179,6 +238,14 @@ class TeacherCache {
   void noteCorrupt(const CacheKey& key, const std::string& why);
   void stopInserting(const std::string& why);
   void insert(const std::vector<std::pair<CacheKey, std::string>>& rows, const std::vector<int64_t>& tokens);
+  std::vector<Answer> answerRows(const std::vector<std::vector<at::Tensor>>& requests, const ComputePositions& compute,
+                                 const at::Device& device);
+  struct PrefixBatch; // cache_prefix.cpp
+  void lookupPositions(PrefixBatch& b, const std::vector<std::vector<at::Tensor>>& requests);
+  void computePositions(PrefixBatch& b, const std::vector<std::vector<at::Tensor>>& requests,
+                        const ComputePositions& compute);
+  std::vector<Answer> answerPrefix(const std::vector<std::vector<at::Tensor>>& requests,
+                                   const ComputePositions& compute, const at::Device& device); // cache_prefix.cpp
 
   struct Env;
   std::unique_ptr<Env> env_;
@@ -186,6 +253,7 @@ class TeacherCache {
   std::string context_;
   std::vector<std::string> names_;
   double temperature_;
+  CacheKeys keys_;
   int64_t maxBytes_;
   bool reads_, writes_;
   bool full_ = false;

@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <sstream>
 
@@ -85,6 +86,7 @@ class Reader {
 
 // A record: the magic, a CRC32C (of the key, then of every byte after the CRC), the tensors.
 constexpr char kRecordMagic[4] = {'D', 'T', 'C', char(kCacheFormatVersion)};
+constexpr char kPositionMagic[4] = {'D', 'T', 'P', char(kCacheFormatVersion)}; // prefix keys' records
 constexpr size_t kCrcAt = sizeof kRecordMagic;
 constexpr size_t kBodyAt = kCrcAt + sizeof(uint32_t);
 
@@ -115,7 +117,11 @@ std::string keyHex(const CacheKey& k) {
 
 bool recordIntact(const CacheKey& key, const void* data, size_t size) {
   const char* p = static_cast<const char*>(data);
-  if (size < kBodyAt || std::memcmp(p, kRecordMagic, sizeof kRecordMagic) != 0) return false;
+  if (size < kBodyAt ||
+      (std::memcmp(p, kRecordMagic, sizeof kRecordMagic) != 0 &&
+       std::memcmp(p, kPositionMagic, sizeof kPositionMagic) != 0)) {
+    return false;
+  }
   uint32_t stored;
   std::memcpy(&stored, p + kCrcAt, sizeof stored);
   return stored == recordCrc(key, p, size);
@@ -180,6 +186,59 @@ CacheKey rowKey(const std::string& context, const std::vector<std::string>& name
   return h.finish();
 }
 
+std::string prefixInputsProblem(const std::vector<std::string>& names, const std::vector<at::Tensor>& inputs) {
+  const int64_t seq = inputs.at(0).dim() >= 2 ? inputs[0].size(1) : -1;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor& t = inputs[i];
+    if (seq > 0 && t.dim() >= 2 && t.size(1) == seq) continue;
+    std::ostringstream os;
+    os << "teacher.cache.keys: prefix keys answers per position of a sequence dimension (dim 1) of at least one "
+          "position that every input shares; input '"
+       << names.at(i) << "' has shape " << t.sizes();
+    if (i > 0) os << ", input '" << names.at(0) << "' " << inputs[0].sizes();
+    os << "; set teacher.cache.keys to row";
+    return os.str();
+  }
+  return "";
+}
+
+std::vector<CacheKey> positionKeys(const std::string& context, const std::vector<std::string>& names,
+                                   const std::vector<at::Tensor>& inputs, int64_t row) {
+  const int64_t seq = inputs.at(0).dim() >= 2 ? inputs[0].size(1) : -1;
+  std::vector<size_t> bytes; // of one position of each input
+  const std::string problem = prefixInputsProblem(names, inputs);
+  DISTILL_CHECK_T(ProtocolError, problem.empty(), problem);
+  Sha256 first;
+  first.addString(context);
+  first.addString("prefix");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const at::Tensor& t = inputs[i];
+    DISTILL_INTERNAL_ASSERT(t.is_contiguous() && t.device().is_cpu(), "positionKeys needs contiguous CPU inputs");
+    first.addString(names.at(i));
+    first.addString(c10::toString(t.scalar_type()));
+    first.addInt(t.dim() - 2);
+    for (int64_t d = 2; d < t.dim(); ++d) first.addInt(t.size(d));
+    bytes.push_back(t.nbytes() / static_cast<size_t>(t.size(0) * seq));
+    first.addInt(static_cast<int64_t>(bytes.back()));
+  }
+  auto addPosition = [&](Sha256& h, int64_t pos) {
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const size_t at = bytes[i] * static_cast<size_t>(row * seq + pos);
+      h.add(static_cast<const char*>(inputs[i].data_ptr()) + at, bytes[i]);
+    }
+  };
+  std::vector<CacheKey> keys;
+  addPosition(first, 0);
+  keys.push_back(first.finish());
+  for (int64_t pos = 1; pos < seq; ++pos) {
+    Sha256 h;
+    h.add(keys.back().data(), keys.back().size());
+    addPosition(h, pos);
+    keys.push_back(h.finish());
+  }
+  return keys;
+}
+
 void roundForStorage(Answer& answer, double temperature) {
   auto values = answer.find(protocol::kTopkValues);
   auto lse = answer.find(protocol::kLogsumexp);
@@ -199,46 +258,171 @@ void roundForStorage(Answer& answer, double temperature) {
   lse->second = at::logaddexp(head, tail->second.to(at::kFloat)).contiguous();
 }
 
-std::string encodeRow(const Answer& row, int64_t vocab, const CacheKey& key) {
-  std::string out(kRecordMagic, sizeof kRecordMagic);
+namespace {
+
+// A position record's tensor names: one byte for the protocol's, else 0 and the name.
+const char* const kNameCodes[] = {
+    "", protocol::kLogits, protocol::kTopkValues, protocol::kTopkIndices, protocol::kLogsumexp, protocol::kLogTail};
+
+uint8_t nameCode(const std::string& name) {
+  for (uint8_t c = 1; c < std::size(kNameCodes); ++c) {
+    if (name == kNameCodes[c]) return c;
+  }
+  return 0;
+}
+
+// How a tensor is stored, and the tensor to store (float16 where it holds the values).
+std::pair<Encoding, at::Tensor> chooseEncoding(const std::string& name, const at::Tensor& t, int64_t vocab) {
+  if ((name == protocol::kTopkValues || name == protocol::kLogits) && t.scalar_type() == at::kFloat) {
+    if (auto half = asFloat16(t)) return {Encoding::kFloat16, *half};
+  } else if (name == protocol::kTopkIndices && t.scalar_type() == at::kInt && vocab > 0 && vocab <= 65536) {
+    return {vocab <= 256 ? Encoding::kUInt8 : Encoding::kUInt16, t};
+  }
+  return {Encoding::kRaw, t};
+}
+
+size_t elementBytes(Encoding enc, at::ScalarType dtype) {
+  switch (enc) {
+    case Encoding::kFloat16:
+    case Encoding::kUInt16:
+      return 2;
+    case Encoding::kUInt8:
+      return 1;
+    default:
+      return c10::elementSize(dtype);
+  }
+}
+
+// The tensor's bytes as `enc` stores them.
+void putPayload(std::string& out, Encoding enc, const at::Tensor& stored, int64_t vocab) {
+  if (enc != Encoding::kUInt8 && enc != Encoding::kUInt16) return put(out, stored.data_ptr(), stored.nbytes());
+  // By hand: torch has no uint16 arithmetic to convert with.
+  const int32_t* idx = stored.data_ptr<int32_t>();
+  for (int64_t i = 0; i < stored.numel(); ++i) {
+    DISTILL_INTERNAL_ASSERT(idx[i] >= 0 && idx[i] < vocab, "top-k index ", idx[i], " outside vocab ", vocab);
+    if (enc == Encoding::kUInt8) {
+      putValue<uint8_t>(out, static_cast<uint8_t>(idx[i]));
+    } else {
+      putValue<uint16_t>(out, static_cast<uint16_t>(idx[i]));
+    }
+  }
+}
+
+// A tensor of `shape` and `dtype` from `nbytes` stored bytes at `bytes`.
+at::Tensor readPayload(const char* bytes, uint64_t nbytes, Encoding enc, at::ScalarType dtype,
+                       const std::vector<int64_t>& shape, const std::string& name) {
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  DISTILL_CHECK_T(IpcError, enc <= Encoding::kUInt16, "teacher cache: record with encoding ", int(enc));
+  DISTILL_CHECK_T(IpcError, nbytes == uint64_t(numel) * elementBytes(enc, dtype), "teacher cache: record of '", name,
+                  "' holds ", nbytes, " bytes for ", numel, " elements");
+  if (enc == Encoding::kRaw || enc == Encoding::kFloat16) {
+    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(enc == Encoding::kRaw ? dtype : at::kHalf));
+    std::memcpy(t.data_ptr(), bytes, nbytes);
+    return t.to(dtype);
+  }
+  at::Tensor t = at::empty(shape, at::kInt);
+  int32_t* dst = t.data_ptr<int32_t>();
+  for (int64_t k = 0; k < numel; ++k) {
+    if (enc == Encoding::kUInt8) {
+      dst[k] = static_cast<uint8_t>(bytes[k]);
+    } else {
+      uint16_t v;
+      std::memcpy(&v, bytes + 2 * k, 2);
+      dst[k] = v;
+    }
+  }
+  return t.to(dtype);
+}
+
+// A position record (encodeRow's kPosition): per tensor its name's code (or
+// 0, its length and the name), encoding, dtype, the number of dims after
+// [1, 1] and each as uint32, then its bytes, whose length the shape gives.
+void putPositionTensor(std::string& out, const std::string& name, const at::Tensor& t, int64_t vocab) {
+  DISTILL_INTERNAL_ASSERT(t.dim() >= 2 && t.size(0) == 1 && t.size(1) == 1, "a position record takes [1, 1, ...]");
+  const auto [enc, stored] = chooseEncoding(name, t, vocab);
+  const uint8_t code = nameCode(name);
+  putValue<uint8_t>(out, code);
+  if (code == 0) {
+    putValue<uint8_t>(out, static_cast<uint8_t>(name.size()));
+    put(out, name.data(), name.size());
+  }
+  putValue<uint8_t>(out, static_cast<uint8_t>(enc));
+  putValue<int8_t>(out, static_cast<int8_t>(t.scalar_type()));
+  putValue<uint8_t>(out, static_cast<uint8_t>(t.dim() - 2));
+  for (int64_t d = 2; d < t.dim(); ++d) {
+    DISTILL_INTERNAL_ASSERT(t.size(d) <= int64_t(UINT32_MAX), "dim ", t.size(d));
+    putValue<uint32_t>(out, static_cast<uint32_t>(t.size(d)));
+  }
+  putPayload(out, enc, stored, vocab);
+}
+
+void putRowTensor(std::string& out, const std::string& name, const at::Tensor& t, int64_t vocab) {
+  DISTILL_INTERNAL_ASSERT(t.dim() >= 1 && t.size(0) == 1, "encodeRow takes one row");
+  const auto [enc, stored] = chooseEncoding(name, t, vocab);
+  putValue<uint8_t>(out, static_cast<uint8_t>(name.size()));
+  put(out, name.data(), name.size());
+  putValue<uint8_t>(out, static_cast<uint8_t>(enc));
+  putValue<int8_t>(out, static_cast<int8_t>(t.scalar_type()));
+  putValue<uint8_t>(out, static_cast<uint8_t>(t.dim() - 1));
+  for (int64_t d = 1; d < t.dim(); ++d) putValue<int64_t>(out, t.size(d));
+  putValue<uint64_t>(out, uint64_t(stored.numel()) * elementBytes(enc, t.scalar_type()));
+  putPayload(out, enc, stored, vocab);
+}
+
+at::ScalarType readDtype(Reader& r) {
+  const int8_t code = r.value<int8_t>();
+  DISTILL_CHECK_T(IpcError, code >= 0 && code < static_cast<int8_t>(at::ScalarType::NumOptions),
+                  "teacher cache: record with dtype code ", int(code));
+  return static_cast<at::ScalarType>(code);
+}
+
+// One tensor of a record of either kind.
+std::pair<std::string, at::Tensor> readTensor(Reader& r, bool position) {
+  std::string name;
+  const uint8_t code = position ? r.value<uint8_t>() : 0;
+  DISTILL_CHECK_T(IpcError, code < std::size(kNameCodes), "teacher cache: record with name code ", int(code));
+  if (code > 0) {
+    name = kNameCodes[code];
+  } else {
+    const size_t nameLen = r.value<uint8_t>();
+    name.assign(r.take(nameLen), nameLen);
+  }
+  const auto enc = static_cast<Encoding>(r.value<uint8_t>());
+  const at::ScalarType dtype = readDtype(r);
+  const int ndim = r.value<uint8_t>();
+  std::vector<int64_t> shape = position ? std::vector<int64_t>{1, 1} : std::vector<int64_t>{1};
+  for (int d = 0; d < ndim; ++d) {
+    shape.push_back(position ? int64_t(r.value<uint32_t>()) : r.value<int64_t>());
+    DISTILL_CHECK_T(IpcError, shape.back() >= 0 && shape.back() < (int64_t(1) << 40), "teacher cache: record with dim ",
+                    shape.back());
+  }
+  uint64_t nbytes = 0;
+  if (position) {
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    DISTILL_CHECK_T(IpcError, enc <= Encoding::kUInt16, "teacher cache: record with encoding ", int(enc));
+    nbytes = uint64_t(numel) * elementBytes(enc, dtype);
+  } else {
+    nbytes = r.value<uint64_t>();
+  }
+  return {name, readPayload(r.take(nbytes), nbytes, enc, dtype, shape, name)};
+}
+
+} // namespace
+
+std::string encodeRow(const Answer& row, int64_t vocab, const CacheKey& key, RecordKind kind) {
+  const bool position = kind == RecordKind::kPosition;
+  std::string out(position ? kPositionMagic : kRecordMagic, sizeof kRecordMagic);
   putValue<uint32_t>(out, 0); // the CRC, filled in last
   putValue<uint8_t>(out, static_cast<uint8_t>(row.size()));
   for (const auto& [name, tensor] : row) {
     at::Tensor t = tensor.detach().contiguous().cpu();
-    DISTILL_INTERNAL_ASSERT(t.dim() >= 1 && t.size(0) == 1, "encodeRow takes one row");
-    Encoding enc = Encoding::kRaw;
-    at::Tensor stored = t;
-    if ((name == protocol::kTopkValues || name == protocol::kLogits) && t.scalar_type() == at::kFloat) {
-      if (auto half = asFloat16(t)) {
-        enc = Encoding::kFloat16;
-        stored = *half;
-      }
-    } else if (name == protocol::kTopkIndices && t.scalar_type() == at::kInt && vocab > 0 && vocab <= 65536) {
-      enc = vocab <= 256 ? Encoding::kUInt8 : Encoding::kUInt16;
+    if (position) {
+      putPositionTensor(out, name, t, vocab);
+    } else {
+      putRowTensor(out, name, t, vocab);
     }
-    putValue<uint8_t>(out, static_cast<uint8_t>(name.size()));
-    put(out, name.data(), name.size());
-    putValue<uint8_t>(out, static_cast<uint8_t>(enc));
-    putValue<int8_t>(out, static_cast<int8_t>(t.scalar_type()));
-    putValue<uint8_t>(out, static_cast<uint8_t>(t.dim() - 1));
-    for (int64_t d = 1; d < t.dim(); ++d) putValue<int64_t>(out, t.size(d));
-    if (enc == Encoding::kUInt8 || enc == Encoding::kUInt16) {
-      // By hand: torch has no uint16 arithmetic to convert with.
-      const int32_t* idx = t.data_ptr<int32_t>();
-      const int64_t n = t.numel();
-      putValue<uint64_t>(out, uint64_t(n) * (enc == Encoding::kUInt8 ? 1 : 2));
-      for (int64_t i = 0; i < n; ++i) {
-        DISTILL_INTERNAL_ASSERT(idx[i] >= 0 && idx[i] < vocab, "top-k index ", idx[i], " outside vocab ", vocab);
-        if (enc == Encoding::kUInt8) {
-          putValue<uint8_t>(out, static_cast<uint8_t>(idx[i]));
-        } else {
-          putValue<uint16_t>(out, static_cast<uint16_t>(idx[i]));
-        }
-      }
-      continue;
-    }
-    putValue<uint64_t>(out, stored.nbytes());
-    put(out, stored.data_ptr(), stored.nbytes());
   }
   const uint32_t crc = recordCrc(key, out.data(), out.size());
   std::memcpy(out.data() + kCrcAt, &crc, sizeof crc);
@@ -247,67 +431,14 @@ std::string encodeRow(const Answer& row, int64_t vocab, const CacheKey& key) {
 
 Answer decodeRow(const void* data, size_t size) {
   Reader r(data, size);
-  DISTILL_CHECK_T(IpcError, std::memcmp(r.take(sizeof kRecordMagic), kRecordMagic, sizeof kRecordMagic) == 0,
+  const char* magic = r.take(sizeof kRecordMagic);
+  const bool position = std::memcmp(magic, kPositionMagic, sizeof kPositionMagic) == 0;
+  DISTILL_CHECK_T(IpcError, position || std::memcmp(magic, kRecordMagic, sizeof kRecordMagic) == 0,
                   "teacher cache: record of another format");
   r.take(sizeof(uint32_t)); // the CRC: checked by the store's lookup (recordIntact), which has the key
   Answer out;
   const int count = r.value<uint8_t>();
-  for (int i = 0; i < count; ++i) {
-    const size_t nameLen = r.value<uint8_t>();
-    std::string name(r.take(nameLen), nameLen);
-    const auto enc = static_cast<Encoding>(r.value<uint8_t>());
-    const int8_t dtypeCode = r.value<int8_t>();
-    DISTILL_CHECK_T(IpcError, dtypeCode >= 0 && dtypeCode < static_cast<int8_t>(at::ScalarType::NumOptions),
-                    "teacher cache: record with dtype code ", int(dtypeCode));
-    const auto dtype = static_cast<at::ScalarType>(dtypeCode);
-    const int ndim = r.value<uint8_t>();
-    std::vector<int64_t> shape{1};
-    int64_t numel = 1;
-    for (int d = 0; d < ndim; ++d) {
-      shape.push_back(r.value<int64_t>());
-      DISTILL_CHECK_T(IpcError, shape.back() >= 0 && shape.back() < (int64_t(1) << 40),
-                      "teacher cache: record with dim ", shape.back());
-      numel *= shape.back();
-    }
-    const uint64_t nbytes = r.value<uint64_t>();
-    const char* bytes = r.take(nbytes);
-    at::Tensor t;
-    switch (enc) {
-      case Encoding::kRaw:
-        DISTILL_CHECK_T(IpcError, nbytes == uint64_t(numel) * c10::elementSize(dtype), "teacher cache: record of '",
-                        name, "' holds ", nbytes, " bytes for ", numel, " elements");
-        t = at::empty(shape, at::TensorOptions().dtype(dtype));
-        std::memcpy(t.data_ptr(), bytes, nbytes);
-        break;
-      case Encoding::kFloat16:
-        DISTILL_CHECK_T(IpcError, nbytes == uint64_t(numel) * 2, "teacher cache: malformed float16 record");
-        t = at::empty(shape, at::kHalf);
-        std::memcpy(t.data_ptr(), bytes, nbytes);
-        t = t.to(dtype);
-        break;
-      case Encoding::kUInt8:
-      case Encoding::kUInt16: {
-        const size_t width = enc == Encoding::kUInt8 ? 1 : 2;
-        DISTILL_CHECK_T(IpcError, nbytes == uint64_t(numel) * width, "teacher cache: malformed index record");
-        t = at::empty(shape, at::kInt);
-        int32_t* dst = t.data_ptr<int32_t>();
-        for (int64_t k = 0; k < numel; ++k) {
-          if (width == 1) {
-            dst[k] = static_cast<uint8_t>(bytes[k]);
-          } else {
-            uint16_t v;
-            std::memcpy(&v, bytes + 2 * k, 2);
-            dst[k] = v;
-          }
-        }
-        t = t.to(dtype);
-        break;
-      }
-      default:
-        DISTILL_THROW(IpcError, "teacher cache: record with encoding ", int(enc));
-    }
-    out[name] = t;
-  }
+  for (int i = 0; i < count; ++i) out.insert(readTensor(r, position));
   DISTILL_CHECK_T(IpcError, r.left() == 0, "teacher cache: ", r.left(), " bytes after the record's tensors");
   return out;
 }

@@ -236,6 +236,9 @@ class Server {
       }
       signature_.known = true;
     }
+    if (cache_ && cfg_.teacher.cache.keys == CacheKeys::kPrefix) {
+      if (std::string problem = prefixInputsProblem(names, p->inputs); !problem.empty()) return problem;
+    }
     at::Tensor first = p->inputs.at(0);
     p->tokens = first.dim() >= 2 ? first.size(0) * first.size(1) : first.size(0);
     if (p->tokens > cfg_.teacher.max_batch_tokens) {
@@ -278,7 +281,10 @@ class Server {
         std::vector<std::vector<at::Tensor>> requests;
         for (auto& p : batch) requests.push_back(p.inputs);
         cached = cache_->answer(
-            requests, [&](const std::vector<at::Tensor>& rows) { return compute(rows, label); },
+            requests,
+            [&](const std::vector<at::Tensor>& rows, const at::Tensor& positions) {
+              return compute(rows, label, positions);
+            },
             cfg_.transport.cuda_ipc == CudaIpc::kOff ? at::Device(at::kCPU) : at::Device(device_));
       }
       std::vector<at::Tensor> inputs;
@@ -295,7 +301,7 @@ class Server {
         sizes.push_back(p.inputs[0].size(0));
         p.inputs.clear();
       }
-      if (!cache_) out = compute(inputs, label).answer;
+      if (!cache_) out = compute(inputs, label, at::Tensor()).answer;
     } catch (const std::exception& e) {
       // The teacher's own failure (its model raised, or answered in the wrong
       // shape), not its students': the teacher fails, first, and is named so
@@ -344,8 +350,7 @@ class Server {
   void publishCache() {
     const CacheStats& c = cache_->stats();
     ipc::TeacherCacheGauge g;
-    g.lookups = c.lookups;
-    g.hits = c.hits;
+    std::tie(g.lookups, g.hits) = cache_->hitShareCounts();
     g.storedTokens = c.insertedTokens;
     g.storedBytes = c.storedBytes;
     if (cache_->full()) {
@@ -357,8 +362,10 @@ class Server {
 
   void logCacheSummary() { DISTILL_LOG(kInfo) << cache_->summary(); }
 
-  // The model's shaped answer for batched inputs (one forward call).
-  TeacherCache::Computed compute(const std::vector<at::Tensor>& rows, const std::string& label) {
+  // The model's shaped answer for batched inputs (one forward call); with
+  // `positions` (teacher.cache.keys prefix), only theirs (gatherPositions).
+  TeacherCache::Computed compute(const std::vector<at::Tensor>& rows, const std::string& label,
+                                 const at::Tensor& positions) {
     std::vector<at::Tensor> inputs;
     for (const at::Tensor& t : rows) inputs.push_back(t.to(at::Device(device_)));
     AutocastScope autocast(cfg_.teacher, at::Device(device_));
@@ -369,9 +376,16 @@ class Server {
     auto raw = model_->forward(inputs);
     ++stats_.batches;
     auto it = raw.find(cfg_.teacher.output);
-    const int64_t vocab = it != raw.end() && it->second.dim() >= 1 ? it->second.size(-1) : 0;
+    DISTILL_CHECK_T(ProtocolError, it != raw.end(), "teacher model returned no '", cfg_.teacher.output,
+                    "' (teacher.output)");
+    checkOutputShape(it->second, inputs[0]);
+    checkVocab(it->second);
+    const int64_t vocab = it->second.dim() >= 1 ? it->second.size(-1) : 0;
     if (vocab > 0) vocab_ = vocab;
-    return {shape(std::move(raw), inputs[0]), vocab};
+    std::vector<std::string> names = cfg_.teacher.hidden_states;
+    names.push_back(cfg_.teacher.output);
+    if (positions.defined()) raw = gatherPositions(raw, names, positions, inputs[0].size(1));
+    return {shape(std::move(raw)), vocab};
   }
 
   // The model's output checked against its first input: the batch in dim 0 and,
@@ -407,13 +421,8 @@ class Server {
   }
 
   // Full logits, or the top-k (topkOutput), plus hidden states.
-  std::map<std::string, at::Tensor> shape(std::map<std::string, at::Tensor> raw, const at::Tensor& input) {
-    auto it = raw.find(cfg_.teacher.output);
-    DISTILL_CHECK_T(ProtocolError, it != raw.end(), "teacher model returned no '", cfg_.teacher.output,
-                    "' (teacher.output)");
-    at::Tensor logits = it->second;
-    checkOutputShape(logits, input);
-    checkVocab(logits);
+  std::map<std::string, at::Tensor> shape(std::map<std::string, at::Tensor> raw) {
+    at::Tensor logits = raw.at(cfg_.teacher.output);
     std::map<std::string, at::Tensor> out;
     if (cfg_.teacher.topk > 0) {
       out = topkOutput(logits, cfg_.teacher.topk, cfg_.loss.temperature,

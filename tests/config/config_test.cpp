@@ -409,7 +409,8 @@ TEST(Config, DumpAndHashAreStableAndSensitive) {
 
 TEST(Config, KeysInSchemaOrder) {
   const auto keys = configKeys();
-  EXPECT_EQ(keys.size(), 66u); // 62 + loss.vocab, loss.max_truncated_mass, teacher.payload_dtype, teacher.vocab_size
+  EXPECT_EQ(keys.size(), 67u); // 62 + loss.vocab, loss.max_truncated_mass, teacher.payload_dtype, teacher.vocab_size,
+                               // teacher.cache.keys
   EXPECT_EQ(keys.front(), "run.name");
   EXPECT_EQ(keys.back(), "checkpoint.on_corrupt");
   EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()).size(), keys.size());
@@ -759,7 +760,8 @@ TEST(Config, NestedCacheKeys) {
       problemsOf(teacher, {"teacher.cache.mod=read"}),
       (std::vector<std::string>{"teacher.cache.mod: unknown key; did you mean teacher.cache.mode? (from --set)"}));
   EXPECT_EQ(problemsOf(teacher + "  cache: on\n"),
-            (std::vector<std::string>{"teacher.cache: expected a map of path, mode, max_bytes, on_corrupt, found string \"on\""}));
+            (std::vector<std::string>{
+                "teacher.cache: expected a map of path, mode, max_bytes, on_corrupt, keys, found string \"on\""}));
   EXPECT_EQ(
       problemsOf(teacher + "  cache:\n    mode: always\n"),
       (std::vector<std::string>{"teacher.cache.mode: must be one of off, read, write, readwrite; found \"always\""}));

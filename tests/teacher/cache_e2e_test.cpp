@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "distill/core/errors.h"
 #include "distill/ipc/segment.h"
 #include "distill/student/init.h"
 #include "e2e_common.h"
@@ -71,6 +72,62 @@ DISTILL_TEST_ROLE(cache_student) {
   for (auto& a : answers) flat.insert(flat.end(), a.begin(), a.end());
   torch::save(flat, args.at(1));
   std::fprintf(stderr, "RESULT saved %zu tensors\n", flat.size());
+  return 0;
+}
+
+namespace {
+
+// teacher.cache.keys prefix: on-policy groups of G rows sharing a P-token
+// prompt (the student's own, by rank), responses of R tokens; row 1 a response
+// of length 0 (the prompt, then padding 0), the same row in every group.
+constexpr int64_t kGroupP = 10, kGroupR = kSeq - kGroupP, kGroupG = 4;
+
+at::Tensor groupRows(int rank, int group) {
+  auto g = at::make_generator<at::CPUGeneratorImpl>(500 + uint64_t(rank));
+  at::Tensor prompt = at::randint(1, kVocab, {1, kGroupP}, g, at::kLong);
+  auto r = at::make_generator<at::CPUGeneratorImpl>(600 + 10 * uint64_t(rank) + uint64_t(group));
+  at::Tensor responses = at::randint(1, kVocab, {kGroupG, kGroupR}, r, at::kLong);
+  // First response tokens distinct across groups: no new response shares a prefix with an old one.
+  responses.select(1, 0).copy_(at::arange(1, kGroupG + 1, at::kLong) + kGroupG * group);
+  responses[1].fill_(0);
+  return at::cat({prompt.expand({kGroupG, kGroupP}), responses}, 1).contiguous();
+}
+
+} // namespace
+
+// Sends its groups args[0] (comma-separated group numbers) one request each, in
+// order, and saves every answer tensor to args[1] (torch::save). With args[0]
+// "flat": one request of ids without a sequence dimension, which must be refused
+// naming teacher.cache.keys.
+DISTILL_TEST_ROLE(group_student) {
+  int argc = 1;
+  char arg0[] = "student";
+  char* argv[] = {arg0, nullptr};
+  distill::Session s = distill::init(argc, argv);
+  const int rank = s.topology.studentRank;
+  if (args.at(0) == "flat") {
+    try {
+      s.client->get(s.client->submit(groupRows(rank, 1).select(1, 0).contiguous(), 0, 0));
+      std::fprintf(stderr, "NOT REJECTED\n");
+      return 1;
+    } catch (const distill::ProtocolError& e) {
+      std::fprintf(stderr, "REJECTED: %s\n", e.what());
+    }
+    s.client->finish();
+    return 0;
+  }
+  std::vector<at::Tensor> saved;
+  std::stringstream groups(args.at(0));
+  int64_t step = 0;
+  for (std::string g; std::getline(groups, g, ',');) {
+    const distill::TeacherOutput o = s.client->get(s.client->submit(groupRows(rank, std::stoi(g)), step++, 0)).output();
+    for (const at::Tensor& t : {o.logits, o.topkValues, o.topkIndices, o.logsumexp, o.logTail}) {
+      if (t.defined()) saved.push_back(t.cpu().clone());
+    }
+  }
+  s.client->finish();
+  torch::save(saved, args.at(1));
+  std::fprintf(stderr, "RESULT saved %zu tensors\n", saved.size());
   return 0;
 }
 
@@ -311,6 +368,68 @@ TEST(TeacherCacheEndToEnd, ReadJobNeverServesADamagedRow) {
     std::remove((out + "-e2-" + std::to_string(s) + ".pt").c_str());
   }
   EXPECT_LE(differing, 2) << "only the damaged row's request may differ (its values and their logsumexp)";
+}
+
+// Issue 30 §2, teacher.cache.keys prefix, with real processes (distill-teacher
+// serving the registered CausalMean, top-k 8, whose answers at a position are
+// the same bits whatever follows it and whatever rows share its forward): (a) every group's answer is
+// bit-equal to the same groups answered through row keys; (b) the first group
+// of a prompt computes P + G * R positions, a second group of the same prompt
+// in a later step only its new responses' positions (row 1, the empty
+// response, is the same row in every group: found), and so does a third in a
+// later run over the reopened store; (c) a request without a sequence
+// dimension is refused naming the key.
+TEST(TeacherCacheEndToEnd, PrefixKeysAnswerGroupsOnceBitEqualToRowKeys) {
+  CacheDir rowDir, prefixDir;
+  const std::string out = ::testing::TempDir() + dt::uniqueName("groups");
+  const std::string weights = out + "-causal-mean.pt";
+  torch::manual_seed(7);
+  std::shared_ptr<torch::nn::Module> model = std::make_shared<dt::CausalMean>();
+  torch::save(model, weights);
+  auto yaml = [&](const CacheDir& d, const std::string& keys) {
+    return jobYaml("  kind: registered\n  library: " DISTILL_TEST_TEACHER_LIB "\n  module: causal_mean\n  weights: " +
+                       weights + "\n  topk: 8\n" + cacheYaml(d.path, "readwrite") + "    keys: " + keys + "\n",
+                   1, 1);
+  };
+  const int64_t T = kSeq, P = kGroupP, R = kGroupR, G = kGroupG;
+  auto positions = [&](const JobResult& r, int64_t n, int64_t hits, int64_t computed) {
+    EXPECT_NE(line(r.teacherLog, "teacher cache " + prefixDir.path + ": ")
+                  .find("; prefix keys: " + std::to_string(n) + " positions, " + std::to_string(hits) + " hits, " +
+                        std::to_string(computed) + " computed"),
+              std::string::npos)
+        << r.teacherLog;
+  };
+  // Two students, each its own prompt: groups 1 and 2 in run 1, group 3 in run 2.
+  JobResult first = runJob(yaml(prefixDir, "prefix"), "group_student", {"1,2", out + "-p1-%d.pt"});
+  positions(first, 2 * 2 * G * T, 2 * (G * P + R), 2 * (P + G * R + (G - 1) * R));
+  JobResult later = runJob(yaml(prefixDir, "prefix"), "group_student", {"3", out + "-p2-%d.pt"});
+  positions(later, 2 * G * T, 2 * (G * P + R), 2 * (G - 1) * R);
+  EXPECT_DOUBLE_EQ(later.hitShare, double(G * P + R) / double(G * T)) << "the share of positions found";
+  runJob(yaml(rowDir, "row"), "group_student", {"1,2", out + "-r1-%d.pt"});
+  runJob(yaml(rowDir, "row"), "group_student", {"3", out + "-r2-%d.pt"});
+  for (const std::string run : {"1", "2"}) {
+    for (int s = 0; s < 2; ++s) {
+      const std::string suffix = run + "-" + std::to_string(s) + ".pt";
+      const auto viaPrefix = loadAnswers(out + "-p" + suffix), viaRows = loadAnswers(out + "-r" + suffix);
+      ASSERT_EQ(viaPrefix.size(), run == "1" ? 8u : 4u);
+      ASSERT_EQ(viaRows.size(), viaPrefix.size());
+      for (size_t i = 0; i < viaRows.size(); ++i) {
+        EXPECT_TRUE(bitEqual(viaPrefix[i], viaRows[i])) << "run " << run << " student " << s << " tensor " << i;
+      }
+      std::remove((out + "-p" + suffix).c_str());
+      std::remove((out + "-r" + suffix).c_str());
+    }
+  }
+  // (c): refused, naming the key; the teacher serves on.
+  JobResult flat = runJob(yaml(prefixDir, "prefix"), "group_student", {"flat"});
+  for (const std::string& log : flat.studentLogs) {
+    EXPECT_NE(log.find("REJECTED: "), std::string::npos) << log;
+    EXPECT_NE(log.find("teacher rejected the request of student rank"), std::string::npos) << log;
+    EXPECT_NE(log.find("teacher.cache.keys: prefix keys answers per position of a sequence dimension (dim 1)"),
+              std::string::npos)
+        << log;
+  }
+  std::remove(weights.c_str());
 }
 
 } // namespace

@@ -4,3 +4,4 @@
 #include "distill/teacher/model.h"
 
 DISTILL_REGISTER_TEACHER_MODULE("tiny_mlp", distill::testing::TinyMlp);
+DISTILL_REGISTER_TEACHER_MODULE("causal_mean", distill::testing::CausalMean);

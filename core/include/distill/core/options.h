@@ -54,6 +54,9 @@ enum class OnCorrupt { kError, kRestart };
 DISTILL_OPTION_ENUM_NAMES(OnCorrupt, "error", "restart");
 enum class CacheMode { kOff, kRead, kWrite, kReadWrite };
 DISTILL_OPTION_ENUM_NAMES(CacheMode, "off", "read", "write", "readwrite");
+// teacher.cache.keys: what one stored answer is keyed by (teacher/src/cache.h).
+enum class CacheKeys { kRow, kPrefix };
+DISTILL_OPTION_ENUM_NAMES(CacheKeys, "row", "prefix");
 enum class FileMode { kPrivate, kGroup };
 DISTILL_OPTION_ENUM_NAMES(FileMode, "private", "group");
 
@@ -164,6 +167,10 @@ struct TeacherOptions {
     CacheMode mode = CacheMode::kOff; // off | read | write | readwrite
     int64_t max_bytes = int64_t(1) << 30; // the store's size limit; full: inserts stop, hits go on
     OnCorrupt on_corrupt = OnCorrupt::kError; // error | restart: a truncated or invalid store is set aside
+    // row | prefix: one answer per row keyed by the whole row, or one per position keyed by the
+    // position's prefix (inputs[0..t]); prefix is for a causal teacher only, whose answer at
+    // position t depends on inputs[0..t] alone (the user asserts it), inputs and outputs [B, T, ...].
+    CacheKeys keys = CacheKeys::kRow;
   };
   CacheOptions cache;
 };
