@@ -14,6 +14,7 @@
 #include "distill/core/errors.h"
 #include "distill/core/protocol.h"
 #include "distill/teacher/server.h"
+#include "cache_store_dir.h"
 #include "support/process.h"
 
 using distill::Answer;
@@ -26,14 +27,7 @@ constexpr int64_t kVocab = 64, kDim = 16, kP = 12, kR = 5, kG = 4, kPad = 0;
 const std::vector<std::string> kNames = {"input_ids"};
 const std::string kContext = "prefix test context";
 
-struct TempDir {
-  std::string path = ::testing::TempDir() + dt::uniqueName("distill-cache-prefix");
-  ~TempDir() {
-    ::unlink((path + "/data.mdb").c_str());
-    ::unlink((path + "/lock.mdb").c_str());
-    ::rmdir(path.c_str());
-  }
-};
+using TempDir = dt::CacheStoreDir;
 
 distill::TeacherOptions::CacheOptions options(const std::string& path, const std::string& keys,
                                               const std::string& mode = "readwrite") {

@@ -22,6 +22,7 @@
 #include <sstream>
 
 #include "cache.h"
+#include "cache_store_dir.h"
 #include "distill/core/errors.h"
 #include "distill/core/protocol.h"
 #include "distill/student/losses.h"
@@ -38,16 +39,7 @@ namespace {
 const std::vector<std::string> kNames = {"input_ids"};
 const std::string kContext = "test context";
 
-// A fresh directory for a store, removed at scope exit (an LMDB store is
-// data.mdb and lock.mdb; no std::filesystem: libtorch.so exports a clashing copy).
-struct TempDir {
-  std::string path = ::testing::TempDir() + dt::uniqueName("distill-cache");
-  ~TempDir() {
-    ::unlink((path + "/data.mdb").c_str());
-    ::unlink((path + "/lock.mdb").c_str());
-    ::rmdir(path.c_str());
-  }
-};
+using TempDir = dt::CacheStoreDir;
 
 at::Tensor ids(int64_t rows, int64_t seq, uint64_t seed, int64_t vocab = 64) {
   auto g = at::make_generator<at::CPUGeneratorImpl>(seed);
