@@ -5,10 +5,17 @@ Run from the README's test command (cmake/distill.sh test), or by hand:
 """
 
 import os
+import signal
 import subprocess
 import sys
 
 import pytest
+
+# The jobs these tests start get SIGINT's default action (KeyboardInterrupt in Python) even when
+# this run inherited SIGINT ignored, as a background job of a non-interactive shell does: the
+# Ctrl-C tests send SIGINT to a rank and expect it to act. A handled signal is reset to its
+# default in every program this process starts; an ignored one would stay ignored.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 TRAINER = os.path.join(os.path.dirname(__file__), "trainer.py")
