@@ -66,7 +66,7 @@ void ChannelCore::teacherAdmission(Deadline deadline, const AdmissionCheck& chec
       return every;
     };
     const auto start = Clock::now();
-    if (!port_.waitUntil(all, WaitDesc{wire::WaitWhat::kAdmission}, peers, !restarted, deadline)) {
+    if (!port_.waitUntil(all, WaitDesc{wire::WaitWhat::kAdmission, -1, std::nullopt}, peers, !restarted, deadline)) {
       std::string missing;
       for (int i : peers)
         if (!present(i)) missing += distill::detail::str(missing.empty() ? "" : ", ", "local ", i);
@@ -97,7 +97,7 @@ void ChannelCore::studentAdmission(Deadline deadline) {
     const auto& e = s.process(t);
     // The refusal is checked before the wait too: a teacher that refused may
     // be gone (dead) by the time this student attached.
-    if (!refused() && !port_.waitUntil(admitted, WaitDesc{wire::WaitWhat::kAdmission, t}, {t}, true, deadline)) {
+    if (!refused() && !port_.waitUntil(admitted, WaitDesc{wire::WaitWhat::kAdmission, t, std::nullopt}, {t}, true, deadline)) {
       DISTILL_THROW(TimeoutError, awaiting("admission by the teacher"), port_.describeSelf(),
                     ": not admitted by the teacher (local ", t, ", state ",
                     wire::stateName(e.state.load(std::memory_order_relaxed)),

@@ -173,7 +173,7 @@ std::optional<ReceivedMessage> ChannelCore::tryWaitAny(Deadline deadline) {
     std::vector<int> peers;
     for (int r = 0; r < n; ++r) peers.push_back(peerOf(r));
     const int64_t startNs = monotonicNs();
-    if (!port_.waitUntil(any, WaitDesc{wire::WaitWhat::kRequest}, peers, false, deadline)) return std::nullopt;
+    if (!port_.waitUntil(any, WaitDesc{wire::WaitWhat::kRequest, -1, std::nullopt}, peers, false, deadline)) return std::nullopt;
     lastAny_ = found;
     return take(found, startNs);
   });

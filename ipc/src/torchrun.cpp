@@ -53,7 +53,9 @@ void joinTorchrunSegment(Topology& topo, const Config& config) {
   // Earlier attempts of this agent, and segments whose creator is gone.
   for (int k = 0; k < restart; ++k) {
     const std::string old = torchrunSegmentName(runId, agent, master, k, topo.nodeRank);
-    if (Segment::remove(old)) DISTILL_LOG(kInfo) << "removed /dev/shm/" << old << " of torchrun attempt " << k;
+    if (Segment::remove(old)) {
+      DISTILL_LOG(kInfo) << "removed /dev/shm/" << old << " of torchrun attempt " << k;
+    }
   }
   for (auto& stale : Segment::removeStale("distill-"))
     DISTILL_LOG(kWarning) << "removed stale segment /dev/shm/" << stale << ": its creator is gone";

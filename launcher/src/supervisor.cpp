@@ -323,8 +323,9 @@ int Supervisor::finish() {
   }
   const int restarts = seg_ ? seg_->teacherRestarts() : 0;
   if (seg_ && readStatuses()) console_.printStatus(status());
-  if (const std::string v = balance_.verdict(nodeShape(cfg_), cacheNote(true)); !v.empty())
+  if (const std::string v = balance_.verdict(nodeShape(cfg_), cacheNote(true)); !v.empty()) {
     DISTILL_LOG(kInfo) << "balance: " << v;
+  }
   if (reason_.empty()) {
     DISTILL_LOG(kInfo) << "job finished: every rank exited 0"
                        << restartsText(ranks_, restarts, cfg_.teacher.max_restarts);

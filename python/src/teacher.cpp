@@ -62,7 +62,7 @@ class PyTeacher : public TeacherModel {
   static at::Tensor entry(const pyb::handle& key, const pyb::handle& value) {
     DISTILL_CHECK_T(ProtocolError, THPVariable_Check(value.ptr()),
                     "the Python teacher's forward returned a dict whose '", pyb::str(key).cast<std::string>(),
-                    "' is a ", pyb::str(value.get_type().attr("__name__")).cast<std::string>(),
+                    "' is a ", pyb::str(pyb::type::handle_of(value).attr("__name__")).cast<std::string>(),
                     ", not a tensor: return tensors only (a Hugging Face model: distill.serve(session, model) with the "
                     "model itself runs it with use_cache=False and returns its teacher.output)");
     return THPVariable_Unpack(value.ptr());
