@@ -91,10 +91,6 @@ function(distill_test name)
   # support/main.cpp: runs a child role (support/roles.h) or the tests.
   target_link_libraries(${name} PRIVATE ${A_LIBS} distill_testing distill_testing_main GTest::gtest)
   distill_common_flags(${name})
-  # The test's own code at DISTILL_TEST_OPTIMIZE (-O1: a quarter less compile time than -O2;
-  # GCC keeps the -O2 precompiled header valid for it). What it tests is the libraries' code,
-  # built at the build type's level.
-  target_compile_options(${name} PRIVATE ${DISTILL_TEST_OPTIMIZE})
   if(A_TORCH)
     distill_torch_pch(${name})
   endif()
