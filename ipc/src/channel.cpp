@@ -3,21 +3,32 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <exception>
 
 #include "channel_core.h"
+#include "distill/build_config.h"
 #include "distill/core/errors.h"
+#include "distill/core/options.h"
+#if DISTILL_CUDA
+#include "cuda/cuda_ipc.h"
+#endif
 
 namespace distill::ipc {
 
 const char* msgKindName(MsgKind k) { return wire::kindName(uint32_t(k)); }
 
-EndpointOptions EndpointOptions::fromOptions(const TransportOptions& t, int rank) {
+EndpointOptions EndpointOptions::fromOptions(const TransportOptions& t, int rank, const std::string& device) {
   EndpointOptions o;
   o.rank = rank;
   o.spinUs = t.spin_us;
   o.cudaIpc = t.cuda_ipc;
-  o.cudaDevice = -1; // set by the caller from student.device / teacher.device
+  const DeviceSpec d = parseDevice(device);
+#if DISTILL_CUDA
+  o.cudaDevice = !d.cuda ? -1 : d.index >= 0 ? d.index : cuda::currentDevice();
+#else
+  o.cudaDevice = d.cuda ? std::max(0, d.index) : -1; // refused later with transport.cuda_ipc=on
+#endif
   return o;
 }
 

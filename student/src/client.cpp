@@ -117,7 +117,7 @@ Client::Client(const Topology& topo, const Config& config) : impl_(std::make_uni
   auto startup = Deadline::afterSeconds(config.run.startup_timeout_s);
   auto layout = ipc::SegmentLayout::expectedFromConfig(config, topo.studentsPerNode(), topo.teachersPerNode);
   s.segment = ipc::Segment::attach(topo.segment, topo.jobId, layout, startup);
-  auto options = ipc::EndpointOptions::fromOptions(config.transport, topo.globalRank);
+  auto options = ipc::EndpointOptions::fromOptions(config.transport, topo.globalRank, config.student.device);
   options.config = configDescription(config); // the teacher compares it with its own before admitting us
   s.endpoint.emplace(*s.segment, topo.studentLocalRank, options);
   s.endpoint->waitAdmission(startup);

@@ -122,7 +122,7 @@ class Server {
     auto startup = Deadline::afterSeconds(cfg_.run.startup_timeout_s);
     auto layout = ipc::SegmentLayout::expectedFromConfig(cfg_, topo.studentsPerNode(), topo.teachersPerNode);
     segment_ = ipc::Segment::attach(topo.segment, topo.jobId, layout, startup);
-    auto options = ipc::EndpointOptions::fromOptions(cfg_.transport, topo.globalRank);
+    auto options = ipc::EndpointOptions::fromOptions(cfg_.transport, topo.globalRank, device_);
     options.config = configDescription(cfg_);
     endpoint_.emplace(*segment_, options, teacher_);
     mine_ = endpoint_->students();

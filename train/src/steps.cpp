@@ -224,16 +224,29 @@ std::optional<StepItem> Steps::Impl::next(const Loader& loader) {
   return StepItem{current_->mb.inputs, current_->mb.labels, current_->step, current_->accStep};
 }
 
+namespace {
+// The teacher's answer on the student's device: it arrives on the host when the teacher runs on the
+// CPU for a CUDA student, or with transport.cuda_ipc off.
+TeacherOutput onDevice(const TeacherOutput& t, const at::Device& d) {
+  TeacherOutput o = t;
+  for (at::Tensor* x : {&o.logits, &o.topkValues, &o.topkIndices, &o.logsumexp, &o.logTail}) {
+    if (x->defined() && x->device() != d) *x = x->to(d, /*non_blocking=*/true);
+  }
+  return o;
+}
+} // namespace
+
 LossResult Steps::Impl::backward(const at::Tensor& logits) {
   return backwardWith([&](const at::Tensor& labels, const TeacherOutput& teacher) {
-    return distillLoss(logits, labels, teacher, session_.config.loss, tokens_);
+    return distillLoss(logits, labels.to(logits.device()), onDevice(teacher, logits.device()), session_.config.loss,
+                       tokens_);
   });
 }
 
 LossResult Steps::Impl::backward(const at::Tensor& hidden, const OutputHead& head) {
   return backwardWith([&](const at::Tensor& labels, const TeacherOutput& teacher) {
-    return fusedLinearLoss(hidden, head.weight, head.bias, labels, teacher, session_.config.loss, tokens_,
-                           head.chunkTokens);
+    return fusedLinearLoss(hidden, head.weight, head.bias, labels.to(hidden.device()),
+                           onDevice(teacher, hidden.device()), session_.config.loss, tokens_, head.chunkTokens);
   });
 }
 

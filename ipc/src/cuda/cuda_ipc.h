@@ -30,6 +30,8 @@ namespace distill::ipc::cuda {
 
 // Devices visible to this process; 0 when CUDA is not compiled in or fails.
 int deviceCount();
+// The calling thread's current device (cudaGetDevice); 0 when that fails.
+int currentDevice();
 
 class ConsumerBuffers {
  public:

@@ -78,7 +78,9 @@ struct EndpointOptions {
                        // staged through the host slots). "on" with no usable device: IpcError
   std::string config; // published in the segment at attach for the teacher's admission check
                       // (core's configDescription; opaque here). "" = nothing published
-  static EndpointOptions fromOptions(const TransportOptions& t, int rank);
+  // device: this process's student.device / teacher.device ("cpu", "cuda" = the current device,
+  // "cuda:N"): a CUDA device there gets the CUDA IPC buffers (cudaDevice).
+  static EndpointOptions fromOptions(const TransportOptions& t, int rank, const std::string& device = "cpu");
 };
 
 // The teacher's admission check of one local student: given its local index
