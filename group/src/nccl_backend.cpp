@@ -16,6 +16,14 @@
 
 namespace distill {
 
+int visibleCudaDevices() {
+#if DISTILL_CUDA
+  return static_cast<int>(c10::cuda::device_count());
+#else
+  return 0;
+#endif
+}
+
 c10::intrusive_ptr<c10d::Backend> makeNcclBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
                                                   std::chrono::milliseconds timeout, const std::string& device) {
 #if DISTILL_CUDA

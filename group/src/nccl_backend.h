@@ -11,6 +11,9 @@
 
 namespace distill {
 
+// The CUDA devices this process sees (0 when distill was built without CUDA).
+int visibleCudaDevices();
+
 // Throws ConfigError when distill was built without CUDA.
 c10::intrusive_ptr<c10d::Backend> makeNcclBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
                                                   std::chrono::milliseconds timeout, const std::string& device);

@@ -170,8 +170,23 @@ void StudentGroup::Impl::createBackends(const Topology& topo, const StudentOptio
   auto glooStore = c10::make_intrusive<c10d::PrefixStore>("gloo", s.store);
   s.gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(glooStore, s.rank, s.size, glooOpts);
 
-  bool wantNccl = student.backend == GroupBackend::kNccl ||
-      (student.backend == GroupBackend::kAuto && parseDevice(student.device).cuda);
+  // NCCL refuses two ranks of one communicator on the same GPU ("Duplicate GPU detected"), so
+  // auto takes it only when every student of the node can have a GPU of its own; otherwise the
+  // students' CUDA tensors are reduced through gloo (ProcessGroupGloo copies them through the host).
+  const bool cuda = parseDevice(student.device).cuda;
+  const int gpus = cuda ? visibleCudaDevices() : 0;
+  bool wantNccl = student.backend == GroupBackend::kNccl;
+  if (student.backend == GroupBackend::kAuto && cuda) {
+    wantNccl = gpus >= topo.studentsPerNode();
+    s.cudaThroughGloo = !wantNccl;
+    if (!wantNccl && s.rank == 0) {
+      DISTILL_LOG(kInfo) << "student.backend auto: gloo for the CUDA tensors too: " << topo.studentsPerNode()
+                         << " students per node share " << gpus << " visible GPU(s), and NCCL needs one GPU per rank";
+    }
+  }
+  DISTILL_CHECK_T(ConfigError, !(student.backend == GroupBackend::kNccl && cuda && gpus > 0 && gpus < topo.studentsPerNode()),
+                  "student.backend nccl: ", topo.studentsPerNode(), " students per node but ", gpus,
+                  " visible GPU(s); NCCL needs a GPU per student rank (set student.backend: gloo or auto)");
   if (wantNccl) {
     s.nccl = makeNcclBackend(c10::make_intrusive<c10d::PrefixStore>("nccl", s.store), s.rank, s.size, s.timeout,
                              student.device);

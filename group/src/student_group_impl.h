@@ -38,6 +38,7 @@ struct StudentGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store; // prefixed "distill/students/"
   c10::intrusive_ptr<c10d::Backend> gloo;
   c10::intrusive_ptr<c10d::Backend> nccl; // null unless CUDA tensors may be reduced
+  bool cudaThroughGloo = false;           // student.backend auto with students sharing a GPU
 
   bool serving = false; // this rank hosts the store (student rank 0)
   std::string storeWhere; // "127.0.0.1:29500 (served by student rank 0 on node 0)"
@@ -188,7 +189,7 @@ struct StudentGroup::Impl {
   }
 
   c10d::Backend& backendFor(const std::vector<at::Tensor>& tensors) {
-    if (!tensors.empty() && tensors[0].is_cuda()) {
+    if (!tensors.empty() && tensors[0].is_cuda() && !cudaThroughGloo) {
       DISTILL_CHECK_T(ConfigError, nccl,
                       "CUDA tensors given to the student group, but it has no "
                       "NCCL backend (built with DISTILL_CUDA=",
