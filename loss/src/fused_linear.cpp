@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 
 #include "distill/core/errors.h"
@@ -89,6 +90,31 @@ struct Grads {
   at::Tensor h, w, b; // accumulated as each chunk ends; undefined where not wanted
 };
 
+// w (float32) += gz^T hc. With 16-bit operands on a GPU, one half-precision GEMM accumulating in
+// float32 (addmm's out_dtype overload, or mm's) instead of casting both to float32, which runs
+// without tensor cores: on an H200 at V 128 256, d 4096 that float32 GEMM was most of the loss's
+// time. torch versions differ in which overloads take a float32 `self`, so each is tried in turn,
+// and the float32 GEMM stays the fallback; the first that works is kept.
+void addWeightGrad(at::Tensor& w, const at::Tensor& gz, const at::Tensor& hc) {
+  static std::atomic<int> path{0}; // 0: addmm out_dtype; 1: mm out_dtype, then add; 2: float32 GEMM
+  const bool half = hc.scalar_type() == at::kBFloat16 || hc.scalar_type() == at::kHalf;
+  if (w.is_cuda() && half && gz.scalar_type() == hc.scalar_type() && w.scalar_type() == at::kFloat) {
+    for (int p = path.load(); p < 2; p = ++path) {
+      try {
+        if (p == 0) {
+          at::addmm_out(w, w, gz.t(), hc, at::kFloat);
+        } else {
+          w.add_(at::mm(gz.t(), hc, at::kFloat));
+        }
+        return;
+      } catch (const c10::Error&) {
+        // this torch has no such kernel for these dtypes: the next path
+      }
+    }
+  }
+  w.addmm_(gz.t().to(w.scalar_type()), hc.to(w.scalar_type()));
+}
+
 // One chunk: its logits, loss sums and (when wanted) gradients.
 void linearChunk(const Problem& pb, const Linear& lin, const Span& span, Sums& sums, Grads& g) {
   at::Tensor hc = span.of(lin.h); // [C, d]
@@ -108,7 +134,7 @@ void linearChunk(const Problem& pb, const Linear& lin, const Span& span, Sums& s
       at::mm_out(rows, gz, lin.w);
     }
   }
-  if (g.w.defined()) g.w.addmm_(gz.t().to(g.w.scalar_type()), hc.to(g.w.scalar_type()));
+  if (g.w.defined()) addWeightGrad(g.w, gz, hc);
   if (g.b.defined()) g.b.add_(gz.sum(0, /*keepdim=*/false, g.b.scalar_type()));
 }
 

@@ -247,3 +247,52 @@ TEST(FusedLinearLoss, MemoryIsTwoChunksOfLogits) {
 
 } // namespace
 } // namespace distill
+
+namespace distill {
+namespace {
+
+// On a GPU, bf16 and fp16 hidden states and weight (the weight gradient's half-precision GEMM with
+// float32 accumulation, whichever overload this torch has): the loss and the three gradients
+// against the float64 CPU reference of the same values, within half-precision rounding.
+TEST(FusedLinearLoss, HalfPrecisionOnCudaMatchesTheFloat64Reference) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible";
+  const int64_t n = 300, d = 64, v = 1000;
+  for (at::ScalarType dt : {at::kBFloat16, at::kHalf}) {
+    for (const char* mode : {"dense", "topk_lse"}) {
+      Head ref = makeHead(n, d, v, true, 7);
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(8);
+      at::Tensor t = at::randn({n, v}, gen, at::kDouble) * 2;
+      at::Tensor labels = at::randint(0, v, {n}, gen, at::kLong);
+      labels.narrow(0, 0, 20).fill_(-100);
+      LossOptions o;
+      o.alpha = 0.5;
+      const double tokens = 280;
+      // The reference: the same (rounded) values in float64 on the CPU.
+      Head h;
+      h.hidden = ref.hidden.detach().to(dt).to(at::kCUDA).requires_grad_(true);
+      h.weight = ref.weight.detach().to(dt).to(at::kCUDA).requires_grad_(true);
+      h.bias = ref.bias.detach().to(dt).to(at::kCUDA).requires_grad_(true);
+      for (at::Tensor* x : {&ref.hidden, &ref.weight, &ref.bias}) {
+        *x = x->detach().to(dt).to(at::kDouble).requires_grad_(true);
+      }
+      LossResult want = distillLoss(at::addmm(ref.bias, ref.hidden, ref.weight.t()), labels,
+                                    teacherFor(mode, t, o.temperature), o, tokens);
+      want.loss.backward();
+      TeacherOutput tc = teacherFor(mode, t.to(at::kFloat), o.temperature);
+      for (at::Tensor* x : {&tc.logits, &tc.topkValues, &tc.topkIndices, &tc.logsumexp, &tc.logTail}) {
+        if (x->defined()) *x = x->to(at::kCUDA);
+      }
+      LossResult got = fusedLinearLoss(h.hidden, h.weight, h.bias, labels.to(at::kCUDA), tc, o, tokens, 64);
+      got.loss.backward();
+      const double tol = dt == at::kHalf ? 1e-2 : 6e-2; // max error over max value; bf16 keeps 8 bits
+      EXPECT_LE(relErr(got.loss.cpu(), want.loss), tol) << c10::toString(dt) << " " << mode;
+      EXPECT_LE(relErr(h.hidden.grad().cpu(), ref.hidden.grad()), tol) << c10::toString(dt) << " " << mode;
+      EXPECT_LE(relErr(h.weight.grad().cpu(), ref.weight.grad()), tol) << c10::toString(dt) << " " << mode;
+      EXPECT_LE(relErr(h.bias.grad().cpu(), ref.bias.grad()), tol) << c10::toString(dt) << " " << mode;
+      EXPECT_EQ(h.weight.grad().scalar_type(), dt);
+    }
+  }
+}
+
+} // namespace
+} // namespace distill
