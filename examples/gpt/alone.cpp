@@ -44,10 +44,11 @@ struct AloneCheckpoint {
     publishFile(path + ".tmp", path);
   }
   // The step of the checkpoint (0: none) and its resume note.
-  std::pair<int64_t, std::string> load(torch::nn::Module& model, torch::optim::Optimizer& opt) const {
+  std::pair<int64_t, std::string> load(torch::nn::Module& model, torch::optim::Optimizer& opt,
+                                       const torch::Device& device) const {
     if (!fileExists(path)) return {0, ""};
     torch::serialize::InputArchive archive, modelArchive, optArchive;
-    archive.load_from(path);
+    archive.load_from(path, device); // weights and optimizer state onto the model's device
     archive.read("model", modelArchive);
     archive.read("optimizer", optArchive);
     model.load(modelArchive);
@@ -91,27 +92,34 @@ int trainAlone(PhaseKind kind, const Config& cfg) {
   const AloneCheckpoint ckpt{run.phase().path("checkpoint.pt")};
   run.prepare({ckpt.path});
 
+  // The teacher trains on teacher.device, the label-only student on student.device.
+  const torch::Device device(teacher ? teacherDevice(cfg.teacher, 0) : cfg.student.device);
   torch::manual_seed(cfg.run.seed); // the same initial weights in every phase
   Gpt model(arch);
+  model->to(device);
   model->train();
   torch::optim::AdamW opt(model->parameters(),
                           torch::optim::AdamWOptions(peakLr).betas({0.9, 0.95}).weight_decay(s.weightDecay));
-  const auto [start, note] = ckpt.load(*model, opt);
+  const auto [start, note] = ckpt.load(*model, opt, device);
   run.resume(start, note);
 
   // The tokens of micro-batch `acc` of step `step`: the teacher's own stream;
   // for the label-only student, those of every distilled student.
   auto microBatch = [&](int64_t step, int acc) {
-    if (teacher) return data.sample(cfg.run.seed + 1, step, 0, acc, s.teacherBatch);
+    if (teacher) {
+      Batch b = data.sample(cfg.run.seed + 1, step, 0, acc, s.teacherBatch);
+      return Batch{b.ids.to(device), b.labels.to(device)};
+    }
     std::vector<at::Tensor> ids, labels;
     for (int r = 0; r < students; ++r) {
       Batch b = data.sample(cfg.run.seed, step, r, acc, s.batch);
       ids.push_back(b.ids);
       labels.push_back(b.labels);
     }
-    return Batch{torch::cat(ids), torch::cat(labels)};
+    return Batch{torch::cat(ids).to(device), torch::cat(labels).to(device)};
   };
-  const Batch val = data.validation(s.evalTokens);
+  Batch val = data.validation(s.evalTokens);
+  val = Batch{val.ids.to(device), val.labels.to(device)};
   run.line("[" + run.name() + "] " + arch.describe() + ", " + std::to_string(steps) + " steps of " +
            std::to_string(students * G * rows * arch.context) + " tokens, data " + data.path() + " (" +
            std::to_string(data.trainBytes()) + " train / " + std::to_string(data.valBytes()) + " validation bytes)");
@@ -167,6 +175,7 @@ int trainAlone(PhaseKind kind, const Config& cfg) {
   if (teacher) {
     const size_t slash = s.teacherWeights.rfind('/');
     if (slash != std::string::npos && slash > 0) makeDirs(s.teacherWeights.substr(0, slash));
+    model->to(torch::kCPU); // the weights file holds CPU tensors: distill-teacher moves them to teacher.device
     saveGpt(model, s.teacherWeights);
     extra.add("weights", fileFingerprint(s.teacherWeights));
     run.line("[teacher] weights written to " + s.teacherWeights);

@@ -67,12 +67,15 @@ int trainStudent(distill::Session& s) {
   group.barrier("demo: phase folder ready"); // distill: the others wait for rank 0's reset
 
   torch::manual_seed(cfg.run.seed); // the same initial weights on every student and in every phase
+  const torch::Device device(cfg.student.device); // the student's model and micro-batches
   ex::Gpt model(set.student);
+  model->to(device);
   model->train();
   torch::optim::AdamW opt(model->parameters(),
                           torch::optim::AdamWOptions(set.lr).betas({0.9, 0.95}).weight_decay(set.weightDecay));
 
-  const ex::Batch val = data.validation(set.evalTokens);
+  ex::Batch val = data.validation(set.evalTokens);
+  val = ex::Batch{val.ids.to(device), val.labels.to(device)};
   auto validate = [&] { // distill: evaluated on student rank 0 only, the value broadcast to all
     return distill::evaluateOnRank0(
         group, [&] { return std::vector<double>{ex::evaluate(model, val.ids, val.labels)}; }, 1)[0];
@@ -105,7 +108,7 @@ int trainStudent(distill::Session& s) {
   auto loader = [&]() -> std::optional<distill::MicroBatch> {
     ex::Batch b = data.sample(cfg.run.seed, step, group.rank(), acc, set.batch);
     if (++acc == G) acc = 0, ++step;
-    return distill::MicroBatch{b.ids, b.labels};
+    return distill::MicroBatch{b.ids.to(device), b.labels.to(device)};
   };
   while (auto mb = train.next(loader)) { // distill: the teacher already has the next ones
     if (mb->accStep == 0) setLearningRate(opt, ex::learningRate(set.lr, mb->step, steps, set.warmup, set.minLrRatio));
