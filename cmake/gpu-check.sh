@@ -6,7 +6,20 @@
 # to OUT_DIR: results.jsonl (one JSON object per step), one log per step, and the
 # benches' JSON lines.
 #
-#   bash cmake/gpu-check.sh OUT_DIR [--steps build,test,sanitize,bench,demo] [--jobs N] [--rehearse]
+#   bash cmake/gpu-check.sh OUT_DIR [--steps build,cuda,sanitize,ring,fused,demo,bench,test] [--jobs N]
+#                               [--step-timeout S] [--rehearse]
+#
+# Steps, in the order they run (the default: all of them):
+#   build     configure and build with CUDA (unity build, -O2 -g1) against python3's torch
+#   cuda      the CUDA tests alone: ipc_cuda_test, student_group_test, tests/python/test_cuda.py
+#   sanitize  the IPC tests under compute-sanitizer (memcheck)
+#   ring      bench_ring_cuda: CUDA IPC slot bandwidth against cudaMemcpy device to device
+#   fused     bench/fused_linear_gpu.py: the fused linear loss against materialised logits and
+#             Liger-Kernel's fused linear cross-entropy (N 8192, V 128256, bf16)
+#   demo      the GPU demo (configs/demo-gpu.yaml), shortened (DEMO_SETS adds --set options)
+#   bench     bench_loss, bench_ring, bench_e2e's teacher pool with K = 1, 2, 4
+#   test      the whole suite: ctest, then pytest
+# Each step is bounded by --step-timeout seconds (default 900); a step cut off is a failure.
 #
 # --rehearse runs the steps on a machine without a GPU (to check the CPU-side
 # steps: unpacking .debs, configuring against them, building); there the CUDA
@@ -19,25 +32,29 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
+ALL=build,cuda,sanitize,ring,fused,demo,bench,test
 
-usage() { echo "usage: $0 OUT_DIR [--steps build,test,sanitize,bench,demo] [--jobs N] [--rehearse]" >&2; exit 2; }
+usage() { echo "usage: $0 OUT_DIR [--steps $ALL] [--jobs N] [--step-timeout S] [--rehearse]" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 OUT=$1; shift
 case "$OUT" in -*|"") usage ;; esac
-STEPS=build,test,sanitize,bench,demo
+STEPS=$ALL
+STEP_TIMEOUT=900
 JOBS=$(nproc)
 REHEARSE=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --steps) [ $# -ge 2 ] || usage; STEPS=$2; shift 2 ;;
     --jobs) [ $# -ge 2 ] || usage; JOBS=$2; shift 2 ;;
+    --step-timeout) [ $# -ge 2 ] || usage; STEP_TIMEOUT=$2; shift 2 ;;
     --rehearse) REHEARSE=1; shift ;;
     *) echo "gpu-check: unknown argument '$1'" >&2; usage ;;
   esac
 done
 for s in ${STEPS//,/ }; do
-  case "$s" in build|test|sanitize|bench|demo) ;; *) echo "gpu-check: unknown step '$s' (build, test, sanitize, bench, demo)" >&2; exit 2 ;; esac
+  case ",$ALL," in *",$s,"*) ;; *) echo "gpu-check: unknown step '$s' ($ALL)" >&2; exit 2 ;; esac
 done
+case "$STEP_TIMEOUT" in ''|*[!0-9]*|0) echo "gpu-check: --step-timeout needs a positive number of seconds, got '$STEP_TIMEOUT'" >&2; exit 2 ;; esac
 case "$JOBS" in ''|*[!0-9]*|0) echo "gpu-check: --jobs needs a positive number, got '$JOBS'" >&2; exit 2 ;; esac
 mkdir -p "$OUT" || { echo "gpu-check: cannot create OUT_DIR '$OUT'" >&2; exit 2; }
 OUT=$(cd "$OUT" && pwd)
@@ -50,11 +67,12 @@ record() {  # record STEP OK SECONDS [extra JSON fields]
   echo "== $1: ok=$2 (${3} s)"
 }
 FAILED=0
-run_step() {  # run_step NAME COMMAND...: logs to OUT/NAME.log
+run_step() {  # run_step NAME COMMAND...: logs to OUT/NAME.log, bounded by STEP_TIMEOUT
   local name=$1; shift
-  local t0=$(date +%s)
-  if "$@" > "$OUT/$name.log" 2>&1; then record "$name" true $(( $(date +%s) - t0 ))
-  else record "$name" false $(( $(date +%s) - t0 )) "\"log\":\"$name.log\""; FAILED=1; fi
+  local t0=$(date +%s) rc=0
+  timeout -k 10 "$STEP_TIMEOUT" "$@" > "$OUT/$name.log" 2>&1 || rc=$?
+  if [ $rc = 0 ]; then record "$name" true $(( $(date +%s) - t0 ))
+  else record "$name" false $(( $(date +%s) - t0 )) "\"rc\":$rc,\"log\":\"$name.log\""; FAILED=1; fi
 }
 
 # ---- the machine: a GPU, or nothing to do ----
@@ -87,22 +105,30 @@ export OMP_NUM_THREADS=1
 BUILD=$REPO/build-gpu
 
 if want build; then
-  run_step configure cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDISTILL_CUDA=ON \
+  # The test command's flags (cmake/distill.sh): each library one unit, -O2 with line tables.
+  run_step configure cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" -DDISTILL_UNITY_BUILD=ON -DDISTILL_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DDISTILL_BUILD_FUZZ=OFF -DDISTILL_PYTHON=python3
-  run_step build cmake --build "$BUILD" -j "$JOBS"
+  run_step build cmake --build "$BUILD" -j "$JOBS" -- -k 0  # -k 0: build all that builds, list every error
 fi
 [ -x "$BUILD/bin/distill-run" ] || { echo "gpu-check: no build in $BUILD (run the build step)" >&2; exit 1; }
-
-if want test; then
-  # -j4: the multi-process tests measure detection times; 16 cores leave room for 4 at once.
-  run_step ctest ctest --test-dir "$BUILD" --output-on-failure --timeout 600 -j 4
-  # Which gtest cases skipped (a CUDA test that skips on a GPU machine is a failure of this check).
-  grep -E "tests passed|\[  SKIPPED \]|\*\*\*" "$OUT/ctest.log" | sort | uniq -c > "$OUT/ctest-summary.txt" || true
+# The build tree's Python package; wheels carried in .whl/ (Liger-Kernel for the fused step) go
+# to a folder of their own, never into the machine's site-packages.
+export PYTHONPATH=$BUILD/python DISTILL_BIN_DIR=$BUILD/bin DISTILL_SOURCE_DIR=$REPO
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$REPO/.deps/site" .whl/*.whl &&
+    PYTHONPATH=$PYTHONPATH:$REPO/.deps/site
 fi
+
+if want cuda; then
+  run_step cuda-ctest ctest --test-dir "$BUILD" --output-on-failure --timeout 300 -R "^(ipc_cuda_test|student_group_test)$"
+  run_step cuda-pytest python3 -m pytest -x -q -rs tests/python/test_cuda.py
+fi
+
 
 if want sanitize; then
   if command -v compute-sanitizer >/dev/null; then
-    for t in ipc_cuda_test ipc_message_test ipc_ring_test; do
+    for t in ipc_cuda_test; do
       exe=$(find "$BUILD" -type f -name "$t" -perm -u+x | head -1)
       [ -n "$exe" ] || { record "sanitize-$t" false 0 '"error":"binary not built"'; FAILED=1; continue; }
       # --target-processes all: the CUDA test re-executes itself as student and teacher.
@@ -113,9 +139,27 @@ if want sanitize; then
   fi
 fi
 
-if want bench; then
+if want ring; then
   run_step bench_ring_cuda "$BUILD/bin/bench_ring_cuda" --max-mib 1024
   cp "$OUT/bench_ring_cuda.log" "$OUT/bench_ring_cuda.jsonl" 2>/dev/null
+fi
+
+if want fused; then
+  run_step fused_linear_gpu python3 bench/fused_linear_gpu.py --out "$OUT/fused_linear_gpu.jsonl"
+fi
+
+if want demo; then
+  if [ -f configs/demo-gpu.yaml ]; then
+    rm -rf logs/demo-gpu
+    # shellcheck disable=SC2086 # DEMO_SETS: --set options, split on spaces
+    run_step demo bash examples/gpt/demo.sh --build "$BUILD" --config configs/demo-gpu.yaml ${DEMO_SETS:-}
+    for f in summary.json val_loss.png; do [ -f "logs/demo-gpu/$f" ] && cp "logs/demo-gpu/$f" "$OUT/demo-$f"; done
+  else
+    record demo false 0 '"error":"configs/demo-gpu.yaml missing"'; FAILED=1
+  fi
+fi
+
+if want bench; then
   run_step bench_loss "$BUILD/bin/bench_loss"
   run_step bench_ring "$BUILD/bin/bench_ring"
   # The teacher pool's K-scaling on CPU (issue 16): 4 students, K = 1, 2, 4 teacher
@@ -125,14 +169,12 @@ if want bench; then
   done
 fi
 
-if want demo; then
-  if [ -f configs/demo-gpu.yaml ]; then
-    rm -rf logs/demo-gpu
-    run_step demo bash examples/gpt/demo.sh --build "$BUILD" --config configs/demo-gpu.yaml
-    for f in summary.json val_loss.png; do [ -f "logs/demo-gpu/$f" ] && cp "logs/demo-gpu/$f" "$OUT/demo-$f"; done
-  else
-    record demo false 0 '"error":"configs/demo-gpu.yaml missing"'; FAILED=1
-  fi
+if want test; then
+  # -j4: the multi-process tests measure detection times; 16 cores leave room for 4 at once.
+  run_step ctest ctest --test-dir "$BUILD" --output-on-failure --timeout 600 -j 4
+  # Which gtest cases skipped (a CUDA test that skips on a GPU machine is a failure of this check).
+  grep -E "tests passed|\[  SKIPPED \]|\*\*\*" "$OUT/ctest.log" | sort | uniq -c > "$OUT/ctest-summary.txt" || true
+  run_step pytest python3 -m pytest -q -rs tests/python
 fi
 echo "== results: $RESULTS"
 exit $FAILED

@@ -24,7 +24,8 @@ this long), interrupt_teacher_at (SIGINT itself twice at that forward call),
 teacher (module: the TorchScript module; function: a plain function calling it;
 last_position: a function answering the last position only, [B, 1, V]),
 pad_vocab (its logits get this many more columns: a padded vocabulary, logits -1e4) and
-pad_mass (1: those columns carry most of the probability instead).
+pad_mass (1: those columns carry most of the probability instead), device (cuda: the students'
+model and micro-batches, and the self teacher, on session.student_device / teacher_device).
 Environment: TRAINER_SIGPIPE_DEFAULT=1 restores SIGPIPE's default before distill.init().
 """
 
@@ -135,6 +136,8 @@ def serve(session, args):
         if calls[0] == interrupt_at:  # Ctrl-C twice: the first is noted, the second interrupts
             os.kill(os.getpid(), signal.SIGINT)
             os.kill(os.getpid(), signal.SIGINT)
+        if calls[0] == 1 and session.trainer.get("device", "cpu") != "cpu":
+            print(f"teacher forward on {ids.device.type}", flush=True)
         if calls[0] == 1 and how == "autocast_probe":  # what teacher.autocast turned on around the forward
             print(f"forward autocast cpu={torch.is_autocast_enabled('cpu')} "
                   f"dtype={torch.get_autocast_dtype('cpu')}", flush=True)
@@ -144,6 +147,9 @@ def serve(session, args):
             out = torch.cat([out, extra.expand(*out.shape[:-1], pad)], -1)
         return out[:, -1:, :] if how == "last_position" else out  # nanoGPT's forward(idx), no targets
 
+    teacher.to(session.teacher_device)
+    if session.trainer.get("device", "cpu") != "cpu":
+        print(f"teacher module on {next(teacher.parameters()).device.type}", flush=True)
     plain = not (kill_after or busy_s or interrupt_at or pad or how != "module")
     stats = distill.serve(session, teacher if plain else forward)
     print(f"teacher served {stats['requests']} requests in {stats['batches']} batches", flush=True)
@@ -155,6 +161,8 @@ def lowlevel(session, args):
     mbs = micro_batches(session.rank, 3 * acc)
     tags = [(1 + i // acc, i % acc) for i in range(len(mbs))]
     handles, report = [], {"tags": [], "max_logit_diff": 0.0, "max_loss_diff": 0.0, "losses": []}
+    dev = torch.device(session.trainer.get("device", "cpu"))
+    mbs = [(x.to(dev), labels.to(dev)) for x, labels in mbs]
     ahead = session.in_flight
     for i in range(min(ahead, len(mbs))):
         handles.append(session.submit(mbs[i][0], *tags[i]))
@@ -165,12 +173,13 @@ def lowlevel(session, args):
         h = reply.handle
         report["tags"].append([h.seq, h.step, h.acc_step, *tags[i]])
         with torch.no_grad():
-            expect = teacher(x)
+            expect = teacher(x.cpu()).to(dev)
         got = reply.output["logits"]
         report["logits_dtype"] = str(got.dtype)
+        report["logits_device"] = str(got.device)
         got = got.float()
         report["max_logit_diff"] = max(report["max_logit_diff"], (got - expect).abs().max().item())
-        student_logits = torch.randn(BATCH, SEQ, VOCAB, generator=torch.Generator().manual_seed(i))
+        student_logits = torch.randn(BATCH, SEQ, VOCAB, generator=torch.Generator().manual_seed(i)).to(dev)
         n = distill.count_tokens(labels, session.ignore_index)
         a = distill.loss(student_logits, labels, reply, n, session)
         b = distill.loss(student_logits, labels, {"logits": expect}, n, session)
@@ -185,7 +194,8 @@ def steps(session, args):
     torch.distributed.init_process_group("gloo")
     report = {"dist_rank": torch.distributed.get_rank(), "dist_world": torch.distributed.get_world_size()}
     torch.manual_seed(session.rank)  # different on purpose: Steps broadcasts student rank 0's
-    model = TinyLM()
+    dev = torch.device(session.trainer.get("device", "cpu"))
+    model = TinyLM().to(dev)
     # steps_plain: no DDP; distill.Steps sums the gradients itself (GradientSync's hooks).
     ddp = model if args.mode == "steps_plain" else torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -208,7 +218,7 @@ def steps(session, args):
             ctrl_c_to_the_job()
         if mb.step == 1:
             seen.append(mb.inputs.tolist())
-        r = s.backward(ddp(mb.inputs))
+        r = s.backward(ddp(mb.inputs.to(dev)))
         if s.step_ends():
             if s.step == 1:
                 report["grads"] = {n: p.grad.tolist() for n, p in model.named_parameters()}
