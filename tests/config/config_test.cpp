@@ -729,8 +729,12 @@ TEST(Config, HashAndDiffCoverTrainingKeysOnly) {
   EXPECT_EQ(distill::configDiff(a, training, true), (std::vector<std::string>{"run.seed", "loss.alpha", "trainer.lr"}));
   // configEntries says which keys are which.
   for (const auto& e : distill::configEntries(a)) {
-    if (e.key == "run.log_dir" || e.key == "checkpoint.on_corrupt") EXPECT_FALSE(e.training) << e.key;
-    if (e.key == "loss.alpha" || e.key == "run.seed") EXPECT_TRUE(e.training) << e.key;
+    if (e.key == "run.log_dir" || e.key == "checkpoint.on_corrupt") {
+      EXPECT_FALSE(e.training) << e.key;
+    }
+    if (e.key == "loss.alpha" || e.key == "run.seed") {
+      EXPECT_TRUE(e.training) << e.key;
+    }
   }
 }
 

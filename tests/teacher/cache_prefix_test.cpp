@@ -232,7 +232,9 @@ TEST(TeacherCachePrefix, PositionRecordsRoundTripCompactly) {
     a.erase("layer_3");
     const size_t compact = distill::encodeRow(a, vocab, key, distill::RecordKind::kPosition).size();
     const size_t asRow = distill::encodeRow(a, vocab, key).size();
-    if (vocab == 64) EXPECT_LE(compact, 66u) << "a top-8 position with uint8 indices";
+    if (vocab == 64) {
+      EXPECT_LE(compact, 66u) << "a top-8 position with uint8 indices";
+    }
     EXPECT_LE(compact * 2, asRow) << "vocab " << vocab;
   }
   Answer big{{distill::protocol::kLogits, at::full({1, 1, 4}, 1e6f)}};
