@@ -9,7 +9,6 @@ namespace distill {
 namespace {
 
 constexpr int64_t kAlign = 64; // ipc's wire::kPayloadAlign: every tensor starts at a multiple of it
-constexpr int64_t kFallbackRequest = int64_t(4) << 20;
 constexpr int64_t kFallbackResponse = int64_t(64) << 20;
 
 int64_t aligned(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
