@@ -136,8 +136,6 @@ def serve(session, args):
         if calls[0] == interrupt_at:  # Ctrl-C twice: the first is noted, the second interrupts
             os.kill(os.getpid(), signal.SIGINT)
             os.kill(os.getpid(), signal.SIGINT)
-        if calls[0] == 1 and session.trainer.get("device", "cpu") != "cpu":
-            print(f"teacher forward on {ids.device.type}", flush=True)
         if calls[0] == 1 and how == "autocast_probe":  # what teacher.autocast turned on around the forward
             print(f"forward autocast cpu={torch.is_autocast_enabled('cpu')} "
                   f"dtype={torch.get_autocast_dtype('cpu')}", flush=True)
