@@ -230,7 +230,7 @@ def train_onpolicy(args, session):
             opt.zero_grad()
     seconds = time.time() - start
     counts = torch.tensor([trained, mix.counts["onpolicy"], mix.counts["dataset"]])
-    torch.distributed.all_reduce(counts)
+    session.all_reduce(counts)  # distill: the last collective before exit (docs/python.md, "Ending a job")
     if rank == 0:
         save_result(args, "onpolicy", val_loss=val.loss(model.module, args.eval_tokens), seconds=seconds,
                     tokens=int(counts[0]), onpolicy_batches=int(counts[1]), dataset_batches=int(counts[2]),

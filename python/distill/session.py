@@ -219,6 +219,27 @@ class Session:
         """A barrier of the students (distill's own group)."""
         self._c.barrier()
 
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+        """Reduces `tensor` over the students, in place, on distill's own group (gloo for CPU
+        tensors; CUDA tensors as student.backend says). Unlike torch.distributed.all_reduce on a
+        gloo group, it is safe as the last collective before the process exits
+        (docs/python.md, "Ending a job").
+
+        Args:
+            tensor: the tensor to reduce; every student passes one of the same shape and dtype.
+            op: "sum", "max" or "min" (a mean: the sum divided by world_size).
+
+        Returns:
+            `tensor`, holding the result.
+
+        Raises:
+            UsageError: an unknown op, or called on the teacher.
+            TimeoutError: a student did not enter it within the collective timeout.
+            PeerLostError: a student died.
+        """
+        self._c.all_reduce(tensor, op)
+        return tensor
+
     def __repr__(self) -> str:
         return f"distill.Session({self._c.describe})"
 

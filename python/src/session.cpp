@@ -3,6 +3,8 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <map>
+
 #include "distill/core/config.h"
 #include "distill/core/errors.h"
 #include "distill/group/student_group.h"
@@ -76,6 +78,24 @@ pyb::dict trainerDict(const Config& c) {
 // secret (StudentGroup::store); a torch._C._distributed_c10d.Store in Python.
 c10::intrusive_ptr<c10d::Store> torchStore(PySession& s) { return s.student().group().store("torch"); }
 
+// session.all_reduce: in place, over the students, on distill's own group. The
+// collective runs on a copy made here: the gloo worker that carries it then
+// never holds the last reference to a tensor Python owns. Releasing such a
+// tensor takes the GIL, and a thread that takes the GIL while the interpreter
+// shuts down is ended by CPython mid-destructor (std::terminate, SIGABRT): what
+// torch.distributed.all_reduce of a Python tensor risks as a process's last
+// collective (docs/python.md, "Ending a job").
+void allReduce(PySession& s, const at::Tensor& tensor, const std::string& op) {
+  static const std::map<std::string, ReduceOp> ops{{"sum", ReduceOp::kSum}, {"max", ReduceOp::kMax},
+                                                    {"min", ReduceOp::kMin}};
+  const auto it = ops.find(op);
+  DISTILL_CHECK_T(UsageError, it != ops.end(), "session.all_reduce: op '", op, "' is none of sum, max, min");
+  auto copy = tensor.clone(at::MemoryFormat::Contiguous);
+  s.student().group().allReduce(copy, it->second, "session.all_reduce");
+  at::Tensor out = tensor; // the caller's tensor, written in place
+  out.copy_(copy);
+}
+
 } // namespace
 
 void bindSession(pyb::module_& m) {
@@ -103,6 +123,8 @@ void bindSession(pyb::module_& m) {
                                return s.session.teacher->device();
                              })
       .def("_torch_store", &torchStore, pyb::call_guard<pyb::gil_scoped_release>())
+      .def("all_reduce", &allReduce, pyb::arg("tensor"), pyb::arg("op") = "sum",
+           pyb::call_guard<pyb::gil_scoped_release>())
       .def(
           "barrier", [](PySession& s) { s.student().group().barrier("python barrier"); },
           pyb::call_guard<pyb::gil_scoped_release>());

@@ -32,6 +32,9 @@ def check_lowlevel(job):
         assert [t[0] for t in r["tags"]] == sorted(t[0] for t in r["tags"])  # answers in request order
         assert r["max_logit_diff"] < 1e-4, r["max_logit_diff"]
         assert r["max_loss_diff"] < 1e-5, r["max_loss_diff"]
+        bad = f"[n0 r{rank} student] session.all_reduce: op 'mean' is none of sum, max, min [step=3 acc_step=1]"
+        assert r["all_reduce"] == {"same": True, "sum": [3.0, 30.0], "max": [1], "min": [5],
+                                   "strided": [[0.0, 9.0], [3.0, 12.0], [6.0, 15.0]], "bad_op": bad}, r
 
 
 def test_two_students_torchscript_teacher(job):

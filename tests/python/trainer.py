@@ -185,6 +185,18 @@ def lowlevel(session, args):
         report["max_loss_diff"] = max(report["max_loss_diff"], abs(a.loss.item() - b.loss.item()))
         reply.release()
     session.finish()
+    # session.all_reduce: in place over the students, on distill's group (docs/python.md, "Ending a job").
+    t = torch.tensor([session.rank + 1.0, 10.0 * (session.rank + 1)])
+    strided = (torch.arange(6.0).reshape(2, 3) * (session.rank + 1)).t()  # not contiguous
+    report["all_reduce"] = {"same": session.all_reduce(t) is t, "sum": t.tolist(),
+                            "max": session.all_reduce(torch.tensor([session.rank]), "max").tolist(),
+                            "min": session.all_reduce(torch.tensor([session.rank + 5]), op="min").tolist(),
+                            "strided": session.all_reduce(strided).tolist()}
+    try:
+        session.all_reduce(t, "mean")
+        report["all_reduce"]["bad_op"] = "no error"
+    except distill.UsageError as e:
+        report["all_reduce"]["bad_op"] = str(e)
     return report
 
 
