@@ -333,9 +333,14 @@ def _install_sigint(session: Session) -> None:
     if not hasattr(signal, "SIGINT") or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         return  # the trainer installed its own handler: leave it
 
+    # This process's own Ctrl-Cs are counted, not session.stop_requested(): a terminal's Ctrl-C
+    # reaches distill-run too, which may have set the job's stop flag before this handler runs.
+    presses: List[int] = []
+
     def on_sigint(signum: int, frame: Any) -> None:
-        if session.stop_requested():
+        if presses:
             raise KeyboardInterrupt
+        presses.append(signum)
         print(f"[distill] student {session.rank}: Ctrl-C: stopping after this step "
               "(the students agree; Ctrl-C again interrupts)", file=sys.stderr, flush=True)
         session.request_stop()

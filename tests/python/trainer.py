@@ -13,7 +13,7 @@ Modes:
   kill_student  like steps; student rank 1 SIGKILLs itself at step 2.
   sigint    like steps; student rank 1 sends itself SIGINT (Ctrl-C) at step 2.
   sigint_job  like steps; at step 2 student rank 1 sends SIGINT to distill-run and every rank, as
-            a terminal's Ctrl-C does.
+            a scheduler's signal to every task (or a terminal's Ctrl-C under torchrun) does.
   steps_plain  like steps without DDP: distill.Steps sums the gradients itself.
   fsdp      the low-level API under FSDP2 (fully_shard over the students' world): one step
             of two micro-batches per student, normaliser step tokens / world size (FSDP
@@ -100,8 +100,9 @@ def stranger_reads() -> str:
 
 
 def ctrl_c_to_the_job():
-    """What a terminal's Ctrl-C does to a job in its foreground: SIGINT to distill-run (this
-    process's parent) and to every rank it started, this one last."""
+    """SIGINT to distill-run (this process's parent) and to every rank it started, this one last:
+    what a scheduler's signal to every task does (distill-run's ranks run in sessions of their
+    own, so a terminal's Ctrl-C reaches distill-run alone; under torchrun it reaches every rank)."""
     parent = os.getppid()
     ranks = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
