@@ -233,7 +233,8 @@ class Session:
             `tensor`, holding the result.
 
         Raises:
-            UsageError: an unknown op, or called on the teacher.
+            UsageError: an unknown op, tensors that differ between the students (shape, dtype or
+                device: each student's error names its own), or called on the teacher.
             TimeoutError: a student did not enter it within the collective timeout.
             PeerLostError: a student died.
         """

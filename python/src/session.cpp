@@ -3,7 +3,9 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <algorithm>
 #include <map>
+#include <vector>
 
 #include "distill/core/config.h"
 #include "distill/core/errors.h"
@@ -90,8 +92,28 @@ void allReduce(PySession& s, const at::Tensor& tensor, const std::string& op) {
                                                     {"min", ReduceOp::kMin}};
   const auto it = ops.find(op);
   DISTILL_CHECK_T(UsageError, it != ops.end(), "session.all_reduce: op '", op, "' is none of sum, max, min");
+  auto& group = s.student().group();
+  // The students' tensors are compared first: gloo takes mismatched sizes for a
+  // peer's failure, or aborts the process on them. One all-reduce (MAX) of a
+  // descriptor and its negation gives its maximum and minimum over the students.
+  constexpr int64_t kDims = 16; // sizes compared one by one; numel covers the rest
+  std::vector<int64_t> d(4 + kDims, -1);
+  d[0] = static_cast<int64_t>(tensor.scalar_type());
+  d[1] = static_cast<int64_t>(tensor.device().type());
+  d[2] = tensor.dim();
+  d[3] = tensor.numel();
+  for (int64_t i = 0; i < std::min(tensor.dim(), kDims); ++i) d[4 + static_cast<size_t>(i)] = tensor.size(i);
+  const auto n = static_cast<int64_t>(d.size());
+  const auto mine = at::tensor(d, at::kLong);
+  auto both = at::cat({mine, -mine});
+  group.allReduce(both, ReduceOp::kMax, "session.all_reduce (the tensors' shapes)");
+  DISTILL_CHECK_T(UsageError, both.narrow(0, 0, n).equal(-both.narrow(0, n, n)),
+                  "session.all_reduce: the students passed tensors of different shapes, dtypes or devices (this "
+                  "student's: ",
+                  tensor.scalar_type(), " ", tensor.sizes(), " on ", tensor.device().type(), ")");
+  if (tensor.numel() == 0) return;
   auto copy = tensor.clone(at::MemoryFormat::Contiguous);
-  s.student().group().allReduce(copy, it->second, "session.all_reduce");
+  group.allReduce(copy, it->second, "session.all_reduce");
   at::Tensor out = tensor; // the caller's tensor, written in place
   out.copy_(copy);
 }

@@ -34,7 +34,10 @@ def check_lowlevel(job):
         assert r["max_loss_diff"] < 1e-5, r["max_loss_diff"]
         bad = f"[n0 r{rank} student] session.all_reduce: op 'mean' is none of sum, max, min [step=3 acc_step=1]"
         assert r["all_reduce"] == {"same": True, "sum": [3.0, 30.0], "max": [1], "min": [5],
-                                   "strided": [[0.0, 9.0], [3.0, 12.0], [6.0, 15.0]], "bad_op": bad}, r
+                                   "strided": [[0.0, 9.0], [3.0, 12.0], [6.0, 15.0]], "bad_op": bad,
+                                   "mismatch": f"[n0 r{rank} student] session.all_reduce: the students passed tensors "
+                                   f"of different shapes, dtypes or devices (this student's: Float [{2 + rank}] on "
+                                   "cpu) [step=3 acc_step=1]", "after": [2.0, 2.0]}, r
 
 
 def test_two_students_torchscript_teacher(job):

@@ -198,6 +198,12 @@ def lowlevel(session, args):
         report["all_reduce"]["bad_op"] = "no error"
     except distill.UsageError as e:
         report["all_reduce"]["bad_op"] = str(e)
+    try:  # a shape that differs between the students: refused on every one, the group still usable
+        session.all_reduce(torch.ones(2 + session.rank))
+        report["all_reduce"]["mismatch"] = "no error"
+    except distill.UsageError as e:
+        report["all_reduce"]["mismatch"] = str(e)
+    report["all_reduce"]["after"] = session.all_reduce(torch.ones(2)).tolist()
     return report
 
 
