@@ -81,7 +81,7 @@ void StudentGroup::Impl::openAgentStore(const Topology& topo, Millis startup, co
   } catch (const std::exception& e) {
     DISTILL_THROW(TimeoutError, awaiting("student group store at " + hostPort),
                   "student group: cannot reach torchrun's store at ", hostPort, " within ", startup.count(),
-                  " ms: ", Impl::firstLine(e.what()));
+                  " ms: ", firstLineOf(e.what()));
   }
 }
 
@@ -126,7 +126,7 @@ void StudentGroup::Impl::admit(Deadline deadline, Millis startup) {
     if (s.store->add("joined", 1) == s.size) s.store->set("all_joined", std::vector<uint8_t>{1});
   } catch (const std::exception& e) {
     DISTILL_THROW(PeerLostError, awaiting("student group rendezvous"), "student group: lost the rendezvous store at ",
-                  s.storeWhere, ": ", Impl::firstLine(e.what()));
+                  s.storeWhere, ": ", firstLineOf(e.what()));
   }
   for (;;) {
     if (deadline.expired()) {
@@ -146,7 +146,7 @@ void StudentGroup::Impl::admit(Deadline deadline, Millis startup) {
       // A timeout: the loop reports who is missing. Anything earlier is the store failing.
       if (deadline.remaining() > Millis(50)) {
         DISTILL_THROW(PeerLostError, awaiting("student group rendezvous"),
-                      "student group: lost the rendezvous store at ", s.storeWhere, ": ", Impl::firstLine(e.what()));
+                      "student group: lost the rendezvous store at ", s.storeWhere, ": ", firstLineOf(e.what()));
       }
     }
   }

@@ -24,7 +24,8 @@
 
 namespace distill {
 
-inline std::string firstLineOf(const std::string& s) { return s.substr(0, s.find('\n')); }
+// The first line of a gloo, c10d or store message, without its C++ source locations.
+inline std::string firstLineOf(const std::string& s) { return withoutSourceLocations(s.substr(0, s.find('\n'))); }
 
 struct StudentGroup::Impl {
   int rank = 0;
@@ -128,7 +129,7 @@ struct StudentGroup::Impl {
   std::string failureText(const std::exception& e, const Deadline& deadline) const {
     const auto* mine = dynamic_cast<const Error*>(&e);
     if (mine && !dynamic_cast<const PeerLostError*>(mine) && !dynamic_cast<const TimeoutError*>(mine)) throw;
-    const std::string text = firstLine(mine ? mine->message() : std::string(e.what()));
+    const std::string text = firstLineOf(mine ? mine->message() : std::string(e.what()));
     // gloo bounds the collective by the same timeout on its own clock and may report it a few ms
     // before ours runs out ("Operation timed out!"): a timeout all the same, not a lost peer.
     const bool timeout = deadline.expired() || dynamic_cast<const TimeoutError*>(mine) ||
@@ -187,10 +188,6 @@ struct StudentGroup::Impl {
     DISTILL_THROW(PeerLostError, awaiting(awaited), "student group ", what, " #", mySeq, " ", how, "; ", who);
   }
 
-  static std::string firstLine(const std::string& s) {
-    auto nl = s.find('\n');
-    return nl == std::string::npos ? s : s.substr(0, nl);
-  }
 
   c10d::Backend& backendFor(const std::vector<at::Tensor>& tensors) {
     if (!tensors.empty() && tensors[0].is_cuda() && !cudaThroughGloo) {

@@ -18,6 +18,21 @@ TEST(Strings, JoinSeparatesItemsAndNothingElse) {
   EXPECT_EQ(join(std::vector<int>{1, 2}, "+"), "1+2");
 }
 
+TEST(Strings, SourceLocationsOfGlooAndC10dMessagesGo) {
+  EXPECT_EQ(withoutSourceLocations("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:547] Connection closed by "
+                                   "peer [127.0.0.1]:4995"),
+            "Connection closed by peer [127.0.0.1]:4995");
+  EXPECT_EQ(withoutSourceLocations("[enforce fail at /pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:456] "
+                                   "op.preamble.length <= op.nbytes. 8 vs 4"),
+            "op.preamble.length <= op.nbytes. 8 vs 4");
+  EXPECT_EQ(withoutSourceLocations("a [x.hpp:12]b [y.cu:3] c"), "a b c");
+  // Not a source location: kept as it is.
+  for (const std::string kept : {"[127.0.0.1]:4995", "[rank 1] done", "[a.cc:] x", "[a.cc:12x] y", "[cc:12] z",
+                                 "unclosed [a.cc:12", ""}) {
+    EXPECT_EQ(withoutSourceLocations(kept), kept);
+  }
+}
+
 TEST(Clock, MsSinceCountsWholeMilliseconds) {
   const Clock::time_point start = Clock::now();
   EXPECT_GE(msSince(start), 0);
