@@ -81,7 +81,10 @@ wire::SlotHeader ChannelCore::plan(int r, const Tag& tag, MsgKind kind, const Pl
   h.kind = uint32_t(kind);
   h.senderRank = port_.rank();
   h.ntensors = uint32_t(count);
-  if (!errorText.empty()) std::strncpy(h.errorText, errorText.c_str(), sizeof h.errorText - 1);
+  if (!errorText.empty()) {
+    const std::string fitted = wire::fitErrorText(errorText);
+    std::memcpy(h.errorText, fitted.data(), fitted.size()); // h is zeroed: the NUL follows
+  }
   uint64_t used[2] = {0, 0}; // host payload, device slot memory
   for (size_t i = 0; i < count; ++i) planTensor(r, tag, items, i, h.tensors[i], used);
   return h;

@@ -45,6 +45,15 @@ const char* stateName(uint32_t s) {
   return s < 7 ? names[s] : "?";
 }
 
+std::string fitErrorText(const std::string& text) {
+  const size_t room = size_t(kErrorTextBytes) - 1;
+  if (text.size() <= room) return text;
+  const std::string cut = kErrorTextCut;
+  size_t keep = room - cut.size();
+  while (keep > 0 && (static_cast<unsigned char>(text[keep]) & 0xC0) == 0x80) --keep; // not inside a character
+  return text.substr(0, keep) + cut;
+}
+
 namespace {
 
 // CRC32C (core/checksum.h) of p[0, n) with the 4-byte field at byte offset

@@ -86,6 +86,11 @@ enum class WaitWhat : uint32_t {
 
 int64_t itemSize(DType d); // bytes per element, 0 if unknown
 const char* dtypeName(uint32_t d);
+// `text` as SlotHeader::errorText holds it (kErrorTextBytes with the NUL): whole
+// when it fits; else cut at a UTF-8 character boundary and ended by
+// kErrorTextCut (the teacher logs the whole text when it sends an error).
+inline constexpr const char* kErrorTextCut = " ... (cut to fit the answer; the teacher's log has it whole)";
+std::string fitErrorText(const std::string& text);
 const char* kindName(uint32_t k);
 const char* waitName(uint32_t w);
 const char* stateName(uint32_t s);

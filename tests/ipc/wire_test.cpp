@@ -125,6 +125,22 @@ TEST(IpcWire, ChecksumCoversTheUsedPrefixOnly) {
   e.errorText[400] = 'x';
   ASSERT_TRUE(rejected(e, &why));
   EXPECT_NE(why.find("checksum"), std::string::npos) << why;
+  // A text longer than the field: cut at a character boundary, saying so.
+  EXPECT_EQ(w::fitErrorText("bad input"), "bad input");
+  const std::string exact(w::kErrorTextBytes - 1, 'a');
+  EXPECT_EQ(w::fitErrorText(exact), exact);
+  std::string accents;
+  while (accents.size() < 2000) accents += "\xC3\xA9"; // U+00E9, two bytes each
+  for (const std::string& longText : {exact + "b", accents, "x" + accents}) {
+    const std::string fitted = w::fitErrorText(longText);
+    EXPECT_LE(fitted.size(), size_t(w::kErrorTextBytes - 1));
+    EXPECT_GE(fitted.size(), size_t(w::kErrorTextBytes - 2)); // at most one byte of a character dropped
+    const std::string cut = w::kErrorTextCut;
+    ASSERT_EQ(fitted.substr(fitted.size() - cut.size()), cut);
+    const std::string kept = fitted.substr(0, fitted.size() - cut.size());
+    EXPECT_EQ(longText.compare(0, kept.size(), kept), 0);
+    EXPECT_NE(static_cast<unsigned char>(longText[kept.size()]) & 0xC0, 0x80) << "cut inside a character";
+  }
   // A corrupt ntensors cannot make the checksum read past the header.
   w::SlotHeader big = validHeader();
   big.ntensors = 1000000;
