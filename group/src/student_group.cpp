@@ -152,6 +152,22 @@ void StudentGroup::Impl::admit(Deadline deadline, Millis startup) {
   }
 }
 
+// A backend's own rendezvous over the store failed: gloo's connectFullMesh
+// rethrows the store's error (lost, timed out) inside a c10::Error, which would
+// otherwise end the process through std::terminate. A distill error instead,
+// as every other failure of init.
+[[noreturn]] void StudentGroup::Impl::connectFailed(const std::string& backend, const std::exception& e) const {
+  const std::string text = firstLineOf(e.what());
+  const std::string awaited = "student group " + backend + " rendezvous";
+  if (text.find("timed out") != std::string::npos || text.find("Timed out") != std::string::npos ||
+      text.find("Timeout") != std::string::npos) {
+    DISTILL_THROW(TimeoutError, awaiting(awaited), "student group: ", backend, " could not connect the ", size,
+                  " student ranks within ", timeout.count(), " ms: ", text);
+  }
+  DISTILL_THROW(PeerLostError, awaiting(awaited), "student group: ", backend, " could not connect the ", size,
+                " student ranks: ", text);
+}
+
 // gloo always (CPU tensors, the small collectives), NCCL for CUDA students.
 void StudentGroup::Impl::createBackends(const Topology& topo, const StudentOptions& student) {
   auto& s = *this;
@@ -168,7 +184,11 @@ void StudentGroup::Impl::createBackends(const Topology& topo, const StudentOptio
     glooOpts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
   }
   auto glooStore = c10::make_intrusive<c10d::PrefixStore>("gloo", s.store);
-  s.gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(glooStore, s.rank, s.size, glooOpts);
+  try {
+    s.gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(glooStore, s.rank, s.size, glooOpts);
+  } catch (const std::exception& e) {
+    connectFailed("gloo", e);
+  }
 
   // NCCL refuses two ranks of one communicator on the same GPU ("Duplicate GPU detected"), so
   // auto takes it only when every student of the node can have a GPU of its own; otherwise the
@@ -188,8 +208,14 @@ void StudentGroup::Impl::createBackends(const Topology& topo, const StudentOptio
                   "student.backend nccl: ", topo.studentsPerNode(), " students per node but ", gpus,
                   " visible GPU(s); NCCL needs a GPU per student rank (set student.backend: gloo or auto)");
   if (wantNccl) {
-    s.nccl = makeNcclBackend(c10::make_intrusive<c10d::PrefixStore>("nccl", s.store), s.rank, s.size, s.timeout,
-                             student.device);
+    try {
+      s.nccl = makeNcclBackend(c10::make_intrusive<c10d::PrefixStore>("nccl", s.store), s.rank, s.size, s.timeout,
+                               student.device);
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      connectFailed("NCCL", e);
+    }
   }
   DISTILL_LOG(kInfo) << "student group ready: rank " << s.rank << "/" << s.size << " (gloo" << (s.nccl ? " + nccl" : "")
                      << "), collective timeout " << s.timeout.count() << " ms";

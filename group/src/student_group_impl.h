@@ -206,6 +206,7 @@ struct StudentGroup::Impl {
   void openJobStore(const Topology& topo, Deadline deadline, const std::string& hostPort);
   void admit(Deadline deadline, Millis startup);
   void createBackends(const Topology& topo, const StudentOptions& student);
+  [[noreturn]] void connectFailed(const std::string& backend, const std::exception& e) const;
 };
 
 } // namespace distill

@@ -26,9 +26,13 @@ TEST(Strings, SourceLocationsOfGlooAndC10dMessagesGo) {
                                    "op.preamble.length <= op.nbytes. 8 vs 4"),
             "op.preamble.length <= op.nbytes. 8 vs 4");
   EXPECT_EQ(withoutSourceLocations("a [x.hpp:12]b [y.cu:3] c"), "a b c");
+  // distill's own, of an error quoted inside another's message.
+  EXPECT_EQ(withoutSourceLocations("Gloo connectFullMesh failed with [n0 r1 student] lost the store "
+                                   "(its process is gone?) [awaiting: store] (job_store.cpp:205)"),
+            "Gloo connectFullMesh failed with [n0 r1 student] lost the store (its process is gone?) [awaiting: store]");
   // Not a source location: kept as it is.
   for (const std::string kept : {"[127.0.0.1]:4995", "[rank 1] done", "[a.cc:] x", "[a.cc:12x] y", "[cc:12] z",
-                                 "unclosed [a.cc:12", ""}) {
+                                 "(.cc:12) w", "f(x) (2 of 3)", "unclosed [a.cc:12", ""}) {
     EXPECT_EQ(withoutSourceLocations(kept), kept);
   }
 }
