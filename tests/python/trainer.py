@@ -262,6 +262,9 @@ def steps(session, args):
     import torch.distributed.checkpoint as dcp
 
     dcp.save({"model": model.state_dict()}, checkpoint_id=os.path.join(args.out, "dcp"))
+    # dcp.save's last gloo collectives hold tensors made in Python; waiting here with the GIL released
+    # lets gloo's workers release them before the interpreter shuts down (docs/python.md, "Ending a job").
+    session.barrier()
     report["dcp"] = True
     torch.distributed.destroy_process_group()
     return report
@@ -289,6 +292,7 @@ def fsdp(session, args):
     opt.step()
     session.finish()
     after = {n: p.full_tensor().tolist() for n, p in model.named_parameters()}
+    session.barrier()  # as after dcp.save in steps()
     torch.distributed.destroy_process_group()
     return {"after": after, "tokens": tokens.item(), "steps_refused": refused}
 
