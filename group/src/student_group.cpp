@@ -159,8 +159,7 @@ void StudentGroup::Impl::admit(Deadline deadline, Millis startup) {
 [[noreturn]] void StudentGroup::Impl::connectFailed(const std::string& backend, const std::exception& e) const {
   const std::string text = firstLineOf(e.what());
   const std::string awaited = "student group " + backend + " rendezvous";
-  if (text.find("timed out") != std::string::npos || text.find("Timed out") != std::string::npos ||
-      text.find("Timeout") != std::string::npos) {
+  if (saysTimedOut(text)) {
     DISTILL_THROW(TimeoutError, awaiting(awaited), "student group: ", backend, " could not connect the ", size,
                   " student ranks within ", timeout.count(), " ms: ", text);
   }

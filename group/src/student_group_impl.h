@@ -126,14 +126,18 @@ struct StudentGroup::Impl {
 
   // A failure of a collective as "timed out after ... ms: ..." or "failed: ...";
   // rethrows distill's own errors other than a lost peer or a timeout (not a peer's doing).
+  // Whether a gloo, c10d or store message reports a timeout.
+  static bool saysTimedOut(const std::string& text) {
+    return text.find("timed out") != std::string::npos || text.find("Timed out") != std::string::npos;
+  }
+
   std::string failureText(const std::exception& e, const Deadline& deadline) const {
     const auto* mine = dynamic_cast<const Error*>(&e);
     if (mine && !dynamic_cast<const PeerLostError*>(mine) && !dynamic_cast<const TimeoutError*>(mine)) throw;
     const std::string text = firstLineOf(mine ? mine->message() : std::string(e.what()));
     // gloo bounds the collective by the same timeout on its own clock and may report it a few ms
     // before ours runs out ("Operation timed out!"): a timeout all the same, not a lost peer.
-    const bool timeout = deadline.expired() || dynamic_cast<const TimeoutError*>(mine) ||
-        text.find("timed out") != std::string::npos || text.find("Timed out") != std::string::npos;
+    const bool timeout = deadline.expired() || dynamic_cast<const TimeoutError*>(mine) || saysTimedOut(text);
     const std::string head = "timed out after " + std::to_string(this->timeout.count()) + " ms: ";
     return (timeout ? head : std::string("failed: ")) + text;
   }
@@ -187,7 +191,6 @@ struct StudentGroup::Impl {
     }
     DISTILL_THROW(PeerLostError, awaiting(awaited), "student group ", what, " #", mySeq, " ", how, "; ", who);
   }
-
 
   c10d::Backend& backendFor(const std::vector<at::Tensor>& tensors) {
     if (!tensors.empty() && tensors[0].is_cuda() && !cudaThroughGloo) {

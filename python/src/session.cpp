@@ -114,8 +114,7 @@ void allReduce(PySession& s, const at::Tensor& tensor, const std::string& op) {
   if (tensor.numel() == 0) return;
   auto copy = tensor.clone(at::MemoryFormat::Contiguous);
   group.allReduce(copy, it->second, "session.all_reduce");
-  at::Tensor out = tensor; // the caller's tensor, written in place
-  out.copy_(copy);
+  tensor.copy_(copy); // the caller's tensor, in place
 }
 
 } // namespace
