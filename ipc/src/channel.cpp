@@ -112,6 +112,16 @@ void ReceivedMessage::release() {
   }
 }
 
+void ReceivedMessage::abandon() {
+  core_.reset(); // the slot stays taken: a later consumer of the ring reads the message again
+  ntensors_ = 0;
+}
+
+bool ReceivedMessage::markFailed() {
+  DISTILL_CHECK_T(IpcError, held(), "markFailed() on a released message");
+  return core_->markFailed(ring_, seq_);
+}
+
 std::vector<std::string> ReceivedMessage::names() const {
   std::vector<std::string> out;
   for (int i = 0; i < ntensors_; ++i) out.emplace_back(tensors_[size_t(i)].name);

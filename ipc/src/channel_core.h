@@ -80,6 +80,9 @@ class ChannelCore : public std::enable_shared_from_this<ChannelCore> {
   // Frees the slot of `seq` in in ring r; `device`: the message had tensors in
   // device slot memory (their reads are awaited first).
   void releaseSlot(int r, uint64_t seq, bool device = false);
+  // Request rings (a teacher): notes that a forward raised on `seq` of in ring
+  // r; true if it was already noted (RingSide::markFailed).
+  bool markFailed(int r, uint64_t seq);
 
   // ---- admission.cpp ----
   void teacherAdmission(Deadline deadline, const AdmissionCheck& check);

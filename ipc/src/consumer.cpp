@@ -115,6 +115,11 @@ void ChannelCore::releaseSlot(int r, uint64_t seq, bool device) {
   in_[size_t(r)].release(seq, peerOf(r));
 }
 
+bool ChannelCore::markFailed(int r, uint64_t seq) {
+  std::lock_guard<std::mutex> lock(inMutex_);
+  return in_[size_t(r)].markFailed(seq);
+}
+
 bool ChannelCore::canRead(int r) {
   std::lock_guard<std::mutex> lock(inMutex_);
   auto& ring = in_[size_t(r)];

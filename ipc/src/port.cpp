@@ -102,6 +102,7 @@ std::string Port::describeSelf() const { return detail::str(roleName(), " rank "
 
 bool Port::teacherMayRestart(int index, int pid) const {
   const auto& t = seg_->teacherState(index);
+  if (t.gaveUp.load(std::memory_order_acquire) != 0) return false; // failed twice on one request: no restart comes
   if (t.restarts.load(std::memory_order_acquire) < seg_->control().teacherMaxRestarts.load(std::memory_order_acquire))
     return true;
   return pid != 0 && t.replacedPid.load(std::memory_order_relaxed) == pid; // being replaced right now

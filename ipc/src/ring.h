@@ -58,6 +58,10 @@ class RingSide {
   // Frees the slot of sequence `seq` (after the consumer's last read of it);
   // tail moves with release; wakes the producer.
   void release(uint64_t seq, int producerIndex);
+  // Request rings, teacher: notes that a forward raised on request `seq`;
+  // true if that request was already so noted (by an earlier incarnation, or
+  // an earlier batch of this one): the failure repeats on the same input.
+  bool markFailed(uint64_t seq) const { return hdr_->failedSeq.exchange(seq + 1, std::memory_order_acq_rel) == seq + 1; }
   uint64_t held() const { return readNext_ - hdr_->tail.load(std::memory_order_relaxed); }
 
   wire::SlotHeader* slot(uint64_t seq) const { return seg_->slot(student_, response_, seq % uint64_t(slots_)); }

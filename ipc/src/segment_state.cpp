@@ -2,6 +2,7 @@
 // each), the per-teacher busy shares, cache counters and restart counters, and
 // the process table's snapshot for the hang report and the launcher.
 #include <algorithm>
+#include <cstring>
 
 #include "distill/core/clock.h"
 #include "distill/core/errors.h"
@@ -137,6 +138,26 @@ int Segment::teacherRestarts() const {
   int sum = 0;
   for (int t = 0; t < impl_->numTeachers(); ++t) sum += teacherRestarts(t);
   return sum;
+}
+
+void Segment::noteTeacherGaveUp(int teacher, const std::string& why) const {
+  auto& t = teacherAt(*impl_, teacher);
+  auto& c = impl_->control();
+  uint32_t none = 0;
+  if (c.gaveUpState.compare_exchange_strong(none, 1, std::memory_order_acq_rel)) {
+    const std::string text = wire::fitErrorText(why).substr(0, size_t(wire::kGaveUpTextBytes) - 1);
+    std::memcpy(c.gaveUpText, text.c_str(), text.size() + 1);
+    c.gaveUpState.store(2, std::memory_order_release);
+  }
+  t.gaveUp.store(1, std::memory_order_release);
+}
+bool Segment::teacherGaveUp(int teacher) const {
+  return teacherAt(*impl_, teacher).gaveUp.load(std::memory_order_acquire) != 0;
+}
+std::string Segment::teacherGaveUpReason() const {
+  const auto& c = impl_->control();
+  if (c.gaveUpState.load(std::memory_order_acquire) != 2) return "";
+  return std::string(c.gaveUpText, strnlen(c.gaveUpText, sizeof c.gaveUpText));
 }
 
 std::vector<ProcessSnapshot> Segment::processes() const {

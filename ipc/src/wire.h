@@ -38,8 +38,10 @@ constexpr uint64_t kSegmentMagic = 0x314D48534C495444ull; // "DTILSHM1", little 
 // the per-teacher TeacherState array instead of one teacher's fields); 12: TeacherState's cache
 // counters (lookups, hits, stored tokens and bytes, full) instead of cacheHitPermille, and
 // ControlBlock::stallTimeoutMs (transport.stall_timeout_s); 13: SlotHeader::vocab (the teacher's
-// vocabulary) and the status value kStatusTruncatedMass
-constexpr uint32_t kLayoutVersion = 13;
+// vocabulary) and the status value kStatusTruncatedMass; 14: RingHeader::failedSeq, TeacherState::gaveUp and
+// ControlBlock::gaveUpText (a teacher whose forward raised leaves its requests for the next incarnation, and
+// one that fails again on the same request gives up)
+constexpr uint32_t kLayoutVersion = 14;
 constexpr uint32_t kSlotMagic = 0x544F4C53u; // "SLOT"
 
 constexpr int kMaxTensors = 4; // tensors per message
@@ -57,6 +59,7 @@ constexpr size_t kControlBytes = 4096;
 constexpr size_t kRecorderBytesPerProcess = 16384;
 constexpr size_t kConfigBytesPerProcess = 32768; // ConfigArea: a config's description (~3 KiB + the trainer's keys)
 constexpr int kRefusalBytes = 2048; // ControlBlock::refusal incl. NUL
+constexpr int kGaveUpTextBytes = 512; // ControlBlock::gaveUpText incl. NUL
 
 constexpr size_t alignUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
@@ -207,6 +210,11 @@ struct ControlBlock {
                                  // config differs from its own); `refusal` says why.
                                  // Teacher writes refusal, then stores 1 (release)
   char refusal[kRefusalBytes]; // NUL-terminated; read after an acquire load of refused
+  // A teacher that gave up (failed again on a request its earlier incarnation failed on): the
+  // first one to do so claims the text (CAS 0 -> 1), writes it, then stores 2 (release); readers
+  // read gaveUpText after an acquire load of 2.
+  std::atomic<uint32_t> gaveUpState;
+  char gaveUpText[kGaveUpTextBytes]; // NUL-terminated: which teacher, request, student and exception
   // One per teacher of the node (index 0..numTeachers-1; process index numStudents + t).
   struct alignas(kCacheLine) TeacherState {
     std::atomic<uint64_t> admitted; // its incarnation that admitted all its students, 0 = not yet
@@ -222,7 +230,10 @@ struct ControlBlock {
     std::atomic<uint64_t> cacheHits; // rows answered from the store
     std::atomic<uint64_t> cacheStoredTokens; // tokens of the rows it stored
     std::atomic<uint64_t> cacheStoredBytes; // what the store spends on them
+    std::atomic<uint32_t> gaveUp; // nonzero: it failed twice on one request; not restarted (teacher
+                                  // stores, release; launcher and its students load, acquire)
   };
+  static_assert(sizeof(TeacherState) == kCacheLine, "TeacherState layout");
   TeacherState teachers[kMaxTeachers];
 };
 static_assert(sizeof(ControlBlock) <= kControlBytes, "ControlBlock too big");
@@ -338,9 +349,15 @@ struct RingHeader {
   uint32_t reserved;
   uint64_t cudaSlotBytes; // per-slot CUDA buffer bytes
   char cudaMem[kCudaIpcHandleBytes]; // one cudaMalloc; slot i at i * cudaSlotBytes
+  // Request rings: 1 + the sequence of the last request a teacher's forward raised on (0 = none).
+  // The teacher exchanges it (acq_rel) for each request of a failed batch; finding that request's
+  // own mark tells a restarted incarnation the failure repeats on the same input.
+  std::atomic<uint64_t> failedSeq;
 };
 static_assert(sizeof(RingHeader) == 256, "RingHeader layout");
-static_assert(offsetof(RingHeader, tail) == 64 && offsetof(RingHeader, cudaMem) == 152, "RingHeader layout");
+static_assert(offsetof(RingHeader, tail) == 64 && offsetof(RingHeader, cudaMem) == 152 &&
+                  offsetof(RingHeader, failedSeq) == 216,
+              "RingHeader layout");
 // After each RingHeader: `slots` event handles (ringEventsBytes), then the slots.
 constexpr size_t ringEventsBytes(int slots) { return alignUp(size_t(slots) * kCudaIpcHandleBytes, kCacheLine); }
 

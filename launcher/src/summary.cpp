@@ -104,7 +104,13 @@ std::string summaryText(const std::vector<Rank>& ranks, const ipc::Segment* seg,
     if (first.rank) {
       headline = first.how;
       tail = first.rank;
-      if (const std::string ex = pythonException(*first.rank); !ex.empty()) headline += ": " + ex;
+      // A teacher that gave up says which request of which student failed twice, and how.
+      const std::string gaveUp = seg && first.rank->topo.isTeacher() ? seg->teacherGaveUpReason() : "";
+      if (!gaveUp.empty()) {
+        headline += ": " + gaveUp;
+      } else if (const std::string ex = pythonException(*first.rank); !ex.empty()) {
+        headline += ": " + ex;
+      }
       if (first.rank != e.failedRank) headline += "; distill-run noticed " + howItEnded(*e.failedRank) + " first";
     }
   }

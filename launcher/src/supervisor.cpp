@@ -374,6 +374,7 @@ bool Supervisor::allExited() const {
 bool Supervisor::mayRestartTeacher(const Rank& teacher) const {
   if (teardownDeadline_ || stopSignal_ || seg_->teacherRestarts(teacher.topo.teacherIndex) >= cfg_.teacher.max_restarts)
     return false;
+  if (seg_->teacherGaveUp(teacher.topo.teacherIndex)) return false; // failed again on the same request
   for (auto& r : ranks_) {
     if (r.topo.isStudent() && !r.exited && r.topo.teacherLocalRankOf(r.topo.studentLocalRank) == teacher.topo.localRank)
       return true;

@@ -7,12 +7,14 @@
 
 #include <chrono>
 #include <deque>
+#include <exception>
 #include <limits>
 #include <map>
 #include <sstream>
 
 #include "autocast_scope.h"
 #include "cache.h"
+#include "pending.h"
 #include "distill/core/clock.h"
 #include "distill/core/config.h"
 #include "distill/core/errors.h"
@@ -55,12 +57,6 @@ struct InputSignature {
   std::vector<int64_t> dims;
 };
 
-struct Pending {
-  ReceivedMessage msg;
-  int student = 0;
-  int64_t tokens = 0;
-  std::vector<at::Tensor> inputs; // views into the request slot
-};
 
 class Server {
  public:
@@ -68,6 +64,7 @@ class Server {
       : ctx_(ctx), cfg_(ctx.config()), model_(std::move(model)) {}
 
   ServeStats run() {
+    AbandonOnFailure<std::deque<Pending>> keep(pending_);
     attachAndAdmit();
     const int students = int(mine_.size());
     auto start = Clock::now();
@@ -270,6 +267,7 @@ class Server {
       it = pending_.erase(it);
     }
 
+    AbandonOnFailure<std::vector<Pending>> keep(batch);
     auto t0 = Clock::now();
     std::map<std::string, at::Tensor> out;
     std::vector<Answer> cached; // with teacher.cache: each request's answer
@@ -306,9 +304,11 @@ class Server {
       // The teacher's own failure (its model raised, or answered in the wrong
       // shape), not its students': the teacher fails, first, and is named so
       // (the students see it gone: PeerLostError). Its requests stay in the
-      // rings, so a restarted teacher (teacher.max_restarts) serves them again.
+      // rings (AbandonOnFailure), so a restarted teacher (teacher.max_restarts)
+      // serves them again.
       DISTILL_LOG(kError) << "teacher " << teacher_ << " failed on a batch of " << batch.size() << " request(s) ("
                           << tokens << " tokens): " << e.what();
+      giveUpIfRepeated(batch, e.what(), teacher_, *segment_);
       throw;
     }
     noteBusy(t0, Clock::now());

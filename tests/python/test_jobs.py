@@ -1,6 +1,7 @@
 """Python students and teachers in real distill-run jobs (real processes, rings, c10d groups)."""
 
 import re
+import time
 
 import pytest
 import torch
@@ -154,6 +155,60 @@ def test_killed_teacher_is_reported(job):
     # As for a C++ student: distill-run tears the job down and names the teacher first
     # (a student that saw it first says PeerLostError, raised as distill.PeerLostError).
     assert "job failed: [r2 teacher] signal SIGKILL" in job.output, job.output
+
+
+def elastic(job, trainer):
+    return config(job, teacher="self", steps=6, extra=f"trainer: {{{trainer}}}").replace(
+        "max_restarts: 0", "max_restarts: 3")
+
+
+def test_python_teacher_that_raises_once_is_restarted_and_the_job_is_undisturbed(job):
+    assert job.run("steps", config(job, teacher="self", steps=6)) == 0, job.output
+    undisturbed = [job.report(rank) for rank in (0, 1)]
+    rc = job.run("steps", elastic(job, "raise_teacher_at: 4"))
+    assert rc == 0, job.output
+    assert "[r2 teacher] died (exit code 1); restarting it (1 of 3 restarts)" in job.output, job.output
+    assert "planted teacher failure in forward 4" in job.output, job.output
+    # The failed batch's requests were answered by the restarted teacher, as before. (Equal up to the
+    # float rounding of the teacher's batching, which depends on timing in any run.)
+    for rank in (0, 1):
+        r, u = job.report(rank), undisturbed[rank]
+        assert r["steps"] == 6 and r["weights_after"] == pytest.approx(u["weights_after"], rel=1e-6), (r, u)
+        for name, grad in r["grads"].items():
+            assert torch.allclose(torch.tensor(grad), torch.tensor(u["grads"][name]), rtol=0, atol=1e-6), name
+
+
+def test_python_teacher_that_raises_again_on_the_same_request_ends_the_job_naming_it(job):
+    t0 = time.monotonic()
+    rc = job.run("steps", elastic(job, "raise_teacher_at: 3, raise_teacher_always: 1"))
+    assert rc != 0
+    assert time.monotonic() - t0 < 60, job.output
+    headline = next(line for line in job.output.splitlines() if "job failed:" in line)
+    assert "[r2 teacher]" in headline and "failed again on the request an earlier incarnation failed on" in headline
+    assert re.search(r"the request \(step \d+, acc_step \d, seq \d+\) of student rank \d \(local \d\): "
+                     r"RuntimeError: planted teacher failure in forward 1", headline), headline
+    assert "restarting it (1 of 3 restarts)" in job.output and "2 of 3 restarts" not in job.output, job.output
+
+
+class AlwaysRaises(torch.nn.Module):
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if bool((input_ids >= 0).all()):
+            raise RuntimeError("planted TorchScript failure")
+        return input_ids.float()
+
+
+def test_torchscript_teacher_that_raises_again_on_the_same_request_ends_the_job_naming_it(job):
+    path = job.dir / "raises.pt"
+    torch.jit.script(AlwaysRaises()).save(str(path))
+    text = config(job).replace(f"{{kind: torchscript, path: {job.tiny_lm}}}",
+                               f"{{kind: torchscript, path: {path}, max_restarts: 3}}")
+    t0 = time.monotonic()
+    rc = job.run("steps", text)
+    assert rc != 0 and time.monotonic() - t0 < 60, job.output
+    headline = next(line for line in job.output.splitlines() if "job failed:" in line)
+    assert "[r2 teacher]" in headline and "failed again on the request an earlier incarnation failed on" in headline
+    assert re.search(r"of student rank \d \(local \d\): RuntimeError: planted TorchScript failure$", headline), headline
+    assert "restarting it (1 of 3 restarts)" in job.output and "2 of 3 restarts" not in job.output, job.output
 
 
 def test_killed_student_is_reported(job):

@@ -21,6 +21,8 @@ Modes:
 Options read from the config's trainer section (self teacher): kill_teacher_after (SIGKILL
 itself at that forward call), gil_busy_s (its 3rd forward spins in Python, holding the GIL,
 this long), interrupt_teacher_at (SIGINT itself twice at that forward call),
+raise_teacher_at (raises RuntimeError at that forward call of its first incarnation; with
+raise_teacher_always: 1 at every call from then on, and at every call of a restarted incarnation),
 teacher (module: the TorchScript module; function: a plain function calling it;
 last_position: a function answering the last position only, [B, 1, V]),
 pad_vocab (its logits get this many more columns: a padded vocabulary, logits -1e4) and
@@ -121,6 +123,9 @@ def serve(session, args):
     kill_after = int(session.trainer.get("kill_teacher_after", "0"))
     busy_s = float(session.trainer.get("gil_busy_s", "0"))
     interrupt_at = int(session.trainer.get("interrupt_teacher_at", "0"))
+    raise_at = int(session.trainer.get("raise_teacher_at", "0"))
+    raise_always = session.trainer.get("raise_teacher_always", "0") == "1"
+    restarted = os.environ.get("DISTILL_TEACHER_RESTART") is not None
     how = session.trainer.get("teacher", "module")
     pad = int(session.trainer.get("pad_vocab", "0"))
     pad_mass = session.trainer.get("pad_mass", "0") == "1"
@@ -134,6 +139,8 @@ def serve(session, args):
             end = time.monotonic() + busy_s
             while time.monotonic() < end:
                 pass
+        if raise_at and (calls[0] == raise_at and not restarted or raise_always and (calls[0] >= raise_at or restarted)):
+            raise RuntimeError(f"planted teacher failure in forward {calls[0]}")
         if calls[0] == interrupt_at:  # Ctrl-C twice: the first is noted, the second interrupts
             os.kill(os.getpid(), signal.SIGINT)
             os.kill(os.getpid(), signal.SIGINT)
@@ -149,7 +156,7 @@ def serve(session, args):
     teacher.to(session.teacher_device)
     if session.trainer.get("device", "cpu") != "cpu":
         print(f"teacher module on {next(teacher.parameters()).device.type}", flush=True)
-    plain = not (kill_after or busy_s or interrupt_at or pad or how != "module")
+    plain = not (kill_after or busy_s or interrupt_at or raise_at or pad or how != "module")
     stats = distill.serve(session, teacher if plain else forward)
     print(f"teacher served {stats['requests']} requests in {stats['batches']} batches", flush=True)
 

@@ -114,6 +114,13 @@ class ReceivedMessage {
   at::Tensor copy(const std::string& name) const;
   // Frees the slot for the producer. Idempotent.
   void release();
+  // Lets go of the message without freeing its slot: the ring's next consumer
+  // (a restarted teacher, which starts at the oldest unfreed message) reads it
+  // again. A teacher whose forward raised abandons what it had not answered.
+  void abandon();
+  // Teacher: notes in the ring that a forward raised on this request; true if
+  // it was already noted (by an earlier incarnation): the failure repeats.
+  bool markFailed();
 
  private:
   friend class detail::ChannelCore;

@@ -173,6 +173,14 @@ class Segment {
   int noteTeacherRestart(int teacher, int deadPid) const;
   int teacherRestarts(int teacher) const;
   int teacherRestarts() const;
+  // A teacher that failed again on a request an earlier incarnation failed on
+  // (a deterministic failure: its model or that input) gives up: it is not
+  // restarted, and its students stop waiting for it. `why` (which request of
+  // which student, and the exception) is kept once per segment, the first
+  // teacher's, for distill-run's summary. Release store / acquire load.
+  void noteTeacherGaveUp(int teacher, const std::string& why) const;
+  bool teacherGaveUp(int teacher) const;
+  std::string teacherGaveUpReason() const; // "" if no teacher gave up
 
   std::vector<ProcessSnapshot> processes() const;
 

@@ -1,0 +1,43 @@
+#include "pending.h"
+
+#include <algorithm>
+
+#include "distill/core/logging.h"
+#include "distill/core/strings.h"
+#include "distill/core/tag.h"
+
+namespace distill {
+
+std::string exceptionLine(const std::string& text) {
+  std::string line = text.substr(0, text.find('\n'));
+  if (line.find("failed in the TorchScript interpreter") != std::string::npos) {
+    const size_t end = text.find_last_not_of("\n ");
+    if (end != std::string::npos) {
+      const size_t begin = text.rfind('\n', end);
+      line = text.substr(begin == std::string::npos ? 0 : begin + 1, end + 1 - (begin == std::string::npos ? 0 : begin + 1));
+    }
+  }
+  if (line.rfind("builtins.", 0) == 0) line = line.substr(9); // TorchScript's "builtins.RuntimeError: ..."
+  return withoutSourceLocations(line);
+}
+
+void giveUpIfRepeated(std::vector<Pending>& batch, const std::string& what, int teacher, const ipc::Segment& segment) {
+  std::vector<int> noted; // students whose oldest request of the batch is noted
+  const Pending* repeated = nullptr;
+  for (auto& p : batch) {
+    if (!p.msg.held() || std::find(noted.begin(), noted.end(), p.student) != noted.end()) continue;
+    noted.push_back(p.student);
+    if (p.msg.markFailed() && !repeated) repeated = &p;
+  }
+  if (!repeated) return;
+  const Tag& tag = repeated->msg.tag();
+  const std::string why = "teacher " + std::to_string(teacher) + " failed again on the request an earlier " +
+      "incarnation failed on, so it is not restarted: the request (step " + std::to_string(tag.step) +
+      ", acc_step " + std::to_string(tag.accStep) + ", seq " + std::to_string(tag.seq) + ") of student rank " +
+      std::to_string(repeated->msg.senderRank()) + " (local " + std::to_string(repeated->student) +
+      "): " + exceptionLine(what);
+  DISTILL_LOG(kError) << why;
+  segment.noteTeacherGaveUp(teacher, why);
+}
+
+} // namespace distill
