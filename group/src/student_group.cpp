@@ -226,6 +226,7 @@ StudentGroup::StudentGroup(const Topology& topo, const RunOptions& run, const St
   s.rank = topo.studentRank;
   s.size = topo.studentWorldSize;
   s.perNode = std::max(1, topo.studentsPerNode());
+  s.procsPerNode = std::max(s.perNode, topo.localWorldSize);
   s.timeout = secondsToMillis(run.collective_timeout_s);
   const Millis startup = secondsToMillis(run.startup_timeout_s);
   DISTILL_CHECK_T(ConfigError, topo.masterPort > 0, "student group: MASTER_PORT is not set");

@@ -31,6 +31,8 @@ struct StudentGroup::Impl {
   int rank = 0;
   int size = 0;
   int perNode = 1; // students per node: student rank r is on node r / perNode
+  int procsPerNode = 1; // processes per node (students, then teachers): r's global rank is
+                        // node * procsPerNode + r % perNode, as distill-run's "[rN ...]" prefixes say
   Millis timeout{0};
   int64_t seq = 0;
   // Declared first, destroyed last: the store outlives every client of it.
@@ -46,7 +48,9 @@ struct StudentGroup::Impl {
   std::string storeHostPort; // "127.0.0.1:29500"
 
   std::string studentName(int r) const {
-    return "student rank " + std::to_string(r) + " (node " + std::to_string(r / perNode) + ")";
+    const int node = r / perNode;
+    return "student rank " + std::to_string(r) + " (r" + std::to_string(node * procsPerNode + r % perNode) +
+        " on node " + std::to_string(node) + ")";
   }
 
   // What the store says after a failure: the ranks whose counter `<prefix><rank>`
@@ -89,7 +93,7 @@ struct StudentGroup::Impl {
   static constexpr Millis kDiagnoseGrace{3000};
   static constexpr Millis kLossGrace{1000};
 
-  // "student rank 2 (node 1) was lost first (...); then student rank 3 (node 1)"
+  // "student rank 2 (r3 on node 1) was lost first (...); then student rank 3 (r4 on node 1)"
   // + "; student rank(s) 2, 3 never entered it", or the store host lost.
   std::string explain(const Diagnosis& d, const std::string& neverWhat) const {
     std::vector<std::string> parts;

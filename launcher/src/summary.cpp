@@ -69,6 +69,24 @@ std::string pythonException(const Rank& r) {
   return "";
 }
 
+// A student of another node that the student group saw lost first, as the
+// last lines of `first` (else of another rank) name it ("student rank 2 (r3
+// on node 1) was lost first"): "[r3 student] on node 1". "" if none, or if it
+// is of this node.
+std::string remoteLostFirst(const std::vector<Rank>& ranks, const Rank& first) {
+  static const std::regex kLost(R"(student rank \d+ \(r(\d+) on node (\d+)\) was lost first)");
+  std::vector<const Rank*> order{&first};
+  for (auto& r : ranks) order.push_back(&r);
+  std::smatch m;
+  for (const Rank* r : order) {
+    for (auto& line : r->tail) {
+      if (std::regex_search(line, m, kLost) && std::stoi(m[2]) != r->topo.nodeRank)
+        return "[r" + m[1].str() + " student] on node " + m[2].str();
+    }
+  }
+  return "";
+}
+
 } // namespace
 
 // The teachers' deaths, "; "-separated; in a pool each named by its index
@@ -112,6 +130,10 @@ std::string summaryText(const std::vector<Rank>& ranks, const ipc::Segment* seg,
         headline += ": " + ex;
       }
       if (first.rank != e.failedRank) headline += "; distill-run noticed " + howItEnded(*e.failedRank) + " first";
+      // A student of another node failed before any of this node's ranks: named
+      // first, in the job's one numbering (its node's summary says how it ended).
+      if (const std::string remote = remoteLostFirst(ranks, *first.rank); !remote.empty())
+        headline = remote + " was lost first (its node's distill-run says how); here " + headline;
     }
   }
   os << "\n==== distill-run: job " << (e.failedRank || e.hung ? "failed" : "stopped") << ": " << headline << "\n";

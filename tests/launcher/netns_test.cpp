@@ -223,7 +223,8 @@ TEST_F(NetnsTwoNodes, NoWildcardListenersAndAKilledNodeOneStudentIsNamedFirst) {
   const std::string& t0 = nodes_[0]->text();
   EXPECT_TRUE(s0.exited && s0.code == 1) << s0.describe() << "\n" << t0;
   EXPECT_TRUE(s1.exited && s1.code == 1) << s1.describe() << "\n" << nodes_[1]->text();
-  EXPECT_TRUE(has(t0, "student rank 2 (node 1) was lost first")) << t0;
+  EXPECT_TRUE(has(t0, "student rank 2 (r3 on node 1) was lost first")) << t0;
+  EXPECT_TRUE(has(t0, "job failed: [r3 student] on node 1 was lost first (its node's distill-run says how); here [r")) << t0;
   EXPECT_TRUE(has(nodes_[1]->text(), "job failed: [r3 student] signal SIGKILL")) << nodes_[1]->text();
   EXPECT_FALSE(has(nodes_[1]->text(), "SIGPIPE")) << nodes_[1]->text();
 }
