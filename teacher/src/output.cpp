@@ -1,5 +1,5 @@
 // What a teacher answers beyond the model's forward: the top-k shape of its
-// output (server.h, topkOutput) and the order check of the tags it serves.
+// output (server.h, topkOutput) and the payload's dtype.
 #include <ATen/ATen.h>
 
 #include <limits>
@@ -13,11 +13,6 @@
 #include "distill/teacher/server.h"
 
 namespace distill {
-namespace {
-
-std::string tagString(const Tag& t) { return "(" + describe(t) + ")"; }
-
-} // namespace
 
 at::Tensor toPayloadDtype(const at::Tensor& t, at::ScalarType dtype, const char* what) {
   at::Tensor sent = t.to(dtype);
@@ -71,34 +66,6 @@ at::ScalarType payloadDtype(const TeacherOptions& t, at::ScalarType output) {
   if (t.autocast == Autocast::kBFloat16) return at::kBFloat16;
   if (t.autocast == Autocast::kFloat16) return at::kHalf;
   return output == at::kHalf || output == at::kBFloat16 ? output : at::kFloat;
-}
-
-std::string checkTagOrder(const std::optional<Tag>& prev, const Tag& next, int gradAccSteps) {
-  const std::string g = " (student.grad_acc_steps=" + std::to_string(gradAccSteps) + ")";
-  if (next.step < 0 || next.accStep < 0 || next.accStep >= gradAccSteps) {
-    return "request " + tagString(next) + ": acc_step must be in [0, " + std::to_string(gradAccSteps) +
-        ") and step >= 0" + g;
-  }
-  if (!prev) return ""; // the first request (or the first a restarted teacher sees)
-  const std::string pair = "request " + tagString(next) + " after " + tagString(*prev) + ": ";
-  if (next.seq != prev->seq + 1) {
-    return pair + "seq " + std::to_string(next.seq) + " does not follow seq " + std::to_string(prev->seq);
-  }
-  if (next.step < prev->step) return pair + "step went back";
-  if (next.step == prev->step) {
-    if (next.accStep <= prev->accStep) return pair + "acc_step did not advance" + g;
-    if (next.accStep > prev->accStep + 1) {
-      return pair + "acc_step " + std::to_string(prev->accStep + 1) +
-          (next.accStep > prev->accStep + 2 ? " to " + std::to_string(next.accStep - 1) : "") + " skipped" + g;
-    }
-    return "";
-  }
-  if (prev->accStep != gradAccSteps - 1) {
-    return pair + "step " + std::to_string(prev->step) + " ended at acc_step " + std::to_string(prev->accStep) +
-        ", expected " + std::to_string(gradAccSteps - 1) + g;
-  }
-  if (next.accStep != 0) return pair + "a new step must start at acc_step 0" + g;
-  return "";
 }
 
 } // namespace distill
