@@ -135,7 +135,7 @@ Client::~Client() {
 
 Handle Client::submit(const std::vector<std::pair<std::string, at::Tensor>>& inputs, int64_t step, int64_t accStep) {
   auto& s = *impl_;
-  DISTILL_CHECK_T(ProtocolError, !s.finished, "submit() after finish()");
+  DISTILL_CHECK_T(UsageError, !s.finished, "submit() after finish(): this student told its teacher it sends nothing more");
   setCurrentStep(step, accStep);
   while (static_cast<int64_t>(s.inFlight.size()) >= s.cfg.student.in_flight) s.receiveOldest();
   const Handle h{s.nextSeq++, step, accStep};

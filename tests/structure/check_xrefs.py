@@ -9,7 +9,9 @@
    is not a key of configs/reference.yaml (config_test checks that file against the schema);
 4. a tracked file cites a file the repository does not hold: a *.md name, a path under one of
    the repository's top-level folders (git-ignored outputs such as build/ and logs/ aside), or a
-   "postmortem".
+   "postmortem";
+5. README.md or docs/*.md cites a segment layout version ("layout version (14)", "layout
+   version 14") other than ipc/src/wire.h's kLayoutVersion.
 
 Outside a git checkout the test is SKIPPED (exit 77), never passed silently.
 
@@ -197,6 +199,23 @@ def check_cited_files(repo, path, text, problems, cited):
                             "repository does not hold")
 
 
+LAYOUT_CITED = re.compile(r"layout version \(?(\d+)\)?")
+LAYOUT_DEFINED = re.compile(r"constexpr uint32_t kLayoutVersion = (\d+);")
+
+
+def check_layout_version(repo, problems):
+    defined = LAYOUT_DEFINED.search(read_text(repo.root, "ipc/src/wire.h") or "")
+    if not defined:
+        problems.append("ipc/src/wire.h: no kLayoutVersion to compare the docs' citations with")
+        return
+    for doc in repo.docs:
+        for n, line in enumerate((read_text(repo.root, doc) or "").splitlines(), 1):
+            for m in LAYOUT_CITED.finditer(line):
+                if m.group(1) != defined.group(1):
+                    problems.append(f"{doc}:{n}: cites layout version {m.group(1)}; ipc/src/wire.h has "
+                                    f"{defined.group(1)}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--root", required=True)
@@ -209,6 +228,7 @@ def main():
     problems, cited = [], []
     check_links(repo, problems)
     check_keys(repo, reference_keys(root), problems)
+    check_layout_version(repo, problems)
     me = os.path.relpath(os.path.abspath(__file__), root)
     for path in repo.files:
         text = read_text(root, path)

@@ -26,7 +26,7 @@
 // a call gives loss = 0 (kd and ce 0 too, or NaN for a term not computed, see
 // below) with a zero gradient that still flows through backward, and
 // tokens = 0. A normalizer of 0 with valid tokens, or a negative or non-finite
-// one, is a ConfigError.
+// one, is a UsageError.
 //
 // Definitions, per non-ignored token, with p_S = softmax(z_S / T) and
 // p_T = softmax(z_T / T) over the vocabulary:
@@ -164,7 +164,7 @@
 // Errors: tensor shapes, dtypes or devices that do not fit -> ProtocolError
 // naming what was expected and what was found (also labels or top-k indices
 // out of range, and a teacher logsumexp that its own top-k contradicts); bad
-// LossOptions or normalizer -> ConfigError.
+// LossOptions -> ConfigError; a bad normalizer -> UsageError.
 //
 // Thread safety: none of these functions keep state; call them from any thread.
 
