@@ -38,6 +38,7 @@
 
 #include <signal.h>
 
+#include <chrono>
 #include <optional>
 #include <string>
 #include <vector>
@@ -52,6 +53,9 @@
 #include "watchdog.h"
 
 namespace distill::launcher {
+
+// How often the supervisor samples the segment: the status line, the watchdog.
+constexpr auto kSampleEvery = std::chrono::milliseconds(100);
 
 class Supervisor {
  public:
