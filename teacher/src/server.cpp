@@ -301,11 +301,8 @@ class Server {
       }
       if (!cache_) out = compute(inputs, label, at::Tensor()).answer;
     } catch (const std::exception& e) {
-      // The teacher's own failure (its model raised, or answered in the wrong
-      // shape), not its students': the teacher fails, first, and is named so
-      // (the students see it gone: PeerLostError). Its requests stay in the
-      // rings (AbandonOnFailure), so a restarted teacher (teacher.max_restarts)
-      // serves them again.
+      // The teacher's own failure (its model raised, or answered in the wrong shape), named first;
+      // its requests stay in the rings for a restarted teacher (AbandonOnFailure, giveUpIfRepeated).
       DISTILL_LOG(kError) << "teacher " << teacher_ << " failed on a batch of " << batch.size() << " request(s) ("
                           << tokens << " tokens): " << e.what();
       giveUpIfRepeated(batch, e.what(), teacher_, *segment_);
