@@ -625,6 +625,19 @@ TEST(Config, StringOverrideReadsBackVerbatim) {
   EXPECT_EQ(parseConfig(kSelf, {distill::stringOverride("trainer.data", "a: b")}).trainer.values.at("data"), "a: b");
 }
 
+// Issue 39 item 5: `--set checkpoint.dir=` was refused as null; an empty value is the
+// empty string, as `dir: ""` in the file (checkpoints off), for any string key and the
+// trainer's; a key of another type says it found an empty string.
+TEST(Config, EmptyOverrideIsTheEmptyString) {
+  const Config c = parseConfig(kSelf + "checkpoint:\n  dir: /tmp/ckpt\n",
+                               {"checkpoint.dir=", "run.name= ", "trainer.note="});
+  EXPECT_EQ(c.checkpoint.dir, "");
+  EXPECT_EQ(c.run.name, "");
+  EXPECT_EQ(c.trainer.values.at("note"), "");
+  EXPECT_EQ(problemsOf(kSelf, {"run.steps="}),
+            std::vector<std::string>{"run.steps: expected an integer, found string \"\" (from --set)"});
+}
+
 // Issue 14 item 12: a file with a second YAML document was read up to the
 // `---` and the rest silently dropped.
 TEST(Config, SecondYamlDocumentIsAnError) {
