@@ -5,6 +5,7 @@
 #include <string>
 
 #include "balance.h"
+#include "distill/core/config.h"
 #include "console.h"
 #include "launch.h"
 
