@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <string>
 #include <utility>
@@ -24,7 +25,8 @@ bool executable(const std::string& path) { return !path.empty() && ::access(path
 std::string libraryDir() {
   Dl_info info{};
   if (::dladdr(reinterpret_cast<const void*>(&libraryDir), &info) == 0 || !info.dli_fname) return "";
-  const std::string lib = info.dli_fname;
+  char real[PATH_MAX];
+  const std::string lib = ::realpath(info.dli_fname, real) ? real : info.dli_fname;
   const size_t slash = lib.rfind('/');
   return slash == std::string::npos ? "" : lib.substr(0, slash);
 }
@@ -41,7 +43,9 @@ std::pair<std::string, std::string> teacherBinary() {
   if (const std::string dir = libraryDir(); !dir.empty()) {
     for (const char* rel : {DISTILL_LIB_TO_BIN, "../bin"}) {
       const std::string c = dir + "/" + rel + "/distill-teacher";
-      if (executable(c)) return {c, "beside the loaded distill library " + dir};
+      if (!executable(c)) continue;
+      char real[PATH_MAX];
+      return {::realpath(c.c_str(), real) ? std::string(real) : c, "beside the loaded distill library " + dir};
     }
   }
   if (const char* path = std::getenv("PATH")) {
