@@ -23,6 +23,7 @@
 #include <sstream>
 #include <thread>
 
+#include "distill/core/checksum.h"
 #include "distill/core/clock.h"
 #include "distill/core/config.h"
 #include "distill/group/student_context.h"

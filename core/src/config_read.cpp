@@ -132,6 +132,12 @@ std::string controlCharacter(const std::string& s) {
   return "";
 }
 
+// An override's value: YAML, but an empty one (`--set checkpoint.dir=`) is the empty string,
+// as `dir: ""` in a file, not YAML's null (which no key takes).
+YAML::Node overrideValue(const std::string& text) {
+  return text.find_first_not_of(" \t") == std::string::npos ? YAML::Load("\"\"") : YAML::Load(text);
+}
+
 void readOverrides(const std::vector<ConfigOverride>& overrides, std::vector<std::optional<Setting>>& values,
                    std::map<std::string, std::string>& trainer, std::vector<std::string>& problems) {
   const std::string trainerPrefix = kTrainerSection + ".";
@@ -161,7 +167,7 @@ void readOverrides(const std::vector<ConfigOverride>& overrides, std::vector<std
       }
       try {
         std::string value;
-        if (auto problem = trainerValue(YAML::Load(o.substr(eq + 1)), value)) {
+        if (auto problem = trainerValue(overrideValue(o.substr(eq + 1)), value)) {
           problems.push_back(path + ": " + *problem + from);
         } else {
           trainer[key] = value;
@@ -177,7 +183,7 @@ void readOverrides(const std::vector<ConfigOverride>& overrides, std::vector<std
       continue;
     }
     try {
-      values[i] = Setting{YAML::Load(o.substr(eq + 1)), over.origin.empty() ? "--set" : over.origin};
+      values[i] = Setting{overrideValue(o.substr(eq + 1)), over.origin.empty() ? "--set" : over.origin};
     } catch (const YAML::Exception& e) {
       problems.push_back(path + ": not a YAML value: " + e.msg + from);
     }

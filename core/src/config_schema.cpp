@@ -65,13 +65,17 @@ std::vector<KeySpec> runAndTeacherKeys() {
       DISTILL_KEY(teacher, vocab_size).min(0).runtime(),
       DISTILL_KEY(teacher, max_restarts).min(0).runtime(),
       DISTILL_KEY(teacher, threads).min(0).runtime(),
-      // Runtime: a hit is bit-equal to the answer it replaces, so the cache
-      // changes how fast a job runs, never what it trains.
+      // Runtime: a hit is bit-equal to the answer a miss gets, and with
+      // cache.dtype float32 to the answer without the cache (float16, the
+      // default, rounds float32 logits: CHANGELOG.md 0.5.0).
       DISTILL_KEY(teacher, cache.path).runtime(), // required unless mode is off, checked across fields
       DISTILL_KEY(teacher, cache.mode).runtime(),
       DISTILL_KEY(teacher, cache.max_bytes).byteSize().min(1 << 20).runtime(),
       DISTILL_KEY(teacher, cache.on_corrupt).runtime(),
       DISTILL_KEY(teacher, cache.keys).runtime(),
+      // Not runtime: float16 rows round what the students train on (a cached run differs from an
+      // uncached one); float32 rows do not.
+      DISTILL_KEY(teacher, cache.dtype),
   };
 }
 

@@ -41,7 +41,7 @@ t0=$(date +%s)
 python3 -m torch.distributed.run --standalone --nproc-per-node 2 $ex --mode label --out "$out" --steps "$steps" "${args[@]}"
 label=$(phase)
 echo "== 2 students distilled (distill-run, DDP, the Hugging Face teacher) ($(( $(date +%s) - start )) s)"
-rm -rf "$out/distill"    # a fresh run, not a resume of the last one
+rm -rf "$out/distill" "$out/distill_steps.jsonl"   # a fresh run, not a resume of the last one
 t0=$(date +%s)
 "$run" --config examples/llm/distill.yaml --master-port 0 --set "run.steps=$steps" --set "run.log_dir=$out/distill" \
   --set "checkpoint.dir=$out/distill/checkpoints" -- python3 $ex --mode distill --out "$out" "${args[@]}" 2>&1 |

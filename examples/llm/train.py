@@ -57,6 +57,8 @@ def options(argv):
     p.add_argument("--lam", type=float, default=1.0, help="onpolicy: the fraction of on-policy micro-batches")
     p.add_argument("--temperature", type=float, default=1.0, help="onpolicy: sampling temperature")
     p.add_argument("--eval-samples", type=int, default=16, help="held-out prompts for sample_teacher_ll")
+    p.add_argument("--stop-after", type=int, default=0,
+                   help="distill: stop after this step (a checkpoint; the next run resumes), 0: never")
     return p.parse_args(argv)
 
 
@@ -124,10 +126,26 @@ def teacher_ll(args, model, val: Stream) -> float:
                          eos_id(args), args.seed)
 
 
-def batches(train: Stream, args, rank: int):
-    g = torch.Generator().manual_seed(args.seed * 1000 + rank)  # this student's shard of the data
-    while True:
-        yield train.batch(args.batch, g)
+class Batches:
+    """This student's micro-batches: random windows drawn by its own generator. Its state is the
+    generator's, so a checkpoint keeps where it stands (distill.Steps' loader_state) and a resumed
+    run sees the batches the uninterrupted one would have."""
+
+    def __init__(self, train: Stream, args, rank: int):
+        self.train, self.size = train, args.batch
+        self.g = torch.Generator().manual_seed(args.seed * 1000 + rank)  # this student's shard of the data
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self.train.batch(self.size, self.g)
+
+    def state_dict(self):
+        return {"generator": self.g.get_state()}
+
+    def load_state_dict(self, state):
+        self.g.set_state(state["generator"])
 
 
 class Body(torch.nn.Module):
@@ -155,7 +173,7 @@ def train_label(args):
     rank = torch.distributed.get_rank()
     model, opt, _ = student(args, vocab)
     start = time.time()
-    for step, (x, y) in zip(range(1, args.steps + 1), batches(train, args, rank)):
+    for step, (x, y) in zip(range(1, args.steps + 1), Batches(train, args, rank)):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.lr, args.warmup, args.steps)
         F.cross_entropy(model(x, use_cache=False).logits.flatten(0, 1), y.flatten()).backward()
@@ -179,8 +197,10 @@ def train_distill(args, session: "distill.Session") -> None:
     fused = not args.logits
     model, opt, lm = student(args, vocab, body=fused)
     start = time.time()
-    steps = distill.Steps(session, model, opt)  # distill: resumes from the latest checkpoint
-    for mb in steps.run(batches(train, args, rank)):  # distill: the same micro-batches, through the teacher
+    loader = Batches(train, args, rank)
+    steps = distill.Steps(session, model, opt, loader_state=loader,  # distill: resumes model, optimizer, loader
+                          on_step=lambda r: log_step(args, rank, r))
+    for mb in steps.run(loader):  # distill: the same micro-batches, through the teacher
         for group in opt.param_groups:
             group["lr"] = lr_at(mb.step, args.lr, args.warmup, args.steps)
         if fused:  # distill: the hidden states and lm_head; the [tokens, V] logits are never held
@@ -190,12 +210,21 @@ def train_distill(args, session: "distill.Session") -> None:
         if steps.step_ends():  # distill: the step's last micro-batch
             opt.step()
             opt.zero_grad()
+            if mb.step == args.stop_after:
+                session.request_stop()  # the students agree; the checkpoint is saved
     seconds = time.time() - start
     if rank == 0:
         save_result(args, "distill", val_loss=val.loss(lm, args.eval_tokens), seconds=seconds,
                     tokens=steps.step * args.batch * args.context * session.world_size, steps=steps.step,
                     sample_teacher_ll=teacher_ll(args, lm, val))
     torch.distributed.destroy_process_group()
+
+
+def log_step(args, rank: int, report: dict):
+    """Student rank 0 appends each step's losses to OUT/distill_steps.jsonl (a resumed run goes on)."""
+    if rank == 0:
+        with open(os.path.join(args.out, "distill_steps.jsonl"), "a") as f:
+            f.write(json.dumps({k: report[k] for k in ("step", "loss", "kd", "ce")}, allow_nan=False) + "\n")
 
 
 def train_onpolicy(args, session):

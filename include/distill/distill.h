@@ -18,6 +18,7 @@
 #include "distill/core/protocol.h"
 #include "distill/core/status.h"
 #include "distill/core/topology.h"
+#include "distill/core/version.h"
 #include "distill/group/student_context.h"
 #include "distill/group/student_group.h"
 #include "distill/student/client.h"

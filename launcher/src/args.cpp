@@ -6,6 +6,7 @@
 
 #include "distill/core/errors.h"
 #include "distill/core/options.h"
+#include "distill/core/version.h"
 
 namespace distill::launcher {
 namespace {
@@ -102,6 +103,8 @@ std::optional<Args> parseArgs(int argc, char** argv) {
   CLI::Option* set = oneValueEach(
       app.add_option("--set", sets, "override a config key (one word: key=value), repeatable")->type_name("KEY=VALUE"));
   app.add_flag("--dry-run", a.dryRun, "print the plan (ranks, commands, environment) and start nothing");
+  // The loaded library's version (distill.__version__ and distill-teacher --version say the same).
+  app.set_version_flag("--version", std::string("distill-run ") + version(), "print distill's version and exit");
   const std::vector<KeyOption> keys = keyOptions();
   std::map<const CLI::Option*, const KeyOption*> byOption;
   std::vector<std::vector<std::string>> values(keys.size());
@@ -117,6 +120,9 @@ std::optional<Args> parseArgs(int argc, char** argv) {
     app.parse(static_cast<int>(cargs.size()), cargs.data());
   } catch (const CLI::CallForHelp&) {
     std::printf("%s", app.help().c_str());
+    return std::nullopt;
+  } catch (const CLI::CallForVersion& v) {
+    std::printf("%s\n", v.what());
     return std::nullopt;
   } catch (const CLI::ParseError& e) {
     usage(e.what());

@@ -10,6 +10,7 @@
 #include <iomanip>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 namespace distill::launcher {
 namespace {
@@ -67,6 +68,22 @@ std::string poolAdvice(double wait, std::optional<double> busy, const NodeShape&
   return os.str();
 }
 
+// "a smaller or faster teacher, the teacher-output cache (...), or
+// teacher.topk to shrink its answers": what else helps a teacher-bound job,
+// each only where the config does not already do it.
+std::string remedies(bool hits, const NodeShape& node) {
+  std::vector<std::string> r = {"a smaller or faster teacher"};
+  if (hits || node.cacheOn) {
+    r.push_back("more cache hits (a later epoch over the same rows)");
+  } else {
+    r.push_back("the teacher-output cache (teacher.cache.mode: readwrite) from the second epoch on");
+  }
+  if (node.topk <= 0) r.push_back("teacher.topk to shrink its answers");
+  std::string out;
+  for (size_t i = 0; i < r.size(); ++i) out += (i == 0 ? "" : i + 1 == r.size() ? ", or " : ", ") + r[i];
+  return out;
+}
+
 // More teachers than the node holds: fewer may be faster.
 std::string crowdedText(const NodeShape& node) {
   const int room = teacherRoom(node);
@@ -114,6 +131,8 @@ NodeShape nodeShape(const Config& cfg) {
                                                           : static_cast<int>(std::thread::hardware_concurrency());
   for (int t = 0; t < cfg.teacher.procs; ++t) n.teacherOnGpu |= parseDevice(teacherDevice(cfg.teacher, t)).cuda;
   n.gpus = visibleGpus();
+  n.topk = cfg.teacher.topk;
+  n.cacheOn = cfg.teacher.cache.mode != CacheMode::kOff;
   return n;
 }
 
@@ -144,11 +163,7 @@ std::string balanceVerdict(double wait, std::optional<double> busy, std::optiona
     os << "teacher-bound: students waited " << percent(wait) << " % of each step" << busyText << hitText
        << "; a teacher that kept up would make each step " << percent(wait) << " % shorter (" << std::setprecision(3)
        << 1 / (1 - std::min(wait, 0.99)) << "x the throughput): " << poolAdvice(wait, busy, node)
-       << "a smaller or faster teacher, "
-       << (hits ? "more cache hits (a later epoch over the same rows)"
-                : "the teacher-output cache (teacher.cache.mode: "
-                  "readwrite) from the second epoch on")
-       << ", or teacher.topk to shrink its answers";
+       << remedies(hits.has_value(), node);
   } else if (wait >= kKeepsUp) {
     os << "balanced: students waited " << percent(wait) << " % of each step" << busyText << hitText
        << "; the teacher nearly keeps up";

@@ -25,6 +25,9 @@ struct NodeShape {
   int teacherThreads = 0; // teacher.threads (0: torch's default; counted as one core)
   int gpus = 0; // GPUs the node shows
   bool teacherOnGpu = false; // the teachers run on GPUs (teacher.device / teacher.devices)
+  // What the config already does, which advice does not suggest again:
+  int64_t topk = 0; // teacher.topk (> 0: the answers are top-k already)
+  bool cacheOn = false; // teacher.cache.mode is not off
 };
 
 // This node's shape under `cfg`: cores from sched_getaffinity
@@ -47,7 +50,9 @@ int teacherRoom(const NodeShape& node);
 // Teacher-bound, it names what would help: how many teacher processes would
 // keep up (from busy and wait) as far as the node's cores (or GPUs) hold
 // them — or that more cannot help there —, the cache, a smaller teacher,
-// teacher.topk. Any verdict says so when the node runs more teachers than it holds.
+// teacher.topk — only what the config does not already do (no teacher.topk
+// when node.topk > 0, no cache when node.cacheOn). Any verdict says so when
+// the node runs more teachers than it holds.
 std::string balanceVerdict(double wait, std::optional<double> busy, std::optional<double> hits,
                            const NodeShape& node, const std::string& cacheNote = "");
 // The same without the node's shape (no bound from cores or GPUs).

@@ -8,7 +8,7 @@ int main(int argc, char** argv) {
   distill::setIdentity(distill::Identity{-1, -1, distill::Role::kLauncher});
   try {
     auto args = distill::launcher::parseArgs(argc, argv);
-    if (!args) return 0; // --help
+    if (!args) return 0; // --help, --version
     distill::Config cfg = distill::loadConfig(args->config, args->overrides);
     distill::launcher::Supervisor supervisor(std::move(*args), std::move(cfg));
     return supervisor.run();

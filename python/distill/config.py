@@ -163,6 +163,7 @@ class TeacherCacheConfig(Section):
     max_bytes: int
     on_corrupt: str
     keys_: str  # the key `keys` (a Mapping's method name); section["keys"] reads it too
+    dtype: str  # float16 | float32: how float32 logits and top-k values are stored
 
 
 class TeacherConfig(Section):

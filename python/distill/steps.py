@@ -64,7 +64,8 @@ class Steps:
     trainer calls scaler.step(optimizer); scaler.update() instead of optimizer.step() (the reported
     losses are unscaled).
 
-    `on_step(report)`: after each optimizer step, a dict with step, loss, kd, ce, tokens, seconds,
+    `on_step(report)`: after each optimizer step, a dict with step, loss, kd, ce (a term of weight 0,
+    kd at loss.alpha 0 or ce at 1, is not computed and says 0, never NaN), tokens, seconds,
     tokens_per_s, teacher_wait_share, stop, and with loss.vocab truncate truncated_mass_max and
     truncated_mass_mean (the teacher probability dropped at ids >= the student's vocabulary: the
     most of any token and the mean over the step's tokens, all students; docs/vocab.md).

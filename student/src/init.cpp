@@ -1,11 +1,14 @@
 #include "distill/student/init.h"
 
+#include <dlfcn.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "distill/core/config.h"
@@ -18,24 +21,45 @@ namespace {
 
 bool executable(const std::string& path) { return !path.empty() && ::access(path.c_str(), X_OK) == 0; }
 
-// distill-teacher, for a trainer that torchrun started in the teacher's slot:
-// $DISTILL_TEACHER_BIN, next to the trainer, the install's bin directory, the
-// build's, then PATH.
-std::string teacherBinary() {
-  if (const char* env = std::getenv("DISTILL_TEACHER_BIN"); env && *env) return env;
-  std::vector<std::string> candidates;
-  char self[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n > 0) {
-    const std::string exe(self, size_t(n));
-    candidates.push_back(exe.substr(0, exe.rfind('/')) + "/distill-teacher");
+// The folder of the loaded distill library that holds this code (dladdr), "" if unknown.
+std::string libraryDir() {
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<const void*>(&libraryDir), &info) == 0 || !info.dli_fname) return "";
+  char real[PATH_MAX];
+  const std::string lib = ::realpath(info.dli_fname, real) ? real : info.dli_fname;
+  const size_t slash = lib.rfind('/');
+  return slash == std::string::npos ? "" : lib.substr(0, slash);
+}
+
+// distill-teacher, for a trainer that torchrun started in the teacher's slot,
+// and where it came from (for the log): $DISTILL_TEACHER_BIN; the programs of
+// the distill whose library is loaded (the install's bin folder, found from
+// the library's folder as the install layout puts it, DISTILL_LIB_TO_BIN: also
+// the build tree's lib/ and bin/, and pip's distill/lib and distill/bin); then
+// PATH. Never a folder named at configure time: an install moved or made with
+// another --prefix finds its own programs.
+std::pair<std::string, std::string> teacherBinary() {
+  if (const char* env = std::getenv("DISTILL_TEACHER_BIN"); env && *env) return {env, "$DISTILL_TEACHER_BIN"};
+  if (const std::string dir = libraryDir(); !dir.empty()) {
+    for (const char* rel : {DISTILL_LIB_TO_BIN, "../bin"}) {
+      const std::string c = dir + "/" + rel + "/distill-teacher";
+      if (!executable(c)) continue;
+      char real[PATH_MAX];
+      return {::realpath(c.c_str(), real) ? std::string(real) : c, "beside the loaded distill library " + dir};
+    }
   }
-  candidates.push_back(std::string(DISTILL_INSTALL_BIN_DIR) + "/distill-teacher");
-  candidates.push_back(std::string(DISTILL_BUILD_BIN_DIR) + "/distill-teacher");
-  for (auto& c : candidates) {
-    if (executable(c)) return c;
+  if (const char* path = std::getenv("PATH")) {
+    std::string all = path;
+    for (size_t start = 0; start <= all.size();) {
+      const size_t colon = all.find(':', start);
+      const std::string dir = all.substr(start, colon == std::string::npos ? std::string::npos : colon - start);
+      const std::string c = (dir.empty() ? "." : dir) + "/distill-teacher";
+      if (executable(c)) return {c, "from PATH"};
+      if (colon == std::string::npos) break;
+      start = colon + 1;
+    }
   }
-  return "distill-teacher"; // execvp searches PATH
+  return {"distill-teacher", "not found beside the loaded distill library nor on PATH"};
 }
 
 // Under torchrun the teacher's slot runs the trainer binary; with a teacher
@@ -43,12 +67,12 @@ std::string teacherBinary() {
 // becomes distill-teacher, with the same arguments (distill-teacher reads
 // --config and --set from them and ignores the rest) and environment.
 [[noreturn]] void becomeTeacherServer(const std::vector<std::string>& args) {
-  const std::string bin = teacherBinary();
+  const auto [bin, from] = teacherBinary();
   std::vector<char*> argv;
   argv.push_back(const_cast<char*>(bin.c_str()));
   for (size_t i = 1; i < args.size(); ++i) argv.push_back(const_cast<char*>(args[i].c_str()));
   argv.push_back(nullptr);
-  DISTILL_LOG(kInfo) << "torchrun: local rank in the teacher's slot runs " << bin;
+  DISTILL_LOG(kInfo) << "torchrun: local rank in the teacher's slot runs " << bin << " (" << from << ")";
   ::execvp(argv[0], argv.data());
   DISTILL_THROW(ConfigError, "torchrun: cannot run the teacher server ", bin, ": ", errnoString(errno),
                 " (set DISTILL_TEACHER_BIN to distill-teacher's path)");

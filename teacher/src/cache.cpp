@@ -125,6 +125,7 @@ TeacherCache::TeacherCache(const TeacherOptions::CacheOptions& o, std::string co
       names_(std::move(names)),
       temperature_(temperature),
       keys_(o.keys),
+      dtype_(o.dtype),
       maxBytes_(o.max_bytes),
       reads_(o.mode == CacheMode::kRead || o.mode == CacheMode::kReadWrite),
       writes_(o.mode == CacheMode::kWrite || o.mode == CacheMode::kReadWrite),
@@ -434,7 +435,7 @@ std::vector<Answer> TeacherCache::answerRows(const std::vector<std::vector<at::T
     for (const Row& m : missing) where.emplace_back(m.request, m.row);
     Computed computed = compute(gatherRows(requests, where), at::Tensor());
     ++stats_.forwards;
-    roundForStorage(computed.answer, temperature_);
+    if (dtype_ == CacheDtype::kFloat16) roundForStorage(computed.answer, temperature_);
     std::vector<std::pair<CacheKey, std::string>> rows;
     std::vector<int64_t> tokens;
     Answer host;
@@ -442,7 +443,7 @@ std::vector<Answer> TeacherCache::answerRows(const std::vector<std::vector<at::T
     for (size_t m = 0; m < missing.size(); ++m) {
       Answer row;
       for (auto& [name, t] : host) row[name] = t.narrow(0, int64_t(m), 1);
-      std::string record = encodeRow(row, computed.vocab, missing[m].key);
+      std::string record = encodeRow(row, computed.vocab, missing[m].key, RecordKind::kRow, dtype_);
       if (writes_) rows.emplace_back(missing[m].key, record), tokens.push_back(missing[m].tokens);
       records[missing[m].request][size_t(missing[m].row)] = std::move(record);
     }

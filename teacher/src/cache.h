@@ -21,7 +21,8 @@
 // temperature, on which logsumexp and log_tail depend), the hidden states,
 // autocast and the device type.
 //
-// Stored rows: float32 full logits and top-k values as float16 (a row with a
+// Stored rows (teacher.cache.dtype float16, the default): float32 full logits
+// and top-k values as float16 (a row with a
 // value outside float16's range stays float32: float16 rather than bfloat16
 // because logits span a small range, where float16's 11-bit significand keeps
 // 8 times bfloat16's precision); logits of another dtype and hidden states in
@@ -32,6 +33,12 @@
 // first rounded as stored (roundForStorage): its logsumexp is then recomputed
 // from the rounded values and log_tail, since the student's loss checks that
 // the k + 1 buckets sum to 1 within 1e-4.
+// So with float16 rows a job's answers differ from those it gets with the
+// cache off (in the last digits: float16 keeps 11 bits). teacher.cache.dtype
+// float32 stores float32 logits and values as they are and rounds nothing: a
+// cached job's answers are then the uncached job's, bit for bit (twice the
+// bytes per row). The answer context names float32 rows, so the two kinds
+// never answer each other.
 //
 // Integrity: every record carries a CRC32C over its key and its bytes,
 // checked on every read; a record that fails it (or that LMDB cannot reach:
@@ -135,7 +142,9 @@ std::vector<at::Tensor> gatherRows(const std::vector<std::vector<at::Tensor>>& r
 // layout (names of the protocol as a byte, dims as uint32, no byte counts):
 // about 65 bytes for a top-8 position against 180 in a row's layout.
 enum class RecordKind : uint8_t { kRow, kPosition };
-std::string encodeRow(const Answer& row, int64_t vocab, const CacheKey& key = {}, RecordKind kind = RecordKind::kRow);
+// `dtype` float32: float32 logits and top-k values stored as they are, not as float16.
+std::string encodeRow(const Answer& row, int64_t vocab, const CacheKey& key = {}, RecordKind kind = RecordKind::kRow,
+                      CacheDtype dtype = CacheDtype::kFloat16);
 Answer decodeRow(const void* data, size_t size);
 // Does the record at `data` carry the right CRC32C for `key` and its bytes?
 bool recordIntact(const CacheKey& key, const void* data, size_t size);
@@ -254,6 +263,7 @@ class TeacherCache {
   std::vector<std::string> names_;
   double temperature_;
   CacheKeys keys_;
+  CacheDtype dtype_; // teacher.cache.dtype
   int64_t maxBytes_;
   bool reads_, writes_;
   bool full_ = false;

@@ -96,7 +96,7 @@ void TeacherCache::computePositions(PrefixBatch& b, const std::vector<std::vecto
   const int64_t n = int64_t(b.flat.size());
   Computed computed = compute(gatherRows(requests, b.forward), at::tensor(b.flat, at::kLong));
   ++stats_.forwards;
-  roundForStorage(computed.answer, temperature_);
+  if (dtype_ == CacheDtype::kFloat16) roundForStorage(computed.answer, temperature_);
   Answer host;
   for (auto& [name, t] : computed.answer) {
     DISTILL_CHECK_T(ProtocolError, t.dim() >= 2 && t.size(0) == n && t.size(1) == 1, "teacher.cache.keys: ", n,
@@ -107,7 +107,7 @@ void TeacherCache::computePositions(PrefixBatch& b, const std::vector<std::vecto
   for (int64_t i = 0; i < n; ++i) {
     Answer position;
     for (auto& [name, t] : host) position[name] = t.narrow(0, i, 1);
-    std::string record = encodeRow(position, computed.vocab, b.flatKeys[size_t(i)], RecordKind::kPosition);
+    std::string record = encodeRow(position, computed.vocab, b.flatKeys[size_t(i)], RecordKind::kPosition, dtype_);
     if (writes_) records.emplace_back(b.flatKeys[size_t(i)], record);
     b.pool[b.flatSlots[size_t(i)]] = std::move(record);
   }

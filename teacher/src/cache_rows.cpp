@@ -2,6 +2,8 @@
 // key (SHA-256), and a row's answer encoded compactly for the store (float32
 // logits and top-k values in float16, indices in the narrowest integer that
 // holds the vocabulary), sealed with a CRC32C over its key and bytes.
+// With teacher.cache.dtype float32, float32 logits and values are stored as
+// they are (4 bytes each), so an answer is the one the teacher computed.
 // Logits and values that arrive in bfloat16 or float16 (teacher.payload_dtype,
 // or its auto under teacher.autocast) are stored as they are, 2 bytes each, and
 // come back bit-equal in their own dtype; teacher.payload_dtype is part of the
@@ -165,6 +167,8 @@ std::string answerContext(const TeacherOptions& t, double temperature, const Tea
   os << "\nautocast " << t.autocast << "\ndevice " << at::Device(t.device).type();
   // The dtype values travel in: a float32 answer and a bfloat16 one are not bit-equal.
   os << "\npayload_dtype " << t.payload_dtype;
+  // float32 rows are not float16 rows (a store of float16 ones keeps its keys: no line for them).
+  if (t.cache.dtype == CacheDtype::kFloat32) os << "\ncache dtype float32";
   return os.str();
 }
 
@@ -272,8 +276,10 @@ uint8_t nameCode(const std::string& name) {
 }
 
 // How a tensor is stored, and the tensor to store (float16 where it holds the values).
-std::pair<Encoding, at::Tensor> chooseEncoding(const std::string& name, const at::Tensor& t, int64_t vocab) {
+std::pair<Encoding, at::Tensor> chooseEncoding(const std::string& name, const at::Tensor& t, int64_t vocab,
+                                               CacheDtype dtype) {
   if ((name == protocol::kTopkValues || name == protocol::kLogits) && t.scalar_type() == at::kFloat) {
+    if (dtype == CacheDtype::kFloat32) return {Encoding::kRaw, t};
     if (auto half = asFloat16(t)) return {Encoding::kFloat16, *half};
   } else if (name == protocol::kTopkIndices && t.scalar_type() == at::kInt && vocab > 0 && vocab <= 65536) {
     return {vocab <= 256 ? Encoding::kUInt8 : Encoding::kUInt16, t};
@@ -338,9 +344,10 @@ at::Tensor readPayload(const char* bytes, uint64_t nbytes, Encoding enc, at::Sca
 // A position record (encodeRow's kPosition): per tensor its name's code (or
 // 0, its length and the name), encoding, dtype, the number of dims after
 // [1, 1] and each as uint32, then its bytes, whose length the shape gives.
-void putPositionTensor(std::string& out, const std::string& name, const at::Tensor& t, int64_t vocab) {
+void putPositionTensor(std::string& out, const std::string& name, const at::Tensor& t, int64_t vocab,
+                       CacheDtype dtype) {
   DISTILL_INTERNAL_ASSERT(t.dim() >= 2 && t.size(0) == 1 && t.size(1) == 1, "a position record takes [1, 1, ...]");
-  const auto [enc, stored] = chooseEncoding(name, t, vocab);
+  const auto [enc, stored] = chooseEncoding(name, t, vocab, dtype);
   const uint8_t code = nameCode(name);
   putValue<uint8_t>(out, code);
   if (code == 0) {
@@ -357,9 +364,9 @@ void putPositionTensor(std::string& out, const std::string& name, const at::Tens
   putPayload(out, enc, stored, vocab);
 }
 
-void putRowTensor(std::string& out, const std::string& name, const at::Tensor& t, int64_t vocab) {
+void putRowTensor(std::string& out, const std::string& name, const at::Tensor& t, int64_t vocab, CacheDtype dtype) {
   DISTILL_INTERNAL_ASSERT(t.dim() >= 1 && t.size(0) == 1, "encodeRow takes one row");
-  const auto [enc, stored] = chooseEncoding(name, t, vocab);
+  const auto [enc, stored] = chooseEncoding(name, t, vocab, dtype);
   putValue<uint8_t>(out, static_cast<uint8_t>(name.size()));
   put(out, name.data(), name.size());
   putValue<uint8_t>(out, static_cast<uint8_t>(enc));
@@ -411,7 +418,7 @@ std::pair<std::string, at::Tensor> readTensor(Reader& r, bool position) {
 
 } // namespace
 
-std::string encodeRow(const Answer& row, int64_t vocab, const CacheKey& key, RecordKind kind) {
+std::string encodeRow(const Answer& row, int64_t vocab, const CacheKey& key, RecordKind kind, CacheDtype dtype) {
   const bool position = kind == RecordKind::kPosition;
   std::string out(position ? kPositionMagic : kRecordMagic, sizeof kRecordMagic);
   putValue<uint32_t>(out, 0); // the CRC, filled in last
@@ -419,9 +426,9 @@ std::string encodeRow(const Answer& row, int64_t vocab, const CacheKey& key, Rec
   for (const auto& [name, tensor] : row) {
     at::Tensor t = tensor.detach().contiguous().cpu();
     if (position) {
-      putPositionTensor(out, name, t, vocab);
+      putPositionTensor(out, name, t, vocab, dtype);
     } else {
-      putRowTensor(out, name, t, vocab);
+      putRowTensor(out, name, t, vocab, dtype);
     }
   }
   const uint32_t crc = recordCrc(key, out.data(), out.size());

@@ -4,9 +4,13 @@
 
 #include <ATen/Parallel.h>
 
+#include <cstdio>
+#include <cstring>
+
 #include "distill/core/config.h"
 #include "distill/core/logging.h"
 #include "distill/core/topology.h"
+#include "distill/core/version.h"
 #include "distill/ipc/torchrun.h"
 #include "distill/teacher/model.h"
 #include "distill/teacher/server.h"
@@ -15,6 +19,12 @@ namespace distill {
 
 int teacherMain(int argc, char** argv) {
   ::signal(SIGPIPE, SIG_IGN); // a student's death is a PeerLostError, never a SIGPIPE here
+  // Only as the one argument: under torchrun this program gets the trainer's arguments, which may
+  // hold a --version of the trainer's own.
+  if (argc == 2 && std::strcmp(argv[1], "--version") == 0) {
+    std::printf("distill-teacher %s\n", version());
+    return 0;
+  }
   try {
     Topology topo = Topology::fromEnvironment();
     setIdentity(topo.identity());

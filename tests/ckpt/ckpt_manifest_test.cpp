@@ -3,6 +3,7 @@
 // problem, every checkpoint corrupt.
 
 #include "ckpt_fixture.h"
+#include "distill/core/checksum.h"
 
 // ---- in-process units ----------------------------------------------------------
 

@@ -409,8 +409,8 @@ TEST(Config, DumpAndHashAreStableAndSensitive) {
 
 TEST(Config, KeysInSchemaOrder) {
   const auto keys = configKeys();
-  EXPECT_EQ(keys.size(), 67u); // 62 + loss.vocab, loss.max_truncated_mass, teacher.payload_dtype, teacher.vocab_size,
-                               // teacher.cache.keys
+  EXPECT_EQ(keys.size(), 68u); // 62 + loss.vocab, loss.max_truncated_mass, teacher.payload_dtype, teacher.vocab_size,
+                               // teacher.cache.keys, teacher.cache.dtype
   EXPECT_EQ(keys.front(), "run.name");
   EXPECT_EQ(keys.back(), "checkpoint.on_corrupt");
   EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()).size(), keys.size());
@@ -625,6 +625,19 @@ TEST(Config, StringOverrideReadsBackVerbatim) {
   EXPECT_EQ(parseConfig(kSelf, {distill::stringOverride("trainer.data", "a: b")}).trainer.values.at("data"), "a: b");
 }
 
+// Issue 39 item 5: `--set checkpoint.dir=` was refused as null; an empty value is the
+// empty string, as `dir: ""` in the file (checkpoints off), for any string key and the
+// trainer's; a key of another type says it found an empty string.
+TEST(Config, EmptyOverrideIsTheEmptyString) {
+  const Config c = parseConfig(kSelf + "checkpoint:\n  dir: /tmp/ckpt\n",
+                               {"checkpoint.dir=", "teacher.cache.path= ", "trainer.note="});
+  EXPECT_EQ(c.checkpoint.dir, "");
+  EXPECT_EQ(c.teacher.cache.path, "");
+  EXPECT_EQ(c.trainer.values.at("note"), "");
+  EXPECT_EQ(problemsOf(kSelf, {"run.steps="}),
+            std::vector<std::string>{"run.steps: expected an integer, found string \"\" (from --set)"});
+}
+
 // Issue 14 item 12: a file with a second YAML document was read up to the
 // `---` and the rest silently dropped.
 TEST(Config, SecondYamlDocumentIsAnError) {
@@ -765,7 +778,7 @@ TEST(Config, NestedCacheKeys) {
       (std::vector<std::string>{"teacher.cache.mod: unknown key; did you mean teacher.cache.mode? (from --set)"}));
   EXPECT_EQ(problemsOf(teacher + "  cache: on\n"),
             (std::vector<std::string>{
-                "teacher.cache: expected a map of path, mode, max_bytes, on_corrupt, keys, found string \"on\""}));
+                "teacher.cache: expected a map of path, mode, max_bytes, on_corrupt, keys, dtype, found string \"on\""}));
   EXPECT_EQ(
       problemsOf(teacher + "  cache:\n    mode: always\n"),
       (std::vector<std::string>{"teacher.cache.mode: must be one of off, read, write, readwrite; found \"always\""}));

@@ -72,3 +72,20 @@ cmake -S "$src/tests/consumer/project" -B "$work/build" -G Ninja -DDISTILL_REQUE
       -DCMAKE_PREFIX_PATH="$work/prefix" >"$work/configure.log" 2>&1 || { cat "$work/configure.log"; exit 1; }
 cmake --build "$work/build" >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
 "$work/build/consumer"
+
+# 5. Issue 39 item 4: under torchrun the teacher's slot runs the distill-teacher of the install the
+#    trainer loaded (found beside its library), not the build tree's; the log says which. Its
+#    teacher file is missing, so the job ends at once: only the choice is checked here.
+printf 'run:\n  startup_timeout_s: 20\nteacher:\n  kind: torchscript\n  path: %s/missing.pt\n' "$work" >"$work/job.yaml"
+DISTILL_TEACHER_BIN= DISTILL_CONFIG="$work/job.yaml" OMP_NUM_THREADS=1 timeout 120 \
+  python3 -m torch.distributed.run --standalone --nproc-per-node 2 --no-python "$work/build/consumer" --trainer \
+  >"$work/torchrun.log" 2>&1 || true
+want="runs $work/prefix/bin/distill-teacher (beside the loaded distill library $work/prefix/lib"
+grep -qF "$want" "$work/torchrun.log" || { echo "FAIL: the teacher's slot did not say '$want':"; cat "$work/torchrun.log"; exit 1; }
+echo "torchrun: the teacher's slot ran $work/prefix/bin/distill-teacher"
+# 6. Both programs print the installed library's version.
+for p in distill-run distill-teacher; do
+  got=$("$work/prefix/bin/$p" --version 2>&1) || got="(exit $?) $got"
+  [ "$got" = "$p $version" ] || { echo "FAIL: $p --version printed '$got', not '$p $version'"; exit 1; }
+done
+echo "distill-run and distill-teacher --version: $version"

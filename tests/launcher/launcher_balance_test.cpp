@@ -5,6 +5,7 @@
 #include <string>
 
 #include "balance.h"
+#include "distill/core/config.h"
 #include "console.h"
 #include "launch.h"
 
@@ -122,4 +123,34 @@ TEST(StatusLine, ShowsTheTruncatedTeacherMass) {
   ranks[1].published->truncated_mass = 3e-5;
   const std::string status = distill::launcher::statusText(ranks, {0.5}, std::nullopt, "");
   EXPECT_TRUE(has(status, "truncated mass=3e-05")) << status;
+}
+
+// Issue 39 item 5: the verdict advised teacher.topk to a job that had top-64 set.
+// Advice names only what the config does not already do: no teacher.topk with
+// top-k answers, no "turn the cache on" with the cache on; nodeShape reads both.
+TEST(BalanceVerdict, AdviceNamesOnlyWhatTheConfigDoesNotAlreadyDo) {
+  using distill::launcher::balanceVerdict;
+  using distill::launcher::NodeShape;
+  NodeShape full;
+  const std::string dense = balanceVerdict(0.41, 0.95, std::nullopt, full);
+  EXPECT_TRUE(has(dense, "a smaller or faster teacher, the teacher-output cache (teacher.cache.mode: readwrite) from "
+                         "the second epoch on, or teacher.topk to shrink its answers"))
+      << dense;
+  NodeShape topk = full;
+  topk.topk = 64;
+  const std::string sparse = balanceVerdict(0.41, 0.95, std::nullopt, topk);
+  EXPECT_FALSE(has(sparse, "teacher.topk")) << sparse;
+  EXPECT_TRUE(has(sparse, "a smaller or faster teacher, or the teacher-output cache (teacher.cache.mode: readwrite)"))
+      << sparse;
+  NodeShape cached = topk;
+  cached.cacheOn = true; // on, in mode write: no hit share published
+  const std::string writing = balanceVerdict(0.41, 0.95, std::nullopt, cached);
+  EXPECT_FALSE(has(writing, "teacher.cache.mode")) << writing;
+  EXPECT_TRUE(has(writing, "a smaller or faster teacher, or more cache hits")) << writing;
+
+  distill::Config cfg = distill::parseConfig(
+      "run:\n  nproc_per_node: 3\nteacher:\n  kind: self\n  topk: 64\n  cache:\n    path: /tmp/c\n    mode: write\n");
+  const NodeShape fromConfig = distill::launcher::nodeShape(cfg);
+  EXPECT_EQ(fromConfig.topk, 64);
+  EXPECT_TRUE(fromConfig.cacheOn);
 }

@@ -7,7 +7,9 @@ import json
 import math
 import re
 import os
+import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -41,3 +43,49 @@ def test_llm_example_runs_its_phases(tmp_path, bin_dir):
     assert "teacher: 6 requests" in p.stdout + p.stderr  # 2 students x 3 steps, served by distill.serve
     assert re.search(r"teacher: 6 requests .* (\d+) of (\d+) tokens computed", p.stdout + p.stderr)
     assert f"results: {tmp_path / 'out'}/llm.json" in p.stdout
+
+
+def _llm(out, *args, timeout=300):
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "llm", "train.py"), *args, "--out", str(out),
+                        *_TINY], cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"),
+                       capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+
+
+def _llm_distill(bin_dir, out, steps, *extra):
+    ex = os.path.join(ROOT, "examples", "llm")
+    cmd = [os.path.join(bin_dir, "distill-run"), "--config", os.path.join(ex, "distill.yaml"), "--master-port", "0",
+           "--set", f"run.steps={steps}", "--set", f"run.log_dir={out}/distill",
+           "--set", f"checkpoint.dir={out}/distill/checkpoints", "--set", "teacher.max_batch_tokens=512",
+           "--", sys.executable, os.path.join(ex, "train.py"), "--mode", "distill", "--out", str(out), *_TINY,
+           "--eval-samples", "2", *extra]
+    p = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"),
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return [json.loads(line) for line in open(out / "distill_steps.jsonl")]
+
+
+_TINY = ("--vocab", "1000", "--max-files", "30", "--teacher", "1,64", "--student", "1,64", "--context", "32",
+         "--batch", "2", "--teacher-batch", "2", "--warmup", "1", "--eval-tokens", "512")
+
+
+def test_llm_example_resumes_exactly(tmp_path, bin_dir):
+    """Issue 39 item 5: the distill mode passed no loader_state, so a resumed run drew its batches
+    from the generator's start. Stopped after step 2 and resumed, it now ends as the uninterrupted
+    run: the same losses at every step and the same held-out loss, bit for bit."""
+    made = tmp_path / "made"
+    _llm(made, "--mode", "prepare")
+    _llm(made, "--mode", "teacher", "--teacher-steps", "2")
+    steps = 5
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    for d in (whole, parts):
+        shutil.copytree(made, d)
+    uninterrupted = _llm_distill(bin_dir, whole, steps)
+    assert [r["step"] for r in uninterrupted] == list(range(1, steps + 1))
+    first = _llm_distill(bin_dir, parts, steps, "--stop-after", "2")  # stops after step 2 (or 3), checkpointed
+    assert 2 <= first[-1]["step"] < steps, first
+    resumed = _llm_distill(bin_dir, parts, steps)
+    assert [r["step"] for r in resumed] == list(range(1, steps + 1))
+    assert resumed == uninterrupted
+    a, b = (json.load(open(d / "distill.json")) for d in (parts, whole))
+    assert a["val_loss"] == b["val_loss"] and a["sample_teacher_ll"] == b["sample_teacher_ll"]

@@ -33,3 +33,14 @@ def test_cmake_pyproject_and_the_package_say_one_version(monkeypatch):
     settings = {k: v for k, v in entry.items() if k not in ("provider", "field")}
     from_pyproject = regex.dynamic_metadata("version", settings)
     assert from_pyproject == cmake_version() == distill.__version__ == distill._C.__version__
+
+
+def test_the_programs_print_the_version_of_the_package(bin_dir):
+    """Issue 39 item 4: `distill-run --version` and `distill-teacher --version` print the version of
+    the library they run with, the one distill.__version__ states."""
+    import subprocess
+
+    for name in ("distill-run", "distill-teacher"):
+        p = subprocess.run([os.path.join(bin_dir, name), "--version"], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.strip() == f"{name} {distill.__version__}", p.stdout + p.stderr

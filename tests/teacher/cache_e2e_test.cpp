@@ -432,4 +432,55 @@ TEST(TeacherCacheEndToEnd, PrefixKeysAnswerGroupsOnceBitEqualToRowKeys) {
   std::remove(weights.c_str());
 }
 
+// Issue 39 item 5: with teacher.cache.dtype float32 a cached job's answers
+// are the uncached job's, bit for bit, when they miss (epoch 1) and when they
+// hit (epoch 2): full logits and top-k alike. The default, float16, stores
+// float32 logits rounded, so its answers differ from the uncached ones.
+TEST(TeacherCacheEndToEnd, Float32RowsAnswerAsTheUncachedTeacherBitForBit) {
+  const std::string out = ::testing::TempDir() + dt::uniqueName("dtype");
+  // One request (32 tokens) per forward in every job, so that no row's numbers depend on how
+  // the teacher happened to batch the students' requests; epoch 2's requests (48) are all hits.
+  auto yaml = [](const std::string& teacher) {
+    std::string y = jobYaml(teacher, 1, 2);
+    const std::string from = "max_batch_tokens: 1024";
+    return y.replace(y.find(from), from.size(), "max_batch_tokens: 48");
+  };
+  for (int topk : {0, 8}) {
+    SCOPED_TRACE("teacher.topk " + std::to_string(topk));
+    CacheDir f32, f16;
+    runJob(yaml(scriptTeacher(topk)), "cache_student", {"1", out + "-off-%d.pt"});
+    const std::string cached = yaml(scriptTeacher(topk) + cacheYaml(f32.path, "readwrite") + "    dtype: float32\n");
+    JobResult miss = runJob(cached, "cache_student", {"1", out + "-miss-%d.pt"});
+    EXPECT_NE(line(miss.teacherLog, "teacher cache " + f32.path + ": ").find(" 48 rows stored"), std::string::npos)
+        << miss.teacherLog;
+    JobResult hit = runJob(cached, "cache_student", {"2", out + "-hit-%d.pt"});
+    EXPECT_EQ(hit.hitShare, 1.0) << hit.teacherLog;
+    if (topk == 0) {
+      runJob(yaml(scriptTeacher(0) + cacheYaml(f16.path, "readwrite")), "cache_student", {"1", out + "-f16-%d.pt"});
+    }
+    for (int s = 0; s < 2; ++s) {
+      const std::string suffix = "-" + std::to_string(s) + ".pt";
+      const auto off = loadAnswers(out + "-off" + suffix);
+      ASSERT_EQ(off.size(), size_t(kRows * (topk ? 4 : 1)));
+      for (const std::string run : {"-miss", "-hit"}) {
+        const auto got = loadAnswers(out + run + suffix);
+        ASSERT_EQ(got.size(), off.size());
+        for (size_t i = 0; i < off.size(); ++i) {
+          EXPECT_TRUE(bitEqual(off[i], got[i])) << run << " student " << s << " tensor " << i;
+        }
+        std::remove((out + run + suffix).c_str());
+      }
+      if (topk == 0) {
+        const auto rounded = loadAnswers(out + "-f16" + suffix);
+        ASSERT_EQ(rounded.size(), off.size());
+        size_t differ = 0;
+        for (size_t i = 0; i < off.size(); ++i) differ += bitEqual(off[i], rounded[i]) ? 0 : 1;
+        EXPECT_GT(differ, 0u) << "float16 rows are rounded: the uncached answers differ";
+        std::remove((out + "-f16" + suffix).c_str());
+      }
+      std::remove((out + "-off" + suffix).c_str());
+    }
+  }
+}
+
 } // namespace

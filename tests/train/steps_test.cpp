@@ -338,3 +338,25 @@ TEST_F(StepsTest, LeavingTheLoopWithoutACheckpointIsWarnedAndFinishSavesIt) {
 }
 
 } // namespace
+
+// Issue 39 item 4: a loss term of weight 0 is not computed; StepReport (and so
+// the status, the Python report and a trainer's metrics.jsonl) says 0 for it,
+// never NaN (NaN is not JSON).
+TEST_F(StepsTest, ATermNotComputedIsReportedAsZeroNeverNan) {
+  for (const std::string alpha : {"0", "1"}) {
+    SCOPED_TRACE("loss.alpha=" + alpha);
+    Launch api(args("steps", 2, {"loss.alpha=" + alpha, "checkpoint.dir="}));
+    const auto st = api.finish();
+    ASSERT_TRUE(st.exited && st.code == 0) << st.describe() << "\n" << api.text();
+    const auto lines = losses(api.text(), 0);
+    ASSERT_EQ(lines.size(), 2u) << api.text();
+    for (const std::string& l : lines) {
+      EXPECT_EQ(l.find("nan"), std::string::npos) << l;
+      if (alpha == "0") {
+        EXPECT_TRUE(has(l, " kd=0 ")) << l;
+      } else {
+        EXPECT_EQ(l.substr(l.size() - 5), " ce=0") << l;
+      }
+    }
+  }
+}

@@ -278,8 +278,9 @@ LossResult Steps::Impl::backwardWith(const LossFn& loss) {
   }
   reply.release();
   loss_ += r.loss.item<double>();
-  ce_ += r.ce.item<double>();
-  kd_ += r.kd.item<double>();
+  // A term of weight 0 is not computed (LossResult: NaN): reported as 0, never NaN.
+  if (session_.config.loss.alpha < 1) ce_ += r.ce.item<double>();
+  if (session_.config.loss.alpha > 0) kd_ += r.kd.item<double>();
   if (p.accStep + 1 == grad_acc_) syncGradients();
   return r;
 }
@@ -317,7 +318,9 @@ void Steps::Impl::finishStep() {
   rep.tokensPerS = mine * session_.student->worldSize();
   rep.teacherWaitShare = rep.seconds > 0 ? std::min(1.0, wait_ / rep.seconds) : 0;
   StudentStatus status;
-  status.step = step_, status.loss = rep.loss, status.kd = rep.kd, status.ce = rep.ce;
+  status.step = step_, status.loss = rep.loss;
+  if (session_.config.loss.alpha > 0) status.kd = rep.kd; // a term not computed is left unset: not shown
+  if (session_.config.loss.alpha < 1) status.ce = rep.ce;
   status.tokens_per_s = mine, status.teacher_wait_share = rep.teacherWaitShare;
   if (session_.config.loss.vocab == LossVocab::kTruncate) { // the same on every student: collective
     at::Tensor mx = at::tensor({massMax_}, at::kDouble);

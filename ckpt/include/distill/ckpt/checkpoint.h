@@ -69,7 +69,6 @@
 #include <vector>
 
 #include "distill/ckpt/file_system.h"
-#include "distill/core/checksum.h" // crc32c, as the manifest uses it
 #include "distill/core/options.h"
 
 namespace torch {

@@ -57,6 +57,9 @@ DISTILL_OPTION_ENUM_NAMES(CacheMode, "off", "read", "write", "readwrite");
 // teacher.cache.keys: what one stored answer is keyed by (teacher/src/cache.h).
 enum class CacheKeys { kRow, kPrefix };
 DISTILL_OPTION_ENUM_NAMES(CacheKeys, "row", "prefix");
+// teacher.cache.dtype: how float32 logits and top-k values are stored (teacher/src/cache.h).
+enum class CacheDtype { kFloat16, kFloat32 };
+DISTILL_OPTION_ENUM_NAMES(CacheDtype, "float16", "float32");
 enum class FileMode { kPrivate, kGroup };
 DISTILL_OPTION_ENUM_NAMES(FileMode, "private", "group");
 
@@ -171,6 +174,11 @@ struct TeacherOptions {
     // position's prefix (inputs[0..t]); prefix is for a causal teacher only, whose answer at
     // position t depends on inputs[0..t] alone (the user asserts it), inputs and outputs [B, T, ...].
     CacheKeys keys = CacheKeys::kRow;
+    // float16 | float32: float32 logits and top-k values stored as float16 (half the bytes; every
+    // answer, hit or miss, then carries float16's rounding, so a cached run differs from an
+    // uncached one in the last digits) or as they are (a cached run equals an uncached one bit
+    // for bit). Logits of another dtype are stored as they are either way.
+    CacheDtype dtype = CacheDtype::kFloat16;
   };
   CacheOptions cache;
 };

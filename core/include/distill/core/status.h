@@ -6,8 +6,13 @@
 // distill-run reads it from there for its status line and summary. A field
 // left NaN (step: -1) is not reported and not shown.
 //
-// Growing it: add a field at the end here and in the segment's StatusArea
-// (ipc wire.h: spare values are reserved), and bump the segment's layout version.
+// A trainer fills it in StepsOptions::onStatus or hands it to
+// Client::publishStatus (docs/cpp.md, "Installed headers").
+//
+// For distill's own developers: a new field goes at the end here and in the
+// segment's status area (the segment layout in distill's sources, ipc/src, which
+// is not installed; spare values are reserved there), with the segment's layout
+// version bumped.
 
 #include <cstdint>
 #include <limits>

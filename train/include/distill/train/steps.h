@@ -70,7 +70,9 @@ struct StepItem {
 // One finished step, the same on every student (loss parts summed over them).
 struct StepReport {
   int64_t step = 0;
-  double loss = 0, kd = 0, ce = 0; // over all students: the loss the step minimised
+  // Over all students: the loss the step minimised and its two terms. A term of weight 0 is not
+  // computed and reported as 0 (kd with loss.alpha 0, ce with loss.alpha 1): never NaN.
+  double loss = 0, kd = 0, ce = 0;
   double tokens = 0; // the step's non-ignored tokens, all students
   double seconds = 0; // this student's step time
   double tokensPerS = 0; // all students (this student's x student world size)
