@@ -227,5 +227,7 @@ if want test; then
   grep -E "tests passed|\[  SKIPPED \]|\*\*\*" "$OUT/ctest.log" | sort | uniq -c > "$OUT/ctest-summary.txt" || true
   run_step pytest python3 -m pytest -q -rs tests/python
 fi
-echo "== results: $RESULTS (and $LEDGER)"
+# A copy beside the results: a device tool brings back OUT_DIR, not the tree.
+cp "$LEDGER" "$OUT/" 2>/dev/null
+echo "== results: $RESULTS (and $LEDGER, copied into $OUT)"
 exit $FAILED
