@@ -6,8 +6,14 @@
 # to OUT_DIR: results.jsonl (one JSON object per step), one log per step, and the
 # benches' JSON lines.
 #
-#   bash cmake/gpu-check.sh OUT_DIR [--steps build,cuda,sanitize,ring,fused,demo,bench,test] [--jobs N]
-#                               [--step-timeout S] [--rehearse]
+#   bash cmake/gpu-check.sh OUT_DIR [--steps build,cuda,sanitize,ring,fused,demo,bench,test,loss,llm | issue41]
+#                               [--jobs N] [--step-timeout S] [--rehearse]
+#
+# --steps issue41 (the fused loss on CUDA, issue 41): build,loss,fused,llm, each bounded by its own
+# limit (configure 60 s, build 240 s, loss 90 s, fused 150 s, llm 180 s: 12 min at worst, so that it
+# fits the 15 minutes of a GPU loan with the machine's start; --step-timeout S replaces every limit). Every record line is also appended to
+# bench/results/gpu-<device>-<date>.jsonl (tracked; bench/results/gpu-rehearsal-<date>.jsonl under
+# --rehearse, not to be committed), with the fused bench's lines.
 #
 # Steps, in the order they run (the default: all of them):
 #   build     configure and build with CUDA (unity build, -O2 -g1) against python3's torch
@@ -19,6 +25,11 @@
 #   demo      the GPU demo (configs/demo-gpu.yaml), shortened (DEMO_SETS adds --set options)
 #   bench     bench_loss, bench_ring, bench_e2e's teacher pool with K = 1, 2, 4
 #   test      the whole suite: ctest, then pytest
+#   loss      the loss tests on the CUDA build: losses_test, fused_linear_test, vocab_test, cuda_loss_test
+#             (a cuda_loss_test that skips on a GPU machine fails the step)
+#   llm       examples/llm shortened, its on-policy phase included, the teacher on the GPU (bf16
+#             autocast): LLM_STEPS (20) steps, LLM_FILES (300) source files; LLM_SETS adds --set
+#             options (the students stay where train.py puts them: on the CPU, for now)
 # Each step is bounded by --step-timeout seconds (default 900); a step cut off is a failure.
 #
 # --rehearse runs the steps on a machine without a GPU (to check the CPU-side
@@ -32,14 +43,15 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
-ALL=build,cuda,sanitize,ring,fused,demo,bench,test
+ALL=build,cuda,sanitize,ring,fused,demo,bench,test,loss,llm
+ISSUE41=build,loss,fused,llm
 
 usage() { echo "usage: $0 OUT_DIR [--steps $ALL] [--jobs N] [--step-timeout S] [--rehearse]" >&2; exit 2; }
 [ $# -ge 1 ] || usage
 OUT=$1; shift
 case "$OUT" in -*|"") usage ;; esac
 STEPS=$ALL
-STEP_TIMEOUT=900
+STEP_TIMEOUT=
 JOBS=$(nproc)
 REHEARSE=0
 while [ $# -gt 0 ]; do
@@ -51,28 +63,39 @@ while [ $# -gt 0 ]; do
     *) echo "gpu-check: unknown argument '$1'" >&2; usage ;;
   esac
 done
+[ "$STEPS" = issue41 ] && STEPS=$ISSUE41
 for s in ${STEPS//,/ }; do
   case ",$ALL," in *",$s,"*) ;; *) echo "gpu-check: unknown step '$s' ($ALL)" >&2; exit 2 ;; esac
 done
-case "$STEP_TIMEOUT" in ''|*[!0-9]*|0) echo "gpu-check: --step-timeout needs a positive number of seconds, got '$STEP_TIMEOUT'" >&2; exit 2 ;; esac
+case "${STEP_TIMEOUT:-900}" in ''|*[!0-9]*|0) echo "gpu-check: --step-timeout needs a positive number of seconds, got '$STEP_TIMEOUT'" >&2; exit 2 ;; esac
 case "$JOBS" in ''|*[!0-9]*|0) echo "gpu-check: --jobs needs a positive number, got '$JOBS'" >&2; exit 2 ;; esac
 mkdir -p "$OUT" || { echo "gpu-check: cannot create OUT_DIR '$OUT'" >&2; exit 2; }
 OUT=$(cd "$OUT" && pwd)
 RESULTS=$OUT/results.jsonl
 : > "$RESULTS"
 want() { case ",$STEPS," in *",$1,"*) return 0 ;; esac; return 1; }
+# Each step's limit: --step-timeout where given, else the step's own (issue41's steps), else 900 s.
+limit_of() {
+  [ -n "$STEP_TIMEOUT" ] && { echo "$STEP_TIMEOUT"; return; }
+  case "$1" in configure) echo 60 ;; build) echo 240 ;; loss) echo 90 ;; fused_linear_gpu) echo 150 ;;
+    llm) echo 180 ;; *) echo 900 ;; esac
+}
+LEDGER=  # bench/results/gpu-<device>-<date>.jsonl, set once the device is known
 record() {  # record STEP OK SECONDS [extra JSON fields]
   local extra=${4:-}
-  echo "{\"step\":\"$1\",\"ok\":$2,\"s\":$3${extra:+,$extra}}" >> "$RESULTS"
+  local line="{\"step\":\"$1\",\"ok\":$2,\"s\":$3${extra:+,$extra}}"
+  echo "$line" >> "$RESULTS"
+  [ -n "$LEDGER" ] && echo "$line" >> "$LEDGER"
   echo "== $1: ok=$2 (${3} s)"
 }
 FAILED=0
-run_step() {  # run_step NAME COMMAND...: logs to OUT/NAME.log, bounded by STEP_TIMEOUT
+run_step() {  # run_step NAME COMMAND...: logs to OUT/NAME.log, bounded by its limit (limit_of)
   local name=$1; shift
-  local t0=$(date +%s) rc=0
-  timeout -k 10 "$STEP_TIMEOUT" "$@" > "$OUT/$name.log" 2>&1 || rc=$?
-  if [ $rc = 0 ]; then record "$name" true $(( $(date +%s) - t0 ))
-  else record "$name" false $(( $(date +%s) - t0 )) "\"rc\":$rc,\"log\":\"$name.log\""; FAILED=1; fi
+  local t0=$(date +%s) rc=0 lim
+  lim=$(limit_of "$name")
+  timeout -k 10 "$lim" "$@" > "$OUT/$name.log" 2>&1 || rc=$?
+  if [ $rc = 0 ]; then record "$name" true $(( $(date +%s) - t0 )) "\"limit_s\":$lim"
+  else record "$name" false $(( $(date +%s) - t0 )) "\"rc\":$rc,\"limit_s\":$lim,\"log\":\"$name.log\""; FAILED=1; fi
 }
 
 # ---- the machine: a GPU, or nothing to do ----
@@ -85,7 +108,12 @@ elif [ -z "$GPU" ] || ! python3 -c "import torch, sys; sys.exit(0 if torch.cuda.
   exit 3
 fi
 TORCH=$(python3 -c "import torch; print(torch.__version__)")
-echo "{\"step\":\"machine\",\"ok\":true,\"gpu\":\"$GPU\",\"torch\":\"$TORCH\",\"nvcc\":\"$(nvcc --version 2>/dev/null | tail -1)\",\"date\":\"$(date -u +%FT%TZ)\",\"commit\":\"$(git rev-parse --short HEAD 2>/dev/null)\"}" >> "$RESULTS"
+# The ledger of this device and day: "NVIDIA H100 80GB HBM3, ..." -> h100.
+SLUG=$(echo "${GPU%%,*}" | tr 'A-Z' 'a-z' | grep -oE '[a-z][0-9]{2,4}[a-z]?' | head -1)
+[ "$REHEARSE" = 1 ] && SLUG=rehearsal
+LEDGER=$REPO/bench/results/gpu-${SLUG:-unknown}-$(date -u +%F).jsonl
+mkdir -p "$REPO/bench/results"
+echo "{\"step\":\"machine\",\"ok\":true,\"gpu\":\"$GPU\",\"torch\":\"$TORCH\",\"nvcc\":\"$(nvcc --version 2>/dev/null | tail -1)\",\"date\":\"$(date -u +%FT%TZ)\",\"commit\":\"$(git rev-parse --short HEAD 2>/dev/null)\",\"steps\":\"$STEPS\"}" | tee -a "$LEDGER" >> "$RESULTS"
 echo "== GPU: $GPU, torch $TORCH"
 
 # ---- Debian packages from .debs/, unpacked into the repo ----
@@ -102,14 +130,17 @@ export CPATH=$ROOT/usr/include${CPATH:+:$CPATH}
 export LIBRARY_PATH=$MULTI${LIBRARY_PATH:+:$LIBRARY_PATH}
 export LD_LIBRARY_PATH=$MULTI${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export OMP_NUM_THREADS=1
-BUILD=$REPO/build-gpu
+BUILD=${GPU_CHECK_BUILD_DIR:-$REPO/build-gpu}
+# GPU_CHECK_BUILD_LOCK=FILE: the build holds flock FILE (a machine whose cores others share).
+LOCK=()
+[ -n "${GPU_CHECK_BUILD_LOCK:-}" ] && LOCK=(flock "$GPU_CHECK_BUILD_LOCK")
 
 if want build; then
   # The test command's flags (cmake/distill.sh): each library one unit, -O2 with line tables.
   run_step configure cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" -DDISTILL_UNITY_BUILD=ON -DDISTILL_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DDISTILL_BUILD_FUZZ=OFF -DDISTILL_PYTHON=python3
-  run_step build cmake --build "$BUILD" -j "$JOBS" -- -k 0  # -k 0: build all that builds, list every error
+  run_step build "${LOCK[@]}" cmake --build "$BUILD" -j "$JOBS" -- -k 0  # -k 0: build all that builds, list every error
 fi
 [ -x "$BUILD/bin/distill-run" ] || { echo "gpu-check: no build in $BUILD (run the build step)" >&2; exit 1; }
 # The build tree's Python package; wheels carried in .whl/ (Liger-Kernel for the fused step) go
@@ -144,8 +175,28 @@ if want ring; then
   cp "$OUT/bench_ring_cuda.log" "$OUT/bench_ring_cuda.jsonl" 2>/dev/null
 fi
 
+if want loss; then
+  run_step loss ctest --test-dir "$BUILD" -V --timeout 85 -j 4 \
+    -R "^(losses_test|fused_linear_test|vocab_test|cuda_loss_test)$"
+  # On a GPU machine the CUDA cases must run, not skip.
+  if [ "$REHEARSE" = 0 ] && grep -q "SKIPPED.*CudaLoss\|CudaLoss.*SKIPPED" "$OUT/loss.log"; then
+    record loss-cuda-ran false 0 '"error":"cuda_loss_test skipped on a GPU machine"'; FAILED=1
+  fi
+  grep -E "cases: worst loss rel" "$OUT/loss.log" | sed 's/^/{"step":"loss-summary","text":"/; s/$/"}/' >> "$LEDGER" || true
+fi
+
 if want fused; then
-  run_step fused_linear_gpu python3 bench/fused_linear_gpu.py --out "$OUT/fused_linear_gpu.jsonl"
+  run_step fused_linear_gpu python3 bench/fused_linear_gpu.py --reps 3 --out "$OUT/fused_linear_gpu.jsonl"
+  [ -f "$OUT/fused_linear_gpu.jsonl" ] && cat "$OUT/fused_linear_gpu.jsonl" >> "$LEDGER"
+fi
+
+if want llm; then
+  # Teacher and students on the GPU, shortened: LLM_STEPS steps of 2 students, the on-policy phase too.
+  run_step llm env STEPS="${LLM_STEPS:-20}" TEACHER_STEPS="${LLM_STEPS:-20}" ONPOLICY=1 OUT="$OUT/llm" \
+    DISTILL_BUILD_DIR="$BUILD" ARGS="--max-files ${LLM_FILES:-300} --eval-tokens 4096" \
+    SETS="--set teacher.device=cuda --set teacher.autocast=bfloat16 ${LLM_SETS:-}" \
+    bash examples/llm/run.sh
+  [ -f "$OUT/llm/llm.json" ] && { printf '{"step":"llm-result","result":'; cat "$OUT/llm/llm.json"; echo '}'; } >> "$LEDGER"
 fi
 
 if want demo; then
@@ -176,5 +227,7 @@ if want test; then
   grep -E "tests passed|\[  SKIPPED \]|\*\*\*" "$OUT/ctest.log" | sort | uniq -c > "$OUT/ctest-summary.txt" || true
   run_step pytest python3 -m pytest -q -rs tests/python
 fi
-echo "== results: $RESULTS"
+# A copy beside the results: a device tool brings back OUT_DIR, not the tree.
+cp "$LEDGER" "$OUT/" 2>/dev/null
+echo "== results: $RESULTS (and $LEDGER, copied into $OUT)"
 exit $FAILED

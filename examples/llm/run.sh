@@ -6,6 +6,7 @@
 #   bash examples/llm/run.sh          (STEPS=100 TEACHER_STEPS=200 by default; ARGS= adds train.py options)
 # ONPOLICY=1: then the same 2 students taught on their own samples (train.py --mode onpolicy, loss.kind
 # reverse_kl, alpha 1; ONPOLICY_ARGS= adds train.py options, e.g. "--lam 0.5"; docs/onpolicy.md).
+# SETS= adds distill-run --set options to both distilled runs (e.g. "--set teacher.device=cuda").
 # REUSE=1: keep $OUT's tokenizer, token streams and teacher (from an earlier run) instead of making them.
 # Uses the build tree's package (build/python) unless distill is pip-installed.
 set -euo pipefail
@@ -27,6 +28,7 @@ phase() { echo $(( $(date +%s) - t0 )); }
 start=$(date +%s)
 onpolicy=${ONPOLICY:-0}
 opargs=(${ONPOLICY_ARGS:-})
+sets=(${SETS:-})
 prep=0 teach=0
 if [ "${REUSE:-0}" = 1 ] && [ -f "$out/tokens.pt" ] && [ -f "$out/teacher.json" ] && [ -d "$out/teacher" ]; then
   echo "== reusing $out's tokenizer, tokens and teacher"
@@ -44,7 +46,7 @@ echo "== 2 students distilled (distill-run, DDP, the Hugging Face teacher) ($(( 
 rm -rf "$out/distill" "$out/distill_steps.jsonl"   # a fresh run, not a resume of the last one
 t0=$(date +%s)
 "$run" --config examples/llm/distill.yaml --master-port 0 --set "run.steps=$steps" --set "run.log_dir=$out/distill" \
-  --set "checkpoint.dir=$out/distill/checkpoints" -- python3 $ex --mode distill --out "$out" "${args[@]}" 2>&1 |
+  --set "checkpoint.dir=$out/distill/checkpoints" "${sets[@]}" -- python3 $ex --mode distill --out "$out" "${args[@]}" 2>&1 |
   tee "$out/distill-run.log"
 dist=$(phase)
 onp=0
@@ -54,7 +56,7 @@ if [ "$onpolicy" = 1 ]; then
   rm -rf "$out/onpolicy"
   t0=$(date +%s)
   "$run" --config examples/llm/distill.yaml --master-port 0 --set "run.steps=$steps" --set "run.log_dir=$out/onpolicy" \
-    --set "checkpoint.dir=$out/onpolicy/checkpoints" --set loss.kind=reverse_kl --set loss.alpha=1 \
+    --set "checkpoint.dir=$out/onpolicy/checkpoints" --set loss.kind=reverse_kl --set loss.alpha=1 "${sets[@]}" \
     -- python3 $ex --mode onpolicy --out "$out" "${args[@]}" "${opargs[@]}" 2>&1 | tee "$out/onpolicy-run.log"
   onp=$(phase)
 fi

@@ -2,7 +2,10 @@
 // loss, so that no [N, V] tensor is ever alive. Each chunk of valid tokens is
 // a Problem of its own (the global one's rows, sliced) run through the chunks
 // of losses.cpp, then its logits' gradient is turned into the hidden states'
-// and the projection's at once.
+// and the projection's at once (Liger-Kernel's fused linear cross-entropy):
+// every chunk's logits go into one reused buffer in the input dtype, the row
+// kernel (or the ATen-op path) writes their gradient over them in place, and
+// nothing in the loop waits for the device (the loss parts stay there).
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -54,7 +57,7 @@ StudentShape linearShape(const at::Tensor& hidden, const at::Tensor& weight, con
   s.shape = "[" + std::to_string(s.n) + ", " + std::to_string(s.v) + "] (hidden " + shapeOf(hidden) + " @ weight.T)";
   s.what = "student hidden states";
   s.fn = "fusedLinearLoss";
-  s.fusable = allowFused && s.device.is_cpu() && (s.dtype == at::kFloat || s.dtype == at::kDouble);
+  s.fusable = allowFused && kernelDtype(s.device, s.dtype);
   return s;
 }
 
@@ -82,7 +85,7 @@ Problem chunkProblem(const Problem& pb, const Span& span, const at::Tensor& zc) 
                         &c.kLogTail, &c.tNull}) {
     *t = span.of(*t);
   }
-  if (c.fused) c.zc = zc;
+  if (c.kernel) c.zc = zc;
   return c;
 }
 
@@ -115,17 +118,23 @@ void addWeightGrad(at::Tensor& w, const at::Tensor& gz, const at::Tensor& hc) {
   w.addmm_(gz.t().to(w.scalar_type()), hc.to(w.scalar_type()));
 }
 
-// One chunk: its logits, loss sums and (when wanted) gradients.
-void linearChunk(const Problem& pb, const Linear& lin, const Span& span, Sums& sums, Grads& g) {
+// One chunk: its logits into `zc` (the reused buffer's first rows), loss sums,
+// and (when wanted) d loss / d logits into `gz` (zc itself, or a second buffer
+// where the row kernel cannot write in place), turned into the gradients.
+void linearChunk(const Problem& pb, const Linear& lin, const Span& span, const at::Tensor& zc, const at::Tensor& gz,
+                 Sums& sums, Grads& g) {
   at::Tensor hc = span.of(lin.h); // [C, d]
-  at::Tensor zc = lin.b.defined() ? at::addmm(lin.b, hc, lin.w.t()) : at::mm(hc, lin.w.t()); // [C, V]
+  at::Tensor z = zc;
+  if (lin.b.defined()) {
+    at::addmm_out(z, lin.b, hc, lin.w.t());
+  } else {
+    at::mm_out(z, hc, lin.w.t());
+  }
   Problem c = chunkProblem(pb, span, zc);
-  at::Tensor gz = lin.anyGrad() ? at::empty_like(zc) : at::Tensor(); // every row is written
   Sums s = runChunks(c, zc, gz);
   sums.kd.add_(s.kd);
   sums.ce.add_(s.ce);
   if (!gz.defined()) return;
-  zc.reset(); // the logits are not needed any more
   if (g.h.defined()) {
     if (span.index.defined()) {
       g.h.index_copy_(0, span.index, at::mm(gz, lin.w).to(g.h.scalar_type()));
@@ -134,28 +143,48 @@ void linearChunk(const Problem& pb, const Linear& lin, const Span& span, Sums& s
       at::mm_out(rows, gz, lin.w);
     }
   }
-  if (g.w.defined()) addWeightGrad(g.w, gz, hc);
+  if (g.w.defined()) {
+    if (g.w.scalar_type() == gz.scalar_type() && gz.scalar_type() == hc.scalar_type()) {
+      g.w.addmm_(gz.t(), hc); // one GEMM accumulating in float32 inside, into the input dtype
+    } else {
+      addWeightGrad(g.w, gz, hc);
+    }
+  }
   if (g.b.defined()) g.b.add_(gz.sum(0, /*keepdim=*/false, g.b.scalar_type()));
+}
+
+// The weight gradient's dtype: on CUDA with 16-bit inputs the input dtype (Liger's
+// default: the accumulator alone would be twice the weight in float32, 2 GiB at
+// V 128 256, d 4096), else float32 at least.
+at::ScalarType weightGradDtype(const Problem& pb, const Linear& lin) {
+  const at::ScalarType t = lin.w.scalar_type();
+  return lin.w.is_cuda() && (t == at::kBFloat16 || t == at::kHalf) ? t : pb.compute;
 }
 
 // The loss and, for the inputs that want it, their gradients, chunk by chunk.
 LossResult runLinear(const Problem& pb, const Linear& lin, Grads& g) {
   const int64_t d = lin.h.size(1);
-  const auto acc = lin.h.options().dtype(pb.compute); // weight and bias sums: float32 at least
+  const auto acc = lin.h.options().dtype(pb.compute); // bias sums: float32 at least
   if (lin.gradH) {
     g.h = pb.allValid ? at::empty({pb.n, d}, lin.h.options()) : at::zeros({pb.n, d}, lin.h.options());
   }
-  if (lin.gradW) g.w = at::zeros({pb.v, d}, acc);
+  if (lin.gradW) g.w = at::zeros({pb.v, d}, lin.h.options().dtype(weightGradDtype(pb, lin)));
   if (lin.gradB) g.b = at::zeros({pb.v}, acc);
   auto dopt = at::TensorOptions().dtype(at::kDouble).device(lin.h.device());
   Sums sums{at::zeros({}, dopt), at::zeros({}, dopt)};
   const int64_t nv = pb.valid.size(0);
+  // The one logits buffer of every chunk; the gradient over it in place unless
+  // the row kernel rereads logits after writing (the CPU kernel's reverse KL, JSD).
+  at::Tensor zbuf = at::empty({std::min(lin.chunk, nv), pb.v}, lin.h.options());
+  at::Tensor gbuf;
+  if (lin.anyGrad()) gbuf = pb.kernel && !pb.kernel->inPlace() ? at::empty_like(zbuf) : zbuf;
   for (int64_t c0 = 0; c0 < nv; c0 += lin.chunk) {
     Span span;
     span.first = c0;
     span.count = std::min(lin.chunk, nv - c0);
     if (!pb.allValid) span.index = pb.valid.narrow(0, c0, span.count);
-    linearChunk(pb, lin, span, sums, g);
+    linearChunk(pb, lin, span, zbuf.narrow(0, 0, span.count),
+                gbuf.defined() ? gbuf.narrow(0, 0, span.count) : at::Tensor(), sums, g);
   }
   if (g.w.defined()) g.w = g.w.to(lin.w.scalar_type());
   if (g.b.defined()) g.b = g.b.to(lin.b.scalar_type());
@@ -203,6 +232,20 @@ class FusedLinearFunction : public torch::autograd::Function<FusedLinearFunction
   }
 };
 
+// Rows per chunk when the caller leaves it to us. CPU: a chunk's logits hold
+// ~8 M elements (max(256, 2^23 / V)). CUDA: Liger's rule, the chunk buffer near
+// N d elements (next_pow2(N / ceil(V / d))), within [256, 2048] rows: big enough
+// for the GEMMs, small next to the weight's gradient.
+int64_t defaultChunk(const Problem& pb, int64_t d, const at::Device& device) {
+  if (!device.is_cuda()) return std::max<int64_t>(256, (int64_t{1} << 23) / pb.v);
+  const int64_t nv = std::max<int64_t>(1, pb.valid.size(0));
+  const int64_t ratio = (pb.v + d - 1) / std::max<int64_t>(1, d);
+  const int64_t want = (nv + ratio - 1) / std::max<int64_t>(1, ratio);
+  int64_t c = 1;
+  while (c < want) c <<= 1;
+  return std::min<int64_t>(2048, std::max<int64_t>(256, c));
+}
+
 LossResult fusedLinear(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
                        const at::Tensor& labels, const TeacherOutput& teacher, const LossOptions& options,
                        double normalizer, int64_t chunkTokens, bool allowFused) {
@@ -214,7 +257,7 @@ LossResult fusedLinear(const at::Tensor& hidden, const at::Tensor& weight, const
   lin.h = hidden.reshape({pb.n, weight.size(1)});
   lin.w = weight;
   lin.b = bias;
-  lin.chunk = chunkTokens > 0 ? chunkTokens : std::max<int64_t>(256, (int64_t{1} << 23) / pb.v);
+  lin.chunk = chunkTokens > 0 ? chunkTokens : defaultChunk(pb, weight.size(1), hidden.device());
   const bool grad = at::GradMode::is_enabled();
   lin.gradH = grad && hidden.requires_grad();
   lin.gradW = grad && weight.requires_grad();

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "cpu/loss_kernel.h"
 #include "distill/core/errors.h"
-#include "loss_kernel.h"
 #include "loss_problem.h"
 
 namespace distill::loss_impl {
@@ -115,6 +115,11 @@ Problem fromOptions(const LossOptions& o, double normalizer, const char* fn) {
 
 } // namespace
 
+bool kernelDtype(const at::Device& device, at::ScalarType t) {
+  if (device.is_cpu()) return t == at::kFloat || t == at::kDouble;
+  return device.is_cuda() && (t == at::kFloat || t == at::kHalf || t == at::kBFloat16);
+}
+
 StudentShape studentShape(const at::Tensor& z, bool allowFused) {
   DISTILL_CHECK_T(
       ProtocolError, z.defined() && z.dim() >= 1 && at::isFloatingType(z.scalar_type()),
@@ -127,9 +132,8 @@ StudentShape studentShape(const at::Tensor& z, bool allowFused) {
   s.dtype = z.scalar_type();
   s.device = z.device();
   s.shape = shapeOf(z);
-  // The fused CPU kernel computes the chunks (see Problem::fused).
-  s.fusable = allowFused && z.device().is_cpu() && z.is_contiguous() &&
-      (z.scalar_type() == at::kFloat || z.scalar_type() == at::kDouble);
+  // A row kernel computes the chunks (see Problem::kernel).
+  s.fusable = allowFused && z.is_contiguous() && kernelDtype(z.device(), z.scalar_type());
   return s;
 }
 
@@ -306,7 +310,7 @@ Problem prepare(const StudentShape& z, const at::Tensor& labels, const TeacherOu
   pb.compute = z.dtype == at::kDouble ? at::kDouble : at::kFloat;
   pb.vt = teacherVocab(pb, teacher, o);
   const bool truncate = pb.vt > pb.v && pb.needKd;
-  bool cpuFused = z.fusable;
+  bool cpuFused = z.fusable && z.device.is_cpu(); // the CPU kernel's inputs are made here
   readLabels(pb, z, labels, cpuFused);
   at::Tensor keep = pb.labels != o.ignore_index;
   std::vector<DataCheck> checks; // all evaluated with one device sync
@@ -335,10 +339,13 @@ Problem prepare(const StudentShape& z, const at::Tensor& labels, const TeacherOu
   DISTILL_CHECK_T(UsageError, normalizer > 0 || pb.valid.size(0) == 0, pb.fn, ": normalizer is 0 but this call has ",
                   pb.valid.size(0), " non-ignored token(s); pass the step's token count (stepTokenCount)");
   if (truncate) truncateTeacher(pb, o);
-  pb.fused = cpuFused;
-  if (pb.fused) {
+  if (cpuFused) {
+    pb.kernel = cpuRowKernel();
     pb.labels = pb.labels.contiguous();
     if (pb.tIndices.defined()) pb.tIndices = pb.tIndices.contiguous();
+  } else if (z.fusable) {
+    const RowKernel* k = rowKernel(z.device.type());
+    if (k && k->adopt(pb)) pb.kernel = k;
   }
   return pb;
 }

@@ -5,6 +5,7 @@
 //   losses.cpp       the chunks (fused CPU kernel or ATen ops), autograd, distillLoss
 //   fused_linear.cpp fusedLinearLoss: the output projection chunked with the loss
 //   loss_vocab.cpp   loss.vocab: a teacher vocabulary that differs from the student's
+//   row_kernel.h     the row kernels by device (cpu/, cuda/) that compute chunks in one pass
 
 #include <ATen/ATen.h>
 
@@ -12,8 +13,9 @@
 #include <sstream>
 #include <string>
 
+#include "cpu/loss_kernel.h"
 #include "distill/loss/losses.h"
-#include "loss_kernel.h"
+#include "row_kernel.h"
 
 namespace distill::loss_impl {
 
@@ -40,13 +42,17 @@ struct StudentShape {
   std::string shape; // for messages, e.g. "[4, 128, 32000]"
   const char* what = "student logits"; // for messages
   const char* fn = "distillLoss"; // the call, for messages
-  bool fusable = false; // the fused CPU kernel can compute the chunks (CPU, float32 | float64, contiguous rows)
+  bool fusable = false; // a row kernel (row_kernel.h) may compute the chunks: contiguous rows; CPU float32 |
+                        // float64, CUDA float32 | float16 | bfloat16
 };
 
 // The student logits' shape (ProtocolError when they are not floating [..., V]).
 // `allowFused`: the fused CPU kernel may compute the chunks (tests turn it off
 // to compare with the ATen-op path).
 StudentShape studentShape(const at::Tensor& z, bool allowFused);
+// Whether a row kernel takes logits of dtype t on `device` (CPU float32 | float64,
+// CUDA float32 | float16 | bfloat16).
+bool kernelDtype(const at::Device& device, at::ScalarType t);
 
 // Everything one call needs, flattened to tokens.
 struct Problem {
@@ -67,12 +73,12 @@ struct Problem {
   // logsumexp(values / T), with logTail logaddexp(that, logTail) [N].
   at::Tensor tLogSum;
   double eps = 0; // epsilon of the coarsest dtype of the top-k teacher data
-  // The fused CPU kernel (loss_kernel.h) computes the chunks: CPU, float32 or
-  // float64 student logits with contiguous rows. Otherwise (CUDA, half,
-  // bfloat16) the ATen-op path below, which is also its reference in tests.
-  bool fused = false;
-  at::Tensor zc; // [N, V] contiguous student logits (fused; set by the caller of prepare)
-  at::Tensor kValues, kLse, kLogTail; // top-k teacher data in the arithmetic dtype, contiguous (fused)
+  // The row kernel that computes the chunks (row_kernel.h: the fused CPU kernel,
+  // or the CUDA one), or null: the ATen-op path below, which is also their
+  // reference in tests.
+  const RowKernel* kernel = nullptr;
+  at::Tensor zc; // [N, V] student logits, rows contiguous (kernel; set by the caller of prepare)
+  at::Tensor kValues, kLse, kLogTail; // top-k teacher data in the arithmetic dtype, contiguous (kernel)
   // loss.vocab truncate (loss_vocab.cpp; losses.h, "Vocabularies that differ").
   int64_t vt = 0; // the teacher's vocabulary (== v unless it is larger and truncated)
   at::Tensor tFull; // dense: the teacher's [N, vt] logits; tLogits is its first v columns then

@@ -1,7 +1,6 @@
 #include "distill/loss/losses.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
@@ -10,11 +9,9 @@
 #include <limits>
 #include <sstream>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "distill/core/errors.h"
-#include "loss_kernel.h"
 #include "loss_problem.h"
 
 namespace distill {
@@ -176,77 +173,14 @@ at::Tensor teacherBuckets(const Problem& pb, const at::Tensor& rows, const at::T
   return at::cat({vals, logqTail.sub_(norm).unsqueeze(1)}, 1);
 }
 
-// One chunk of valid rows through the fused CPU kernel; see lossChunk.
-template <typename T>
-void fusedChunk(const Problem& pb, const Rows& chunk, at::Tensor& grad, at::Tensor& kdSum, at::Tensor& ceSum) {
-  const at::Tensor rows = chunk.range ? pb.valid.narrow(0, chunk.first, chunk.count) : chunk.index;
-  const int64_t c = rows.size(0);
-  lossk::Args<T> a;
-  a.kind = pb.kind;
-  a.temperature = pb.temperature;
-  a.alpha = pb.alpha;
-  a.beta = pb.beta;
-  a.normalizer = pb.normalizer;
-  a.eps = pb.eps;
-  a.needKd = pb.needKd;
-  a.needCe = pb.needCe;
-  a.v = pb.v;
-  a.z = pb.zc.data_ptr<T>();
-  a.rows = rows.data_ptr<int64_t>();
-  a.labels = pb.labels.data_ptr<int64_t>();
-  a.grad = grad.defined() ? grad.data_ptr<T>() : nullptr;
-  at::Tensor tChunk; // the chunk's teacher rows, only when they must be converted
-  if (pb.needKd && pb.tLogits.defined()) {
-    if (pb.tLogits.scalar_type() == pb.compute && pb.tLogits.is_contiguous()) {
-      a.t = pb.tLogits.data_ptr<T>();
-      a.tRows = a.rows;
-    } else {
-      tChunk = pb.tLogits.index_select(0, rows).to(pb.compute).contiguous();
-      a.t = tChunk.data_ptr<T>();
-    }
-  } else if (pb.needKd) {
-    a.k = pb.tIndices.size(1);
-    a.vals = pb.kValues.data_ptr<T>();
-    a.idx = pb.tIndices.data_ptr<int64_t>();
-    if (pb.kLse.defined()) a.tLse = pb.kLse.data_ptr<T>();
-    if (pb.kLogTail.defined()) a.tLogTail = pb.kLogTail.data_ptr<T>();
-    if (pb.tLogSum.defined()) a.tLogSum = pb.tLogSum.data_ptr<T>();
-  }
-  std::vector<double> kd(c, 0.0), ce(c, 0.0);
-  a.kdRow = kd.data();
-  a.ceRow = ce.data();
-  const lossk::Kernels& kern = lossk::kernels();
-  void (*fn)(const lossk::Args<T>&, int64_t, int64_t, T*) = nullptr;
-  if constexpr (std::is_same_v<T, float>) {
-    fn = pb.tLogits.defined() ? kern.denseF : kern.topkF;
-  } else {
-    fn = pb.tLogits.defined() ? kern.denseD : kern.topkD;
-  }
-  const int64_t scratch = lossk::scratchSize(pb.v, a.k);
-  at::parallel_for(0, c, std::max<int64_t>(1, 16384 / pb.v), [&](int64_t b, int64_t e) {
-    std::vector<T> buf(scratch, T(0));
-    fn(a, b, e, buf.data());
-  });
-  // Row sums in row order: the same value for any thread count.
-  double kdTotal = 0, ceTotal = 0;
-  for (int64_t i = 0; i < c; ++i) {
-    kdTotal += kd[i];
-    ceTotal += ce[i];
-  }
-  if (pb.needKd) kdSum.add_(kdTotal);
-  if (pb.needCe) ceSum.add_(ceTotal);
-}
-
 // One chunk of valid rows: adds the kd and ce sums to the accumulators and, when
 // `grad` is defined, writes the gradient of loss w.r.t. those rows into it.
-void lossChunk(const Problem& pb, const at::Tensor& z, const Rows& chunk, at::Tensor& grad, at::Tensor& kdSum,
-               at::Tensor& ceSum) {
-  if (pb.fused) {
-    return pb.compute == at::kDouble ? fusedChunk<double>(pb, chunk, grad, kdSum, ceSum)
-                                     : fusedChunk<float>(pb, chunk, grad, kdSum, ceSum);
-  }
-  if (pb.tLogits.defined()) return denseChunk(pb, z, chunk, grad, kdSum, ceSum);
+// `grad` may be z itself: every read of z comes before the gradient is written.
+void lossChunk(const Problem& pb, const at::Tensor& z, const Rows& chunk, at::Tensor& grad, Sums& sums) {
   const at::Tensor rows = chunk.range ? pb.valid.narrow(0, chunk.first, chunk.count) : chunk.index;
+  if (pb.kernel) return pb.kernel->run(pb, rows, grad, sums);
+  at::Tensor &kdSum = sums.kd, &ceSum = sums.ce;
+  if (pb.tLogits.defined()) return denseChunk(pb, z, chunk, grad, kdSum, ceSum);
   const bool needGrad = grad.defined();
   const double t = pb.temperature;
 
@@ -333,7 +267,7 @@ Sums runChunks(const Problem& pb, const at::Tensor& z2, at::Tensor grad2) {
     rows.count = std::min(pb.chunk, nv - c0);
     rows.range = pb.allValid;
     if (!rows.range) rows.index = pb.valid.narrow(0, c0, rows.count);
-    lossChunk(pb, z2, rows, grad2, s.kd, s.ce);
+    lossChunk(pb, z2, rows, grad2, s);
   }
   return s;
 }
@@ -414,7 +348,7 @@ namespace {
 LossResult run(const at::Tensor& studentLogits, const at::Tensor& labels, const TeacherOutput& teacher,
                const LossOptions& options, double normalizer, bool allowFused) {
   Problem pb = prepare(studentShape(studentLogits, allowFused), labels, teacher, options, normalizer);
-  if (pb.fused) pb.zc = studentLogits.reshape({pb.n, pb.v});
+  if (pb.kernel) pb.zc = studentLogits.reshape({pb.n, pb.v});
   if (!(at::GradMode::is_enabled() && studentLogits.requires_grad())) {
     at::NoGradGuard noGrad;
     LossResult r = finish(pb, runChunks(pb, studentLogits.reshape({-1, pb.v}), at::Tensor()));

@@ -30,6 +30,18 @@ class StepItem(NamedTuple):
     acc_step: int  # 0 .. grad_acc_steps - 1
 
 
+def _autocast_operands(hidden: torch.Tensor, weight: torch.Tensor,
+                       bias: Optional[torch.Tensor]) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """lm_head's weight and bias in the hidden states' 16-bit dtype when the forward ran under
+    autocast (bf16 or fp16 hidden states, a float32 lm_head), as autocast's own linear casts them:
+    the fused linear loss takes one dtype, and the gradient flows back to the float32 parameters."""
+    if hidden.dtype in (torch.bfloat16, torch.float16) and weight.dtype == torch.float32:
+        weight = weight.to(hidden.dtype)
+        if bias is not None:
+            bias = bias.to(hidden.dtype)
+    return weight, bias
+
+
 class Steps:
     """Owns the per-step protocol, as distill::Steps does for a C++ trainer:
 
@@ -223,6 +235,7 @@ class Steps:
         else:
             raise _C.ConfigError(f"distill.Steps.backward: lm_head must be a torch.nn.Linear, a weight tensor or "
                                  f"a (weight, bias) pair, found {type(lm_head).__name__}")
+        weight, bias = _autocast_operands(logits, weight, bias)
         return LossResult(*self._c.backward_linear(logits, weight, bias, int(chunk_tokens)))
 
     def step_ends(self) -> bool:

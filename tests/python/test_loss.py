@@ -107,3 +107,26 @@ def test_fused_linear_loss_equals_the_loss_on_materialised_logits(kind, form, wi
     assert math.isclose(got.kd.item(), want.kd.item(), rel_tol=1e-6)
     for p, w in zip(params, wants):
         assert (p.grad - w).abs().max().item() <= 1e-6 * w.abs().max().item()
+
+
+def test_an_autocast_forward_meets_a_float32_lm_head():
+    """Steps.backward(hidden, lm_head=...) after a bf16 autocast forward: lm_head's float32 weight is
+    cast to the hidden states' dtype (as autocast's linear does) and its gradient reaches the float32
+    parameter, equal to the loss on the materialised bf16 logits."""
+    from distill.steps import _autocast_operands
+
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randn(12, 8, generator=g).to(torch.bfloat16).requires_grad_()
+    lm = torch.nn.Linear(8, 40)
+    labels = torch.randint(0, 40, (12,), generator=g)
+    teacher = {"logits": torch.randn(12, 40, generator=g)}
+    w, b = _autocast_operands(hidden, lm.weight, lm.bias)
+    assert w.dtype == b.dtype == torch.bfloat16
+    distill.fused_linear_loss(hidden, w, b, labels, teacher, 12).loss.backward()
+    assert lm.weight.grad is not None and lm.weight.grad.dtype == torch.float32
+    got = lm.weight.grad.clone()
+    lm.weight.grad = None
+    logits = torch.nn.functional.linear(hidden.detach(), lm.weight.to(torch.bfloat16), lm.bias.to(torch.bfloat16))
+    distill.loss(logits, labels, teacher, 12).loss.backward()
+    assert torch.allclose(got, lm.weight.grad, rtol=2e-2, atol=1e-3)
+    assert _autocast_operands(hidden.float(), lm.weight, lm.bias)[0] is lm.weight  # float32: unchanged

@@ -127,8 +127,16 @@
 // (backward may run once per call). When the student logits do
 // not require grad (or grad mode is off) only values are computed.
 //
-// Implementation. On CPU, for float32 and float64 student logits with
-// contiguous rows, a fused kernel (loss/src/loss_kernel_impl.h, built for
+// Implementation. The chunks run through a row kernel chosen by device
+// (loss/src/row_kernel.h), or through ATen ops where none takes them. On CUDA,
+// for float32, float16 and bfloat16 logits with contiguous rows, one CUDA row
+// kernel (loss/src/cuda/loss_rows.cu): a thread block per valid row, online max
+// and sum of exp for the student (and the teacher at T), then the divergence
+// and the gradient, float32 arithmetic, loss parts kept on the device (no host
+// sync after the input checks); a top-k teacher's ids are marked in a
+// shared-memory bitmap of the vocabulary (k and V whose bitmap and buckets pass
+// 160 KiB take the ATen-op path). On CPU, for float32 and float64 student logits with
+// contiguous rows, a fused kernel (loss/src/cpu/loss_kernel_impl.h, built for
 // AVX-512, AVX2+FMA and any CPU, picked at run time as ATen picks its own)
 // handles each valid row on its own: the row is read from cache a few times
 // (maxima; sums of exp; divergence and gradient, written once into the [N, V]
@@ -136,9 +144,10 @@
 // row and added in row order (the same value for any thread count). Top-k:
 // the k teacher values are a (k+1)-bucket array per row, the student's tail
 // log-sum-exp is taken over its own logits (the top-k masked), never as a
-// difference. Elsewhere (CUDA, half/bfloat16 logits) the same formulas run
-// as ATen ops chunk by chunk (detail::distillLossAtenOps; tests/losses checks
-// the two against each other).
+// difference. Elsewhere (CPU half/bfloat16 logits, other devices, CUDA float64)
+// the same formulas run as ATen ops chunk by chunk (detail::distillLossAtenOps;
+// tests/losses checks the paths against each other and, on a GPU, the CUDA
+// kernel against the float64 CPU path).
 //
 // Memory bound: besides the inputs and the [N, V] gradient in the student's
 // dtype (both inherent; the gradient is allocated in forward and handed to
@@ -233,16 +242,25 @@ LossResult distillLoss(const at::Tensor& studentLogits, const at::Tensor& labels
 //           teacher output), floating
 //   weight  [V, d], hidden's dtype and device; bias [V] or undefined (no bias)
 // Teacher, labels, options and normalizer are distillLoss's (top of this file).
-// The valid tokens go in chunks of `chunkTokens` rows (0: max(256, 2^23 / V),
-// i.e. a chunk's logits hold ~8 M elements; LossOptions::chunk_tokens is not
-// used here): each chunk's logits are computed (addmm), its loss and
-// d loss / d logits formed (the fused CPU kernel on CPU for float32/float64,
-// the ATen-op path elsewhere), and turned at once into the chunk's rows of
-// d loss / d hidden and added to d loss / d weight and d loss / d bias. Forward
+// The valid tokens go in chunks of `chunkTokens` rows (0: automatic; on CPU
+// max(256, 2^23 / V), i.e. a chunk's logits hold ~8 M elements; on CUDA
+// Liger's rule, next_pow2(N / ceil(V / d)) within [256, 2048], i.e. a chunk
+// buffer near N d elements; LossOptions::chunk_tokens is not used here): each
+// chunk's logits are computed (mm_out / addmm_out into one buffer reused by
+// every chunk, in hidden's dtype), its loss and d loss / d logits formed (the
+// row kernel of the device, else the ATen-op path) and written over that
+// buffer in place (the CPU kernel, whose reverse KL and JSD reread the logits,
+// writes a second buffer), and turned at once into the chunk's rows of d loss
+// / d hidden (mm_out) and added to d loss / d weight (addmm_) and d loss / d
+// bias. The loss parts stay on the device: no host sync in the loop. Forward
 // computes the loss and these gradients in one pass and keeps them; backward
 // scales them by the incoming gradient (Liger's fused-linear approach), once.
+// The weight's gradient is accumulated in float32 at least, except on CUDA with
+// 16-bit inputs: there in the input dtype (each chunk's GEMM accumulates in
+// float32; a float32 accumulator would double its memory, as Liger's default).
 // Memory beyond the inputs: the three gradients (hidden's, weight's, bias's
-// size) and two [chunkTokens, V] buffers in hidden's dtype; ignored tokens cost
+// size) and one [chunkTokens, V] buffer in hidden's dtype (two with the CPU
+// kernel), plus the ATen-op path's temporaries there; ignored tokens cost
 // nothing. Only the tensors that require grad get a gradient (a frozen output
 // projection costs no weight gradient). Errors as distillLoss's, plus a
 // ProtocolError naming hidden's, weight's and bias's shapes when they do not fit.
