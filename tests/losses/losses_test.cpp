@@ -717,7 +717,7 @@ TEST(Losses, LogsumexpContradictingTheTopkIsRefused) {
 
 // ---- the fused CPU kernel against the ATen-op path --------------------------
 
-// On CPU distillLoss runs the fused kernel (loss/src/loss_kernel_impl.h);
+// On CPU distillLoss runs the fused kernel (loss/src/cpu/loss_kernel_impl.h);
 // detail::distillLossAtenOps is the ATen-op path (CUDA, half/bfloat16) it
 // replaced there. Every kind, teacher form, temperature and weight, float32
 // and float64, ignored tokens, several chunks, vocabularies that are not a
