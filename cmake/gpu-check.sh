@@ -6,8 +6,17 @@
 # to OUT_DIR: results.jsonl (one JSON object per step), one log per step, and the
 # benches' JSON lines.
 #
-#   bash cmake/gpu-check.sh OUT_DIR [--steps build,cuda,sanitize,ring,fused,demo,bench,test] [--jobs N]
+#   bash cmake/gpu-check.sh OUT_DIR [--steps build,cuda,sanitize,ring,fused,demo,bench,test | issue42] [--jobs N]
 #                               [--step-timeout S] [--rehearse]
+#
+# --steps issue42: the check of issue 42 (CUDA IPC near the hardware's floor) in <= 12 minutes on a 16-core
+# GPU machine, build included: build, cuda, sanitize, ring, each command stopped at its own limit (the
+# table ISSUE42_LIMIT below, 700 s in all; --step-timeout S lowers them; a rehearsal uses --step-timeout
+# alone, a CPU machine being slower), building only the targets these steps run; ipc_cuda_test runs both
+# signal paths, bench_ring_cuda up to 64 MiB with each. DISTILL_BUILD_LOCK=FILE: the build step runs under
+# flock FILE (a shared CPU machine). Its lines (the machine, each
+# step, the bench's JSON) are also appended to bench/results/gpu-<device>-<date>.jsonl (commit that file);
+# a rehearsal appends to OUT_DIR/gpu-rehearsal-<date>.jsonl instead.
 #
 # Steps, in the order they run (the default: all of them):
 #   build     configure and build with CUDA (unity build, -O2 -g1) against python3's torch
@@ -33,6 +42,12 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
 ALL=build,cuda,sanitize,ring,fused,demo,bench,test
+# issue 42's set: each command's own limit in seconds (sum 700 s: the 12 minutes with room for the start).
+ISSUE42=build,cuda,sanitize,ring
+declare -A ISSUE42_LIMIT=([configure]=60 [build]=300 [cuda-ctest]=90 [cuda-pytest]=120
+                          [sanitize-ipc_cuda_test]=60 [bench_ring_cuda]=50 [bench_ring_cuda_events]=20)
+# ... and the targets its build step builds (not the whole tree).
+ISSUE42_TARGETS="distill-run distill_python distill_python_files ipc_cuda_test ipc_flag_page_test student_group_test bench_ring_cuda"
 
 usage() { echo "usage: $0 OUT_DIR [--steps $ALL] [--jobs N] [--step-timeout S] [--rehearse]" >&2; exit 2; }
 [ $# -ge 1 ] || usage
@@ -40,17 +55,20 @@ OUT=$1; shift
 case "$OUT" in -*|"") usage ;; esac
 STEPS=$ALL
 STEP_TIMEOUT=900
+STEP_TIMEOUT_SET=0
 JOBS=$(nproc)
 REHEARSE=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --steps) [ $# -ge 2 ] || usage; STEPS=$2; shift 2 ;;
     --jobs) [ $# -ge 2 ] || usage; JOBS=$2; shift 2 ;;
-    --step-timeout) [ $# -ge 2 ] || usage; STEP_TIMEOUT=$2; shift 2 ;;
+    --step-timeout) [ $# -ge 2 ] || usage; STEP_TIMEOUT=$2; STEP_TIMEOUT_SET=1; shift 2 ;;
     --rehearse) REHEARSE=1; shift ;;
     *) echo "gpu-check: unknown argument '$1'" >&2; usage ;;
   esac
 done
+SET=""
+if [ "$STEPS" = issue42 ]; then SET=issue42; STEPS=$ISSUE42; fi
 for s in ${STEPS//,/ }; do
   case ",$ALL," in *",$s,"*) ;; *) echo "gpu-check: unknown step '$s' ($ALL)" >&2; exit 2 ;; esac
 done
@@ -67,12 +85,21 @@ record() {  # record STEP OK SECONDS [extra JSON fields]
   echo "== $1: ok=$2 (${3} s)"
 }
 FAILED=0
-run_step() {  # run_step NAME COMMAND...: logs to OUT/NAME.log, bounded by STEP_TIMEOUT
+limit_of() {  # limit_of NAME: the step's limit in seconds (issue 42's table, else --step-timeout)
+  local l=$STEP_TIMEOUT
+  if [ "$SET" = issue42 ] && [ "$REHEARSE" = 0 ] && [ -n "${ISSUE42_LIMIT[$1]:-}" ]; then
+    l=${ISSUE42_LIMIT[$1]}
+    [ "$STEP_TIMEOUT_SET" = 1 ] && [ "$STEP_TIMEOUT" -lt "$l" ] && l=$STEP_TIMEOUT
+  fi
+  echo "$l"
+}
+run_step() {  # run_step NAME COMMAND...: logs to OUT/NAME.log, bounded by its limit (limit_of)
   local name=$1; shift
-  local t0=$(date +%s) rc=0
-  timeout -k 10 "$STEP_TIMEOUT" "$@" > "$OUT/$name.log" 2>&1 || rc=$?
-  if [ $rc = 0 ]; then record "$name" true $(( $(date +%s) - t0 ))
-  else record "$name" false $(( $(date +%s) - t0 )) "\"rc\":$rc,\"log\":\"$name.log\""; FAILED=1; fi
+  local t0=$(date +%s) rc=0 limit
+  limit=$(limit_of "$name")
+  timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1 || rc=$?
+  if [ $rc = 0 ]; then record "$name" true $(( $(date +%s) - t0 )) "\"limit_s\":$limit"
+  else record "$name" false $(( $(date +%s) - t0 )) "\"limit_s\":$limit,\"rc\":$rc,\"log\":\"$name.log\""; FAILED=1; fi
 }
 
 # ---- the machine: a GPU, or nothing to do ----
@@ -87,6 +114,19 @@ fi
 TORCH=$(python3 -c "import torch; print(torch.__version__)")
 echo "{\"step\":\"machine\",\"ok\":true,\"gpu\":\"$GPU\",\"torch\":\"$TORCH\",\"nvcc\":\"$(nvcc --version 2>/dev/null | tail -1)\",\"date\":\"$(date -u +%FT%TZ)\",\"commit\":\"$(git rev-parse --short HEAD 2>/dev/null)\"}" >> "$RESULTS"
 echo "== GPU: $GPU, torch $TORCH"
+T_START=$(date +%s)
+# Where issue 42's set appends its lines: bench/results/gpu-<device>-<date>.jsonl, <device> the model
+# in the GPU's name (h100, h200, a100, ...) or the name made safe for a file.
+if [ "$SET" = issue42 ]; then
+  if [ "$REHEARSE" = 1 ]; then DEV=rehearsal; APPEND_DIR=$OUT
+  else
+    DEV=$(echo "${GPU%%,*}" | tr 'A-Z' 'a-z' | grep -oE '\b[a-z]{1,2}[0-9]{2,4}[a-z]*\b' | head -1)
+    [ -n "$DEV" ] || DEV=$(echo "${GPU%%,*}" | tr 'A-Z ' 'a-z-' | tr -cd 'a-z0-9-')
+    APPEND_DIR=$REPO/bench/results
+  fi
+  APPEND=$APPEND_DIR/gpu-$DEV-$(date -u +%F).jsonl
+  mkdir -p "$APPEND_DIR"
+fi
 
 # ---- Debian packages from .debs/, unpacked into the repo ----
 ROOT=$REPO/.deps/root
@@ -109,7 +149,14 @@ if want build; then
   run_step configure cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" -DDISTILL_UNITY_BUILD=ON -DDISTILL_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DDISTILL_BUILD_FUZZ=OFF -DDISTILL_PYTHON=python3
-  run_step build cmake --build "$BUILD" -j "$JOBS" -- -k 0  # -k 0: build all that builds, list every error
+  LOCK=()
+  [ -n "${DISTILL_BUILD_LOCK:-}" ] && LOCK=(flock "$DISTILL_BUILD_LOCK")
+  if [ "$SET" = issue42 ]; then
+    # shellcheck disable=SC2086 # the target list splits on spaces
+    run_step build ${LOCK[@]+"${LOCK[@]}"} cmake --build "$BUILD" -j "$JOBS" --target $ISSUE42_TARGETS -- -k 0
+  else
+    run_step build ${LOCK[@]+"${LOCK[@]}"} cmake --build "$BUILD" -j "$JOBS" -- -k 0  # -k 0: build all that builds, list every error
+  fi
 fi
 [ -x "$BUILD/bin/distill-run" ] || { echo "gpu-check: no build in $BUILD (run the build step)" >&2; exit 1; }
 # The build tree's Python package; wheels carried in .whl/ (Liger-Kernel for the fused step) go
@@ -121,7 +168,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 
 if want cuda; then
-  run_step cuda-ctest ctest --test-dir "$BUILD" --output-on-failure --timeout 300 -R "^(ipc_cuda_test|student_group_test)$"
+  run_step cuda-ctest ctest --test-dir "$BUILD" --output-on-failure --timeout 300 -R "^(ipc_cuda_test|student_group_test|ipc_flag_page_test)$"
   run_step cuda-pytest python3 -m pytest -x -q -rs tests/python/test_cuda.py
 fi
 
@@ -140,8 +187,15 @@ if want sanitize; then
 fi
 
 if want ring; then
-  run_step bench_ring_cuda "$BUILD/bin/bench_ring_cuda" --max-mib 1024
-  cp "$OUT/bench_ring_cuda.log" "$OUT/bench_ring_cuda.jsonl" 2>/dev/null
+  if [ "$SET" = issue42 ]; then  # up to 64 MiB (the >= 16 MiB ratio), then the event path for comparison
+    run_step bench_ring_cuda "$BUILD/bin/bench_ring_cuda" --max-mib 64
+    run_step bench_ring_cuda_events "$BUILD/bin/bench_ring_cuda" --max-mib 16 --signal events
+  else
+    run_step bench_ring_cuda "$BUILD/bin/bench_ring_cuda" --max-mib 1024
+  fi
+  for f in bench_ring_cuda bench_ring_cuda_events; do
+    [ -f "$OUT/$f.log" ] && grep '^{' "$OUT/$f.log" > "$OUT/$f.jsonl"
+  done
 fi
 
 if want fused; then
@@ -175,6 +229,18 @@ if want test; then
   # Which gtest cases skipped (a CUDA test that skips on a GPU machine is a failure of this check).
   grep -E "tests passed|\[  SKIPPED \]|\*\*\*" "$OUT/ctest.log" | sort | uniq -c > "$OUT/ctest-summary.txt" || true
   run_step pytest python3 -m pytest -q -rs tests/python
+fi
+if [ "$SET" = issue42 ]; then
+  # One line per step and bench line, each naming the run, appended (never rewritten).
+  RUN="\"issue\":42,\"run\":\"$(date -u +%FT%TZ)\",\"commit\":\"$(git rev-parse --short HEAD 2>/dev/null)\""
+  {
+    echo "{$RUN,\"kind\":\"check\",\"gpu\":\"$GPU\",\"torch\":\"$TORCH\",\"total_s\":$(( $(date +%s) - T_START )),\"failed\":$FAILED}"
+    sed "s/^{/{$RUN,/" "$RESULTS" | grep -v '"step":"machine"'
+    for f in bench_ring_cuda bench_ring_cuda_events; do
+      [ -s "$OUT/$f.jsonl" ] && sed "s/^{/{$RUN,/" "$OUT/$f.jsonl"
+    done
+  } >> "$APPEND"
+  echo "== appended to $APPEND"
 fi
 echo "== results: $RESULTS"
 exit $FAILED

@@ -35,10 +35,10 @@
 //   2. cudaStreamWaitEvent on an *interprocess* event (and cudaEventRecord of one on the producer): IPC
 //      events are backed by a shared host semaphore, not a device word; the wait is resolved by the
 //      driver, not the GPU front end, and costs far more than an ordinary event (PyTorch's per-message
-//      event path, gpu-references.md §1.2).
+//      event path, the shared GPU references §1.2).
 //   3. Two contexts on one GPU without MPS are time-sliced: the producer's copy and the consumer's reads run
 //      in different contexts, so every hop includes a context switch. Not removed by this path; if it
-//      dominates, the 20 us target needs MPS (the ladder of gpu-references.md §1.4, step e).
+//      dominates, the 20 us target needs MPS (the ladder of the shared GPU references §1.4, step e).
 //   4. The bench's own cudaStreamSynchronize per message and the futex wake of a sleeping receiver
 //      (tens of us when it slept); host-side, shared by both paths.
 // The memops path removes 1 and 2: the consumer's release enqueues a word write and returns, and the waits
