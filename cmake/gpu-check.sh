@@ -191,8 +191,9 @@ fi
 
 if want ring; then
   if [ "$SET" = issue42 ]; then  # up to 64 MiB (the >= 16 MiB ratio), then the event path for comparison
-    run_step bench_ring_cuda "$BUILD/bin/bench_ring_cuda" --max-mib 64
-    run_step bench_ring_cuda_events "$BUILD/bin/bench_ring_cuda" --max-mib 16 --signal events
+    # DISTILL_CUDA_IPC_TIMES=1: each ring end logs its CUDA calls' host times when it closes (in the .log).
+    run_step bench_ring_cuda env DISTILL_CUDA_IPC_TIMES=1 "$BUILD/bin/bench_ring_cuda" --max-mib 64
+    run_step bench_ring_cuda_events env DISTILL_CUDA_IPC_TIMES=1 "$BUILD/bin/bench_ring_cuda" --max-mib 16 --signal events
   else
     run_step bench_ring_cuda "$BUILD/bin/bench_ring_cuda" --max-mib 1024
   fi

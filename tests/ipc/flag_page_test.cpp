@@ -6,6 +6,7 @@
 
 #include <set>
 
+#include "cuda/call_times.h"
 #include "cuda/flag_page.h"
 
 using namespace distill::ipc::cuda;
@@ -118,4 +119,13 @@ TEST(SignalChoice, NamesForTheLog) {
   EXPECT_STREQ(signalName(Signal::kEvents), "interprocess CUDA events");
   EXPECT_NE(std::string(signalName(Signal::kMemOps)).find("stream memory operations"), std::string::npos);
   EXPECT_EQ(uint64_t(Signal::kUndecided), 0u); // a zeroed page means "not chosen yet"
+}
+
+TEST(CallTimes, SummaryNamesTheCallsMadeWithMeanAndMax) {
+  CallTimes t(true);
+  EXPECT_EQ(t.summary(), "no CUDA calls");
+  t.add(CallTimes::kCopy, 2000);
+  t.add(CallTimes::kCopy, 6000);
+  t.add(CallTimes::kEventSync, 150000);
+  EXPECT_EQ(t.summary(), "copy 2 x 4.0 us (max 6.0), event-sync 1 x 150.0 us (max 150.0)");
 }

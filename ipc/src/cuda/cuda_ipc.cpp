@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../segment_impl.h"
+#include "distill/core/clock.h"
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
 
@@ -30,9 +31,9 @@ namespace {
       DISTILL_THROW(IpcError, #expr, " failed: ", cudaGetErrorString(err_), " (", __VA_ARGS__, ")"); \
   } while (0)
 
-#define DISTILL_CU_CALL(expr, ...)                                                            \
-  do {                                                                                        \
-    CUresult err_ = (expr);                                                                   \
+#define DISTILL_CU_CALL(expr, ...)                                                                                     \
+  do {                                                                                                                 \
+    CUresult err_ = (expr);                                                                                            \
     if (err_ != CUDA_SUCCESS) DISTILL_THROW(IpcError, #expr, " failed: CUresult ", int(err_), " (", __VA_ARGS__, ")"); \
   } while (0)
 
@@ -68,7 +69,10 @@ void* entryPoint(const char* symbol, std::string* missing) {
   if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !fn) {
     if (e != cudaSuccess) cudaGetLastError();
     *missing += std::string(missing->empty() ? "" : ", ") + symbol + " (" +
-                (e != cudaSuccess ? cudaGetErrorString(e) : q == cudaDriverEntryPointVersionNotSufficent ? "driver too old" : "not found") + ")";
+        (e != cudaSuccess                                   ? cudaGetErrorString(e)
+             : q == cudaDriverEntryPointVersionNotSufficent ? "driver too old"
+                                                            : "not found") +
+        ")";
     return nullptr;
   }
   return fn;
@@ -94,6 +98,20 @@ SignalRequest signalRequest() {
   DISTILL_CHECK_T(IpcError, parseSignalRequest(std::getenv("DISTILL_CUDA_IPC_SIGNAL"), &r, &bad),
                   "DISTILL_CUDA_IPC_SIGNAL='", bad, "': expected auto or events");
   return r;
+}
+
+bool timesRequested() {
+  const char* v = std::getenv("DISTILL_CUDA_IPC_TIMES");
+  return v && std::strcmp(v, "1") == 0;
+}
+
+// Runs f, timed into t when t is on.
+template <typename F>
+void timed(CallTimes& t, CallTimes::Call c, F&& f) {
+  if (!t.on()) return f();
+  const int64_t t0 = monotonicNs();
+  f();
+  t.add(c, monotonicNs() - t0);
 }
 
 CUdeviceptr devPtr(void* base, uint64_t offset) { return CUdeviceptr(reinterpret_cast<uintptr_t>(base) + offset); }
@@ -151,7 +169,12 @@ bool memOpsUsable(int device, std::string* why) {
 // ---- consumer ----
 
 ConsumerBuffers::ConsumerBuffers(const SegmentImpl& seg, int student, bool response, int device)
-    : seg_(seg), student_(student), response_(response), device_(device), slots_(uint64_t(seg.layout.slots)) {
+    : seg_(seg),
+      student_(student),
+      response_(response),
+      device_(device),
+      slots_(uint64_t(seg.layout.slots)),
+      times_(timesRequested()) {
   auto& ring = seg.ring(student, response);
   slotBytes_ = wire::alignUp(uint64_t(seg.capacity(response)), 256);
   const uint64_t total = flags::allocationBytes(slots_, slotBytes_);
@@ -189,6 +212,9 @@ ConsumerBuffers::ConsumerBuffers(const SegmentImpl& seg, int student, bool respo
 }
 
 ConsumerBuffers::~ConsumerBuffers() {
+  if (times_.on()) {
+    DISTILL_LOG(kInfo) << describe() << ": CUDA call times (host): " << times_.summary();
+  }
   seg_.ring(student_, response_).cudaMemReady.store(0, std::memory_order_release);
   DeviceGuard g(device_);
   if (base_ && ctl_) {
@@ -231,9 +257,11 @@ bool ConsumerBuffers::waitWritten(uint64_t seq, void* stream) {
   const uint64_t slot = seq % slots_;
   if (signal_ == Signal::kMemOps) {
     char* page = static_cast<char*>(base_) + flags::pageOffset(slots_, slotBytes_);
-    DISTILL_CU_CALL(driver().wait64(static_cast<CUstream>(stream), devPtr(page, flags::writtenOffset(slot)),
-                                    flags::writtenValue(seq), CU_STREAM_WAIT_VALUE_GEQ),
-                    describe(), ", seq ", seq);
+    timed(times_, CallTimes::kWaitWritten, [&] {
+      DISTILL_CU_CALL(driver().wait64(static_cast<CUstream>(stream), devPtr(page, flags::writtenOffset(slot)),
+                                      flags::writtenValue(seq), CU_STREAM_WAIT_VALUE_GEQ),
+                      describe(), ", seq ", seq);
+    });
     return true;
   }
   auto& ring = seg_.ring(student_, response_);
@@ -245,29 +273,40 @@ bool ConsumerBuffers::waitWritten(uint64_t seq, void* stream) {
     DISTILL_CUDA_CALL(cudaIpcOpenEventHandle(&ev, h), describe(), ", slot ", slot);
     events_[slot] = ev;
   }
-  DISTILL_CUDA_CALL(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(events_[slot]), 0),
-                    describe());
+  timed(times_, CallTimes::kEventWait, [&] {
+    DISTILL_CUDA_CALL(
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(events_[slot]), 0), describe());
+  });
   return true;
 }
 
 void ConsumerBuffers::readsDone(uint64_t seq, bool device, void* stream) {
   if (signal_ == Signal::kMemOps) {
     char* page = static_cast<char*>(base_) + flags::pageOffset(slots_, slotBytes_);
-    DISTILL_CU_CALL(driver().write64(static_cast<CUstream>(stream), devPtr(page, flags::doneOffset(slots_, seq % slots_)),
-                                     flags::doneValue(seq), CU_STREAM_WRITE_VALUE_DEFAULT),
-                    describe(), ", seq ", seq);
+    timed(times_, CallTimes::kWriteDone, [&] {
+      DISTILL_CU_CALL(
+          driver().write64(static_cast<CUstream>(stream), devPtr(page, flags::doneOffset(slots_, seq % slots_)),
+                           flags::doneValue(seq), CU_STREAM_WRITE_VALUE_DEFAULT),
+          describe(), ", seq ", seq);
+    });
     return;
   }
   if (!device) return;
   auto ev = static_cast<cudaEvent_t>(doneEvent_);
-  DISTILL_CUDA_CALL(cudaEventRecord(ev, static_cast<cudaStream_t>(stream)), describe());
-  DISTILL_CUDA_CALL(cudaEventSynchronize(ev), describe());
+  timed(times_, CallTimes::kEventRecord,
+        [&] { DISTILL_CUDA_CALL(cudaEventRecord(ev, static_cast<cudaStream_t>(stream)), describe()); });
+  timed(times_, CallTimes::kEventSync, [&] { DISTILL_CUDA_CALL(cudaEventSynchronize(ev), describe()); });
 }
 
 // ---- producer ----
 
 ProducerBuffers::ProducerBuffers(const SegmentImpl& seg, int student, bool response, int device)
-    : seg_(seg), student_(student), response_(response), device_(device), slots_(uint64_t(seg.layout.slots)) {
+    : seg_(seg),
+      student_(student),
+      response_(response),
+      device_(device),
+      slots_(uint64_t(seg.layout.slots)),
+      times_(timesRequested()) {
   DeviceGuard g(device);
   events_.reset(new void*[size_t(slots_)]());
   lastDeviceSeq_.reset(new uint64_t[size_t(slots_)]);
@@ -285,11 +324,15 @@ ProducerBuffers::ProducerBuffers(const SegmentImpl& seg, int student, bool respo
 }
 
 ProducerBuffers::~ProducerBuffers() {
+  if (times_.on()) {
+    DISTILL_LOG(kInfo) << describe() << ": CUDA call times (host): " << times_.summary();
+  }
   seg_.ring(student_, response_).cudaEventsReady.store(0, std::memory_order_release);
   DeviceGuard g(device_);
   if (peerBase_ && ctl_ && signal_ == Signal::kMemOps) {
     // Unblock this side's stream if it waits on a done word of a consumer that will not write it.
-    char* page = static_cast<char*>(peerBase_) + flags::pageOffset(slots_, seg_.ring(student_, response_).cudaSlotBytes);
+    char* page =
+        static_cast<char*>(peerBase_) + flags::pageOffset(slots_, seg_.ring(student_, response_).cudaSlotBytes);
     releaseWords(page + flags::doneOffset(slots_, 0), slots_, static_cast<cudaStream_t>(ctl_));
   }
   if (ctl_) cudaStreamDestroy(static_cast<cudaStream_t>(ctl_));
@@ -339,8 +382,9 @@ void ProducerBuffers::chooseSignalOnce() {
   std::string why;
   signal_ = chooseSignal(in, &why);
   const uint64_t word = uint64_t(signal_);
-  DISTILL_CUDA_CALL(cudaMemcpyAsync(page + offsetof(FlagControl, signal), &word, sizeof word, cudaMemcpyHostToDevice, ctl),
-                    describe());
+  DISTILL_CUDA_CALL(
+      cudaMemcpyAsync(page + offsetof(FlagControl, signal), &word, sizeof word, cudaMemcpyHostToDevice, ctl),
+      describe());
   DISTILL_CUDA_CALL(cudaStreamSynchronize(ctl), describe());
   DISTILL_LOG(kInfo) << describe() << ": CUDA messages signalled by " << signalName(signal_)
                      << (why.empty() ? std::string() : " (" + why + ")");
@@ -354,31 +398,40 @@ void ProducerBuffers::beginWrite(uint64_t seq, void* stream) {
   const uint64_t prev = lastDeviceSeq_[slot];
   if (prev == flags::kNoDeviceMessage) return;
   char* page = static_cast<char*>(peerBase_) + flags::pageOffset(slots_, seg_.ring(student_, response_).cudaSlotBytes);
-  DISTILL_CU_CALL(driver().wait64(static_cast<CUstream>(stream), devPtr(page, flags::doneOffset(slots_, slot)),
-                                  flags::doneValue(prev), CU_STREAM_WAIT_VALUE_GEQ),
-                  describe(), ", seq ", seq, " waits for the reads of seq ", prev);
+  timed(times_, CallTimes::kWaitDone, [&] {
+    DISTILL_CU_CALL(driver().wait64(static_cast<CUstream>(stream), devPtr(page, flags::doneOffset(slots_, slot)),
+                                    flags::doneValue(prev), CU_STREAM_WAIT_VALUE_GEQ),
+                    describe(), ", seq ", seq, " waits for the reads of seq ", prev);
+  });
 }
 
 void ProducerBuffers::copyIn(uint64_t seq, uint64_t offset, const void* src, size_t n, void* stream) {
   const uint64_t slot = seq % slots_;
   char* dst = static_cast<char*>(peerBase_) + slot * seg_.ring(student_, response_).cudaSlotBytes + offset;
-  DISTILL_CUDA_CALL(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)), describe(),
-                    ", ", n, " bytes into slot ", slot);
+  timed(times_, CallTimes::kCopy, [&] {
+    DISTILL_CUDA_CALL(cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)), describe(),
+                      ", ", n, " bytes into slot ", slot);
+  });
 }
 
 void ProducerBuffers::written(uint64_t seq, void* stream) {
   const uint64_t slot = seq % slots_;
   if (signal_ == Signal::kMemOps) {
-    char* page = static_cast<char*>(peerBase_) + flags::pageOffset(slots_, seg_.ring(student_, response_).cudaSlotBytes);
+    char* page =
+        static_cast<char*>(peerBase_) + flags::pageOffset(slots_, seg_.ring(student_, response_).cudaSlotBytes);
     // The default write orders the copies before it (a memory barrier), so the consumer's GEQ wait sees them.
-    DISTILL_CU_CALL(driver().write64(static_cast<CUstream>(stream), devPtr(page, flags::writtenOffset(slot)),
-                                     flags::writtenValue(seq), CU_STREAM_WRITE_VALUE_DEFAULT),
-                    describe(), ", seq ", seq);
+    timed(times_, CallTimes::kWriteWritten, [&] {
+      DISTILL_CU_CALL(driver().write64(static_cast<CUstream>(stream), devPtr(page, flags::writtenOffset(slot)),
+                                       flags::writtenValue(seq), CU_STREAM_WRITE_VALUE_DEFAULT),
+                      describe(), ", seq ", seq);
+    });
     lastDeviceSeq_[slot] = seq;
     return;
   }
-  DISTILL_CUDA_CALL(cudaEventRecord(static_cast<cudaEvent_t>(events_[slot]), static_cast<cudaStream_t>(stream)),
-                    describe(), ", slot ", slot);
+  timed(times_, CallTimes::kEventRecord, [&] {
+    DISTILL_CUDA_CALL(cudaEventRecord(static_cast<cudaEvent_t>(events_[slot]), static_cast<cudaStream_t>(stream)),
+                      describe(), ", slot ", slot);
+  });
 }
 
 } // namespace distill::ipc::cuda

@@ -41,6 +41,8 @@
 //      dominates, the 20 us target needs MPS (the ladder of the shared GPU references §1.4, step e).
 //   4. The bench's own cudaStreamSynchronize per message and the futex wake of a sleeping receiver
 //      (tens of us when it slept); host-side, shared by both paths.
+// DISTILL_CUDA_IPC_TIMES=1 makes each end time its CUDA calls on the host and log the totals when it closes
+// (call_times.h): a first split of the time without nsys.
 // The memops path removes 1 and 2: the consumer's release enqueues a word write and returns, and the waits
 // run in the GPU's front end on a device word.
 
@@ -49,6 +51,7 @@
 #include <memory>
 #include <string>
 
+#include "call_times.h"
 #include "flag_page.h"
 
 namespace distill::ipc {
@@ -97,6 +100,7 @@ class ConsumerBuffers {
   std::unique_ptr<void*[]> events_; // opened producer events, lazily
   void* doneEvent_ = nullptr;
   Signal signal_ = Signal::kUndecided;
+  CallTimes times_;
 };
 
 class ProducerBuffers {
@@ -132,6 +136,7 @@ class ProducerBuffers {
   std::unique_ptr<void*[]> events_;
   std::unique_ptr<uint64_t[]> lastDeviceSeq_; // per slot, flags::kNoDeviceMessage until one was written
   Signal signal_ = Signal::kUndecided;
+  CallTimes times_;
 };
 
 } // namespace distill::ipc::cuda

@@ -35,9 +35,9 @@ namespace distill::ipc::cuda {
 
 namespace flags {
 
-constexpr uint64_t kLine = 64;           // one word per cache line
-constexpr uint64_t kControlBytes = 256;  // FlagControl, padded
-constexpr uint64_t kAlign = 256;         // the page starts on a 256-byte boundary (cudaMalloc's slot rounding)
+constexpr uint64_t kLine = 64; // one word per cache line
+constexpr uint64_t kControlBytes = 256; // FlagControl, padded
+constexpr uint64_t kAlign = 256; // the page starts on a 256-byte boundary (cudaMalloc's slot rounding)
 constexpr uint64_t kMagic = 0x64666c6167763031ULL; // "dflagv01": the page's own version; bump with FlagControl
 constexpr uint64_t kReleaseAll = uint64_t(1) << 62; // >= every value a ring reaches (GEQ is cyclic: stay < 2^63)
 constexpr uint64_t kNoDeviceMessage = ~uint64_t(0); // producer: no device message in this slot yet
@@ -68,14 +68,14 @@ constexpr uint64_t doneValue(uint64_t seq) { return seq + 1; }
 // producer (it sees both devices), stored in FlagControl::signal.
 enum class Signal : uint64_t {
   kUndecided = 0, // the producer has not sent a CUDA message yet
-  kEvents = 1,    // interprocess CUDA events (the path before issue 42); the fallback
-  kMemOps = 2,    // the flag page's words by stream memory operations
+  kEvents = 1, // interprocess CUDA events (the path before issue 42); the fallback
+  kMemOps = 2, // the flag page's words by stream memory operations
 };
 const char* signalName(Signal s);
 
 // The page's first bytes (device memory; copied whole with cudaMemcpy).
 struct FlagControl {
-  uint64_t magic;          // flags::kMagic once the consumer initialised the page
+  uint64_t magic; // flags::kMagic once the consumer initialised the page
   uint32_t consumerMemOps; // 1: the consumer's device and driver can do 64-bit stream memory ops
   uint32_t reserved;
   uint8_t consumerUuid[16]; // the consumer's device (cudaDeviceProp::uuid)
@@ -96,11 +96,11 @@ bool parseSignalRequest(const char* value, SignalRequest* out, std::string* bad)
 // What the producer knows when it chooses, and the choice.
 struct SignalInputs {
   SignalRequest request = SignalRequest::kAuto; // this process's DISTILL_CUDA_IPC_SIGNAL
-  bool pageValid = false;      // FlagControl::magic == kMagic
-  bool entryPoints = false;    // cuStreamWriteValue64/cuStreamWaitValue64 found through the runtime
+  bool pageValid = false; // FlagControl::magic == kMagic
+  bool entryPoints = false; // cuStreamWriteValue64/cuStreamWaitValue64 found through the runtime
   bool producerMemOps = false; // CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS on the producer's device
   bool consumerMemOps = false; // FlagControl::consumerMemOps
-  bool sameDevice = false;     // the two ends' device UUIDs are equal
+  bool sameDevice = false; // the two ends' device UUIDs are equal
 };
 // kMemOps when every input allows it, else kEvents with the first reason in *why.
 Signal chooseSignal(const SignalInputs& in, std::string* why);
