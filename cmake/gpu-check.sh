@@ -6,7 +6,7 @@
 # to OUT_DIR: results.jsonl (one JSON object per step), one log per step, and the
 # benches' JSON lines.
 #
-#   bash cmake/gpu-check.sh OUT_DIR [--steps build,cuda,sanitize,ring,fused,demo,bench,test,loss,llm | issue41]
+#   bash cmake/gpu-check.sh OUT_DIR [--steps build,cuda,sanitize,ring,fused,demo,bench,test,loss,llm | issue41 | issue42]
 #                               [--jobs N] [--step-timeout S] [--rehearse]
 #
 # --steps issue41 (the fused loss on CUDA, issue 41): build,loss,fused,llm, each bounded by its own
@@ -14,6 +14,11 @@
 # fits the 15 minutes of a GPU loan with the machine's start; --step-timeout S replaces every limit). Every record line is also appended to
 # bench/results/gpu-<device>-<date>.jsonl (tracked; bench/results/gpu-rehearsal-<date>.jsonl under
 # --rehearse, not to be committed), with the fused bench's lines.
+#
+# --steps issue42 (CUDA IPC near the hardware's floor, issue 42): build (only the targets it needs),
+# cuda, sanitize, ring (bench_ring_cuda up to 64 MiB on the stream-memory-operation path, then the
+# event path up to 16 MiB for comparison), each command bounded by its own limit (700 s in all);
+# its lines go to the same ledger, with the ring bench's.
 #
 # Steps, in the order they run (the default: all of them):
 #   build     configure and build with CUDA (unity build, -O2 -g1) against python3's torch
@@ -45,6 +50,9 @@ cd "$(dirname "$0")/.."
 REPO=$(pwd)
 ALL=build,cuda,sanitize,ring,fused,demo,bench,test,loss,llm
 ISSUE41=build,loss,fused,llm
+ISSUE42=build,cuda,sanitize,ring
+# ... and the targets issue 42's build step builds (not the whole tree).
+ISSUE42_TARGETS="distill-run distill_python distill_python_files ipc_cuda_test ipc_flag_page_test student_group_test bench_ring_cuda"
 
 usage() { echo "usage: $0 OUT_DIR [--steps $ALL] [--jobs N] [--step-timeout S] [--rehearse]" >&2; exit 2; }
 [ $# -ge 1 ] || usage
@@ -63,7 +71,8 @@ while [ $# -gt 0 ]; do
     *) echo "gpu-check: unknown argument '$1'" >&2; usage ;;
   esac
 done
-[ "$STEPS" = issue41 ] && STEPS=$ISSUE41
+SET=""
+case "$STEPS" in issue41) SET=issue41; STEPS=$ISSUE41 ;; issue42) SET=issue42; STEPS=$ISSUE42 ;; esac
 for s in ${STEPS//,/ }; do
   case ",$ALL," in *",$s,"*) ;; *) echo "gpu-check: unknown step '$s' ($ALL)" >&2; exit 2 ;; esac
 done
@@ -77,6 +86,11 @@ want() { case ",$STEPS," in *",$1,"*) return 0 ;; esac; return 1; }
 # Each step's limit: --step-timeout where given, else the step's own (issue41's steps), else 900 s.
 limit_of() {
   [ -n "$STEP_TIMEOUT" ] && { echo "$STEP_TIMEOUT"; return; }
+  if [ "$SET" = issue42 ]; then
+    case "$1" in configure) echo 60 ;; build) echo 290 ;; cuda-ctest) echo 90 ;; cuda-pytest) echo 120 ;;
+      sanitize-*) echo 60 ;; bench_ring_cuda) echo 50 ;; bench_ring_cuda_events) echo 30 ;; *) echo 900 ;; esac
+    return
+  fi
   case "$1" in configure) echo 60 ;; build) echo 240 ;; loss) echo 90 ;; fused_linear_gpu) echo 150 ;;
     llm) echo 180 ;; *) echo 900 ;; esac
 }
@@ -133,14 +147,19 @@ export OMP_NUM_THREADS=1
 BUILD=${GPU_CHECK_BUILD_DIR:-$REPO/build-gpu}
 # GPU_CHECK_BUILD_LOCK=FILE: the build holds flock FILE (a machine whose cores others share).
 LOCK=()
-[ -n "${GPU_CHECK_BUILD_LOCK:-}" ] && LOCK=(flock "$GPU_CHECK_BUILD_LOCK")
+[ -n "${GPU_CHECK_BUILD_LOCK:-${DISTILL_BUILD_LOCK:-}}" ] && LOCK=(flock "${GPU_CHECK_BUILD_LOCK:-$DISTILL_BUILD_LOCK}")
 
 if want build; then
   # The test command's flags (cmake/distill.sh): each library one unit, -O2 with line tables.
   run_step configure cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" -DDISTILL_UNITY_BUILD=ON -DDISTILL_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DDISTILL_BUILD_FUZZ=OFF -DDISTILL_PYTHON=python3
-  run_step build "${LOCK[@]}" cmake --build "$BUILD" -j "$JOBS" -- -k 0  # -k 0: build all that builds, list every error
+  if [ "$SET" = issue42 ]; then
+    # shellcheck disable=SC2086 # the target list splits on spaces
+    run_step build ${LOCK[@]+"${LOCK[@]}"} cmake --build "$BUILD" -j "$JOBS" --target $ISSUE42_TARGETS -- -k 0
+  else
+    run_step build ${LOCK[@]+"${LOCK[@]}"} cmake --build "$BUILD" -j "$JOBS" -- -k 0  # -k 0: build all that builds, list every error
+  fi
 fi
 [ -x "$BUILD/bin/distill-run" ] || { echo "gpu-check: no build in $BUILD (run the build step)" >&2; exit 1; }
 # The build tree's Python package; wheels carried in .whl/ (Liger-Kernel for the fused step) go
@@ -152,27 +171,38 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 
 if want cuda; then
-  run_step cuda-ctest ctest --test-dir "$BUILD" --output-on-failure --timeout 300 -R "^(ipc_cuda_test|student_group_test)$"
+  run_step cuda-ctest ctest --test-dir "$BUILD" --output-on-failure --timeout 300 -R "^(ipc_cuda_test|student_group_test|ipc_flag_page_test)$"
   run_step cuda-pytest python3 -m pytest -x -q -rs tests/python/test_cuda.py
 fi
 
 
 if want sanitize; then
-  if command -v compute-sanitizer >/dev/null; then
+  # On PATH, or where the CUDA toolkit keeps it.
+  SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer \
+    /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -1)
+  if [ -n "$SANITIZER" ]; then
     for t in ipc_cuda_test; do
       exe=$(find "$BUILD" -type f -name "$t" -perm -u+x | head -1)
       [ -n "$exe" ] || { record "sanitize-$t" false 0 '"error":"binary not built"'; FAILED=1; continue; }
       # --target-processes all: the CUDA test re-executes itself as student and teacher.
-      run_step "sanitize-$t" compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 "$exe"
+      run_step "sanitize-$t" "$SANITIZER" --tool memcheck --target-processes all --error-exitcode 9 "$exe"
     done
   else
-    record sanitize false 0 '"error":"compute-sanitizer not on PATH"'; FAILED=1
+    record sanitize false 0 '"error":"compute-sanitizer not on PATH nor in /usr/local/cuda"'; FAILED=1
   fi
 fi
 
 if want ring; then
-  run_step bench_ring_cuda "$BUILD/bin/bench_ring_cuda" --max-mib 1024
-  cp "$OUT/bench_ring_cuda.log" "$OUT/bench_ring_cuda.jsonl" 2>/dev/null
+  if [ "$SET" = issue42 ]; then  # up to 64 MiB (the >= 16 MiB ratio), then the event path for comparison
+    # DISTILL_CUDA_IPC_TIMES=1: each ring end logs its CUDA calls' host times when it closes (in the .log).
+    run_step bench_ring_cuda env DISTILL_CUDA_IPC_TIMES=1 "$BUILD/bin/bench_ring_cuda" --max-mib 64
+    run_step bench_ring_cuda_events env DISTILL_CUDA_IPC_TIMES=1 "$BUILD/bin/bench_ring_cuda" --max-mib 16 --signal events
+  else
+    run_step bench_ring_cuda "$BUILD/bin/bench_ring_cuda" --max-mib 1024
+  fi
+  for f in bench_ring_cuda bench_ring_cuda_events; do
+    [ -f "$OUT/$f.log" ] && grep '^{' "$OUT/$f.log" > "$OUT/$f.jsonl" && cat "$OUT/$f.jsonl" >> "$LEDGER"
+  done
 fi
 
 if want loss; then

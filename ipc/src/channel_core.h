@@ -78,7 +78,8 @@ class ChannelCore : public std::enable_shared_from_this<ChannelCore> {
   // Ring r's student detached cleanly and left nothing to read.
   bool studentDone(int r);
   // Frees the slot of `seq` in in ring r; `device`: the message had tensors in
-  // device slot memory (their reads are awaited first).
+  // device slot memory (their reads are ordered before the producer's next
+  // writes first: SlotMemory::readsDone, called on every release).
   void releaseSlot(int r, uint64_t seq, bool device = false);
   // Request rings (a teacher): notes that a forward raised on `seq` of in ring
   // r; true if it was already noted (RingSide::markFailed).

@@ -110,7 +110,7 @@ ReceivedMessage ChannelCore::take(int r, int64_t startNs) {
 }
 
 void ChannelCore::releaseSlot(int r, uint64_t seq, bool device) {
-  if (device && !device_.in.empty()) device_.in[size_t(r)]->readsDone();
+  if (!device_.in.empty()) device_.in[size_t(r)]->readsDone(seq, device);
   std::lock_guard<std::mutex> lock(inMutex_);
   in_[size_t(r)].release(seq, peerOf(r));
 }

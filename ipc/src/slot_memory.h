@@ -10,7 +10,7 @@
 //   producer: accepts(t)? -> write(seq, offset, t) for each tensor -> written(seq)
 //             -> publish the header (RingSide::publish)
 //   consumer: readable(seq) -> place(seq, offset) for each tensor (views) ->
-//             readsDone() -> release the slot (RingSide::release)
+//             readsDone(seq, device) -> release the slot (RingSide::release)
 //
 // `seq` is the ring sequence of the message (its slot is seq % slots). An
 // instance is used by one side only: the producer calls the producer methods,
@@ -53,9 +53,14 @@ class SlotMemory {
     int device;
   };
   virtual Place place(uint64_t seq, uint64_t offset) const = 0;
-  // Blocks until the reads of slot memory this side queued so far are done
-  // (call before the slot is released to the producer).
-  virtual void readsDone() = 0;
+  // Before the slot of `seq` is released to the producer, on every release
+  // (device: the message had tensors in this memory). Orders this side's reads
+  // queued so far before the producer's next writes into the slot: by blocking
+  // until they are done (host memory: nothing to do; CUDA events), or by
+  // enqueueing a device-side signal the producer's stream waits on (CUDA
+  // stream memory operations), which is why it is also called for messages
+  // without device tensors.
+  virtual void readsDone(uint64_t seq, bool device) = 0;
 };
 
 // The payload of the ring's slots in the segment (host memory).
@@ -68,7 +73,7 @@ class HostSlotMemory final : public SlotMemory {
   void written(uint64_t) override {}
   bool readable(uint64_t) override { return true; } // the header's acquire load ordered the reads
   Place place(uint64_t seq, uint64_t offset) const override { return {ring_->payload(seq) + offset, -1}; }
-  void readsDone() override {}
+  void readsDone(uint64_t, bool) override {}
   uint8_t* data(uint64_t seq, uint64_t offset) const { return ring_->payload(seq) + offset; }
 
  private:

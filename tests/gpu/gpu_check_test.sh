@@ -29,4 +29,8 @@ fi
 expect_rc 3 "no GPU" "$out/r"
 grep -q "no GPU visible" "$out/stderr" || fail "no GPU: message missing"
 grep -q '"step":"gpu","ok":false' "$out/r/results.jsonl" || fail "no GPU: results.jsonl lacks the record"
+# Issue 42's set is a name of its own, not a step to mix with others.
+expect_rc 3 "issue42 set, no GPU" "$out/r" --steps issue42
+expect_rc 2 "issue42 among steps" "$out/r" --steps build,issue42
+grep -q "unknown step 'issue42'" "$out/stderr" || fail "issue42 among steps: not named"
 echo "gpu-check.sh: arguments and the no-GPU case as documented"

@@ -1,8 +1,9 @@
 #pragma once
 
 // The CUDA implementation of SlotMemory (slot_memory.h): the consumer's CUDA
-// IPC buffer and the producer's interprocess events of cuda_ipc.h, driven on
-// the current CUDA streams. Compiled only when DISTILL_CUDA.
+// IPC buffer with its flag page, signalled by stream memory operations or by
+// the producer's interprocess events (cuda_ipc.h), driven on the current CUDA
+// streams. Compiled only when DISTILL_CUDA.
 
 #include "../slot_memory.h"
 
