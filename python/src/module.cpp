@@ -10,6 +10,7 @@ PYBIND11_MODULE(_C, m) {
   distill::py::bindClient(m);
   distill::py::bindSteps(m);
   distill::py::bindTeacher(m);
+  distill::py::bindExit(m);
   m.attr("build_bin_dir") = DISTILL_PY_BUILD_BIN_DIR; // distill-run, distill-teacher of this build tree
   m.attr("__version__") = DISTILL_VERSION; // CMakeLists.txt's project(VERSION): distill.__version__
 }
