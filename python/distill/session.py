@@ -7,7 +7,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import torch
 
-from . import _C
+from . import _C, _exit
 from ._cli import find_program
 from .config import Config
 
@@ -384,4 +384,5 @@ def init(argv: Optional[List[str]] = None, trainer_keys: Optional[List[str]] = N
     if not session.is_teacher:
         _student_world(session)
         _install_sigint(session)
+        _exit.install()  # the exit waits for torch.distributed's gloo workers (docs/python.md, "Ending a job")
     return session

@@ -3,7 +3,7 @@
 import io
 import warnings
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, NamedTuple, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple, Union
 
 import torch
 
@@ -19,6 +19,7 @@ __all__ = ["StepItem", "Steps", "Batch", "LmHead"]
 Batch = Tuple[torch.Tensor, torch.Tensor]  # a loader's micro-batch: (inputs, labels)
 # Steps.backward's lm_head: a Linear, its weight [V, d], or a (weight, bias) pair.
 LmHead = Union[torch.nn.Linear, torch.Tensor, Tuple[torch.Tensor, Optional[torch.Tensor]]]
+_LOADER_FORMAT = "distill.Steps loader 2"  # a checkpoint's per-rank extra (0.4: the loader's state alone)
 
 
 class StepItem(NamedTuple):
@@ -60,9 +61,10 @@ class Steps:
 
     `loader_state`: an object with state_dict() and load_state_dict() (the loader, or its
     sampler). Steps reads the loader ahead of the step it trains, so each checkpoint keeps, in
-    this rank's file, the state it had right after the saved step's last micro-batch was read;
-    a resume loads it back before the first micro-batch is read, so the loader goes on exactly
-    where the checkpoint's step left it.
+    this rank's file, the loader's state after its latest read and the micro-batches read after
+    the saved step's last one; a resume loads the state and hands those micro-batches out first,
+    so the resumed run trains on what the uninterrupted one did, even where a micro-batch depends
+    on the weights it was read under (on-policy samples).
 
     Gradients: a model wrapped in DistributedDataParallel syncs its own (DDP averages them: Steps
     backpropagates the loss times the student world size, so the average is the step's
@@ -133,8 +135,10 @@ class Steps:
             optimizer.load_state_dict(torch.load(io.BytesIO(optimizer_bytes), map_location=device, weights_only=True))
 
         self._loader_state = loader_state
-        self._reads = 0  # micro-batches read from the loader by this object
-        self._snapshots: Dict[int, bytes] = {}  # reads -> loader_state's torch.save bytes right after that read
+        self._reads = 0  # micro-batches handed to the C++ Steps by this object (replayed ones included)
+        self._latest = b""  # loader_state's torch.save bytes right after the latest read
+        self._items: Dict[int, Batch] = {}  # reads -> that micro-batch (the last few)
+        self._replay: List[Batch] = []  # read ahead before the checkpoint: handed out before the loader's own
         self._keep = 2 * self._grad_acc + session.in_flight + 8
         # Through a weak reference: the C++ Steps holding this object would be a cycle that no
         # collector sees, and the session (the process's detach from the job) would never end.
@@ -146,30 +150,45 @@ class Steps:
             self._load_loader_state()
 
     def _load_loader_state(self) -> None:
+        """At resume: the loader's state and the micro-batches the saved run had read ahead, so
+        that the resumed run goes on exactly as the saved one would have."""
         extra = self._c.resumed_rank_extra
-        if extra:
-            self._loader_state.load_state_dict(torch.load(io.BytesIO(extra), weights_only=True))
+        saved = torch.load(io.BytesIO(extra), weights_only=True) if extra else None
+        if isinstance(saved, dict) and saved.get("format") == _LOADER_FORMAT:
+            self._loader_state.load_state_dict(saved["loader"])
+            self._replay = [(b[0], b[1]) for b in saved["ahead"]]
+        elif saved is not None:  # 0.4: the loader's state alone, after the step's last read
+            self._loader_state.load_state_dict(saved)
         elif self._c.resumed_step > 0:
             warnings.warn(f"distill.Steps: the checkpoint of step {self._c.resumed_step} holds no loader state "
                           "(saved without loader_state): the loader starts from its own beginning", stacklevel=3)
 
     def _loader_snapshot(self, step: int) -> bytes:
-        """The loader's state right after the last micro-batch of `step` was read (a checkpoint)."""
-        reads = (step - self._c.resumed_step) * self._grad_acc
-        if reads not in self._snapshots:
-            raise _C.InternalError(f"distill.Steps: no loader state recorded after micro-batch {reads} "
-                                   f"(step {step}); recorded: {sorted(self._snapshots)}")
-        return self._snapshots[reads]
+        """This rank's loader part of the checkpoint of `step` (taken after its optimizer step): the
+        loader's state after its latest read, and the micro-batches read after the step's last one
+        (read ahead; an on-policy one was sampled from older weights than a resume has)."""
+        last = (step - self._c.resumed_step) * self._grad_acc  # the step's last micro-batch
+        ahead = list(range(last + 1, self._reads + 1))
+        if last > self._reads or any(r not in self._items for r in ahead):
+            raise _C.InternalError(f"distill.Steps: the micro-batches read after step {step} (reads {last + 1}.."
+                                   f"{self._reads}) are not all recorded: {sorted(self._items)}")
+        loader = torch.load(io.BytesIO(self._latest), weights_only=True) if self._latest else \
+            self._loader_state.state_dict()
+        buf = io.BytesIO()
+        torch.save({"format": _LOADER_FORMAT, "loader": loader,
+                    "ahead": [self._items[r] for r in ahead] + self._replay}, buf)
+        return buf.getvalue()
 
     def _read(self, loader: Callable[[], Optional[Batch]]) -> Optional[Batch]:
-        item = loader()
+        item = self._replay.pop(0) if self._replay else loader()
         if item is not None and self._loader_state is not None:
             self._reads += 1
             buf = io.BytesIO()
             torch.save(self._loader_state.state_dict(), buf)
-            self._snapshots[self._reads] = buf.getvalue()
+            self._latest = buf.getvalue()
+            self._items[self._reads] = item
             # Steps reads at most a step and student.in_flight requests ahead of the one it trains.
-            self._snapshots.pop(self._reads - self._keep, None)
+            self._items.pop(self._reads - self._keep, None)
         return item
 
     def next(self, loader: Callable[[], Optional[Batch]]) -> Optional[StepItem]:

@@ -21,5 +21,6 @@ void bindSession(pyb::module_& m);
 void bindClient(pyb::module_& m);
 void bindSteps(pyb::module_& m);
 void bindTeacher(pyb::module_& m);
+void bindExit(pyb::module_& m);
 
 } // namespace distill::py

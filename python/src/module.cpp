@@ -11,6 +11,7 @@ PYBIND11_MODULE(_C, m) {
   distill::py::bindClient(m);
   distill::py::bindSteps(m);
   distill::py::bindTeacher(m);
+  distill::py::bindExit(m);
   m.attr("build_bin_dir") = DISTILL_PY_BUILD_BIN_DIR; // distill-run, distill-teacher of this build tree
   // The loaded library's version (CMakeLists.txt's project(VERSION)): distill.__version__, as
   // distill-run --version and distill-teacher --version print it.

@@ -9,9 +9,11 @@ shared) and prints its token counts. Students write DIR/rank<r>.json. Modes:
          length 0; the group request, then each row alone (one request in flight: an unshared
          forward each); both against the in-process unshared forward.
   big    one sampled request of G = 16 rows (more bytes than the job's request slot).
-  steps  distill.Steps over a distill.onpolicy.Mixer (lam 0.5, G = 4, reverse_kl), a checkpoint
-         every step; trainer.stop_at_read = K: student 0 sends itself SIGINT in the middle of the
-         generation of its K-th on-policy micro-batch.
+  steps  distill.Steps over a distill.onpolicy.Mixer (trainer.lam, 0.5 by default; G = 4,
+         reverse_kl), a checkpoint every step; trainer.stop_at_read = K: student 0 sends itself
+         SIGINT in the middle of the generation of its K-th on-policy micro-batch;
+         trainer.stop_after_step = K: in step K (the job stops after it); trainer.lr (SGD, 0.5),
+         trainer.dropout (the student's attention dropout, 0).
 """
 
 import argparse
@@ -26,12 +28,13 @@ import distill
 VOCAB, P, R, G, PROMPTS, EOS = 96, 16, 8, 4, 2, 3
 
 
-def tiny_llama(seed: int, layers: int, dim: int):
+def tiny_llama(seed: int, layers: int, dim: int, dropout: float = 0.0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=dim, intermediate_size=2 * dim, num_hidden_layers=layers,
-                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+                      attention_dropout=dropout)
     return LlamaForCausalLM(cfg)
 
 
@@ -39,8 +42,8 @@ def teacher_model():
     return tiny_llama(0, 2, 48)
 
 
-def student_model():
-    return tiny_llama(1, 1, 32)
+def student_model(dropout: float = 0.0):
+    return tiny_llama(1, 1, 32, dropout)
 
 
 def prompts(g: torch.Generator) -> torch.Tensor:
@@ -78,11 +81,11 @@ def big(session):
 
 def steps(session):
     torch.distributed.init_process_group("gloo")
-    model = student_model()
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    stop_at = int(session.trainer.get("stop_at_read", "0"))
-    mix = distill.onpolicy.Mixer(model, prompts, dataset, lam=0.5, max_new_tokens=R, group_size=G,
-                                 eos_token_id=EOS, seed=session.seed * 1000 + session.rank)
+    model = student_model(session.option("dropout", 0.0))
+    opt = torch.optim.SGD(model.parameters(), lr=session.option("lr", 0.5))
+    stop_at, stop_after = session.option("stop_at_read", 0), session.option("stop_after_step", 0)
+    mix = distill.onpolicy.Mixer(model, prompts, dataset, lam=session.option("lam", 0.5), max_new_tokens=R,
+                                 group_size=G, eos_token_id=EOS, seed=session.seed * 1000 + session.rank)
     calls = [0]
 
     def in_generation(module, args):  # student 0: Ctrl-C at its 3rd token of on-policy micro-batch K
@@ -96,7 +99,9 @@ def steps(session):
     s = distill.Steps(session, model, opt, loader_state=mix)
     kinds = []
     for mb in s.run(mix):
-        kinds.append([mb.step, int((mb.labels != -100).sum()), mb.inputs[0, :4].tolist()])
+        kinds.append([mb.step, int((mb.labels != -100).sum()), mb.inputs.tolist()])  # the whole sample
+        if mb.step == stop_after and mb.acc_step == 0 and session.rank == 0:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C: the job stops after this step
         s.backward(model(mb.inputs))
         if s.step_ends():
             opt.step()

@@ -172,3 +172,33 @@ def test_a_stop_in_the_middle_of_a_generation_resumes_cleanly(bin_dir, tmp_path)
         for name, p in w["params"].items():
             assert torch.allclose(torch.tensor(r["params"][name]), torch.tensor(p), atol=1e-6), name
     assert whole[0]["counts"]["onpolicy"] > 0 and whole[0]["counts"]["dataset"] > 0
+
+
+# All on-policy, a large step (the weights a sample is drawn from matter) and dropout (the random
+# number generators matter). A teacher-output cache rounds the answers; the stopped runs share it.
+CHAIN = "checkpoint: {{dir: ckpt, every_steps: 1}}\ntrainer: {{lam: 1.0, lr: 10.0, dropout: 0.1{stop}}}"
+PREFIX_CACHE = ", cache: {path: teacher_cache, mode: readwrite, keys: prefix}"
+
+
+@pytest.mark.parametrize("cache", ["", PREFIX_CACHE], ids=["uncached", "prefix_cache"])
+def test_a_run_stopped_after_every_step_ends_as_the_uninterrupted_one(bin_dir, tmp_path, cache):
+    """Stopped by Ctrl-C after step 1, resumed and stopped after step 2, ..., resumed to the end:
+    every micro-batch sampled and every final weight equal to the uninterrupted run's, bit for bit.
+    With student.in_flight 2 the next step's sample is drawn before the optimizer step: the
+    checkpoint keeps it (a resume would draw it from newer weights), and the RNG state (dropout)."""
+    steps, extra = 3, lambda k: CHAIN.format(stop=f", stop_after_step: {k}" if k else "")
+    whole_job = start_job(bin_dir, tmp_path / "whole", "steps", steps=steps, extra=extra(0), teacher=cache)
+    seen = [[], []]
+    for k in list(range(1, steps)) + [0]:
+        parts, output = run_job(bin_dir, tmp_path / "parts", "steps", steps=steps, extra=extra(k), teacher=cache)
+        want = (k - 1, k, True) if k else (steps - 1, steps, False)  # resumed from, ended at, stopped
+        assert all((p["resumed"], p["steps"], p["stopped"]) == want for p in parts), output[-3000:]
+        seen = [s + p["seen"] for s, p in zip(seen, parts)]
+    whole, output = finish_job(whole_job, tmp_path / "whole")
+    assert not cache or "prefix keys:" in output, output[-3000:]
+    for w, s, p in zip(whole, seen, parts):
+        assert [m[0] for m in s] == list(range(1, steps + 1))
+        for i, (a, b) in enumerate(zip(w["seen"], s)):
+            assert a == b, f"step {i + 1}'s micro-batch differs from the uninterrupted run's"
+        for name, x in w["params"].items():
+            assert torch.equal(torch.tensor(p["params"][name]), torch.tensor(x)), name
