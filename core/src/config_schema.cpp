@@ -65,6 +65,7 @@ std::vector<KeySpec> runAndTeacherKeys() {
       DISTILL_KEY(teacher, vocab_size).min(0).runtime(),
       DISTILL_KEY(teacher, max_restarts).min(0).runtime(),
       DISTILL_KEY(teacher, threads).min(0).runtime(),
+      DISTILL_KEY(teacher, on_nonfinite),
       // Runtime: a hit is bit-equal to the answer it replaces, so the cache
       // changes how fast a job runs, never what it trains.
       DISTILL_KEY(teacher, cache.path).runtime(), // required unless mode is off, checked across fields
@@ -100,6 +101,7 @@ std::vector<KeySpec> trainingKeys() {
       DISTILL_KEY(loss, chunk_tokens).min(1),
       DISTILL_KEY(loss, vocab),
       DISTILL_KEY(loss, max_truncated_mass).min(0).max(1),
+      DISTILL_KEY(loss, on_nonfinite),
 
       DISTILL_KEY(checkpoint, dir).runtime(),
       DISTILL_KEY(checkpoint, every_steps).min(0).runtime(),

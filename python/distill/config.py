@@ -187,6 +187,7 @@ class TeacherConfig(Section):
     vocab_size: int
     max_restarts: int
     threads: int
+    on_nonfinite: str
     cache: TeacherCacheConfig
 
 
@@ -223,6 +224,7 @@ class LossConfig(Section):
     chunk_tokens: int
     vocab: str
     max_truncated_mass: float
+    on_nonfinite: str
 
 
 class CheckpointConfig(Section):
