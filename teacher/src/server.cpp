@@ -262,6 +262,7 @@ class Server {
     try {
       c10::InferenceMode guard;
       const std::string label = std::to_string(batch.size()) + " request(s), " + std::to_string(tokens) + " tokens";
+      nonfinite_.reset(); // this batch's, set by compute() outside the cache
       if (cache_) {
         std::vector<std::vector<at::Tensor>> requests;
         for (auto& p : batch) requests.push_back(p.inputs);
@@ -291,7 +292,6 @@ class Server {
         sizes.push_back(p.inputs[0].size(0));
         p.inputs.clear();
       }
-      nonfinite_.reset();
       if (direct) out = compute(inputs, label, at::Tensor(), /*inCache=*/false).answer;
     } catch (const std::exception& e) {
       // The teacher's own failure (its model raised, or answered in the wrong
@@ -381,17 +381,17 @@ class Server {
     checkVocab(cfg_.teacher, it->second);
     const int64_t vocab = it->second.dim() >= 1 ? it->second.size(-1) : 0;
     if (vocab > 0) vocab_ = vocab;
-    if (auto nf = findNonfinite(it->second)) { // one reduction when finite
-      if (inCache) throw NonfiniteInCache{};
-      nonfinite_ = std::move(nf);
-      nonfiniteLogits_ = it->second;
-      if (cfg_.teacher.on_nonfinite == TeacherOnNonfinite::kMask) zeroNonfinite(it->second, *nonfinite_);
-    }
+    const bool mask = cfg_.teacher.on_nonfinite == TeacherOnNonfinite::kMask;
+    auto nf = findNonfinite(it->second); // one reduction when finite
+    if (nf && inCache) throw NonfiniteInCache{};
+    if (nf) nonfiniteLogits_ = it->second;
+    if (nf && mask) zeroNonfinite(it->second, *nf);
     std::vector<std::string> names = cfg_.teacher.hidden_states;
     names.push_back(cfg_.teacher.output);
     if (positions.defined()) raw = gatherPositions(raw, names, positions, inputs[0].size(1));
     auto answer = shape(std::move(raw));
-    if (nonfinite_ && cfg_.teacher.on_nonfinite == TeacherOnNonfinite::kMask) markMasked(answer, *nonfinite_);
+    if (nf && mask) markMasked(answer, *nf);
+    if (nf) nonfinite_ = std::move(nf);
     return {std::move(answer), vocab};
   }
 

@@ -10,6 +10,8 @@ import pytest
 
 from test_jobs import BASE
 
+FREE_PORT = ("--master-port", "0")  # a free rendezvous port: other jobs may hold the default
+
 
 def teacher_config(job, on_nonfinite, payload="full", value="nan", cache=""):
     topk = ", topk: 8" if payload == "topk" else ""
@@ -19,7 +21,7 @@ def teacher_config(job, on_nonfinite, payload="full", value="nan", cache=""):
 
 @pytest.mark.parametrize("payload,value", [("full", "nan"), ("full", "inf"), ("topk", "nan")])
 def test_nonfinite_teacher_answer_is_the_teachers_error(job, payload, value):
-    rc = job.run("steps_plain", teacher_config(job, "error", payload, value))
+    rc = job.run("steps_plain", teacher_config(job, "error", payload, value), options=FREE_PORT)
     assert rc != 0, job.output
     # The request of student 0 holding the token, named by the teacher, with row, position, count.
     assert ("teacher rank 2 (teacher 0 of its node) computed an answer to the request (step 1, acc_step 0, seq 1) "
@@ -33,7 +35,7 @@ def test_nonfinite_teacher_answer_is_the_teachers_error(job, payload, value):
 
 @pytest.mark.parametrize("payload", ["full", "topk"])
 def test_masked_tokens_learn_from_labels_only_and_are_counted(job, payload):
-    rc = job.run("steps_plain", teacher_config(job, "mask", payload))
+    rc = job.run("steps_plain", teacher_config(job, "mask", payload), options=FREE_PORT)
     assert rc == 0, job.output
     assert "1 token(s) masked as not finite (teacher.on_nonfinite)" in job.output, job.output
     assert "masked tokens=1" in job.output, job.output  # distill-run's last status line
@@ -49,7 +51,7 @@ def test_masked_tokens_learn_from_labels_only_and_are_counted(job, payload):
 def test_masked_answers_are_never_cached(job):
     cache = f", cache: {{path: {job.dir / 'cache'}, mode: readwrite}}"
     for run in range(2):
-        rc = job.run("steps_plain", teacher_config(job, "mask", cache=cache))
+        rc = job.run("steps_plain", teacher_config(job, "mask", cache=cache), options=FREE_PORT)
         assert rc == 0, job.output
         # The second run finds every other row in the store, and computes the masked one again.
         assert "1 token(s) masked as not finite" in job.output, (run, job.output)
@@ -64,7 +66,7 @@ def student_config(on_nonfinite):
 
 
 def test_nonfinite_student_loss_is_an_error_naming_step_and_student(job):
-    rc = job.run("steps", student_config("error"))
+    rc = job.run("steps", student_config("error"), options=FREE_PORT)
     assert rc != 0, job.output
     assert "NumericError" in job.output, job.output
     assert "step 2: student rank " in job.output, job.output
@@ -73,7 +75,7 @@ def test_nonfinite_student_loss_is_an_error_naming_step_and_student(job):
 
 
 def test_skip_step_skips_the_update_on_every_student(job):
-    rc = job.run("steps", student_config("skip_step"))
+    rc = job.run("steps", student_config("skip_step"), options=FREE_PORT)
     assert rc == 0, job.output
     assert "no student applies this step's update (loss.on_nonfinite: skip_step; 1 step(s) skipped so far)" \
         in job.output, job.output
