@@ -10,14 +10,29 @@
 //   {"bench":"payload","v":32000,"payload":"topk","k":64,"dtype":"bfloat16",
 //    "wire_bytes_per_token":392.0,"slot_bytes_per_token":392.0,"cache_bytes_per_token":…,
 //    "full_fp32_over_wire":…}
+// And the cost of teacher.on_nonfinite's check (teacher/src/answer_check.h,
+// issue 39 item 2: at most 2 % of an answer's time at V = 32k), as a ratio to
+// a baseline timed in the same run: a lower bound of any teacher's answer, its
+// output projection alone (hidden [tokens, --d] x [--d, V], --d 2048: a 1B-class
+// model's head; every real forward costs more than its head) and the shaping
+// (full logits in float32, or top-64), median of --reps. Measured here (2 shared
+// cores, OMP_NUM_THREADS=1, V 32000, 256 tokens): d 2048 full 0.010, top-64
+// 0.006; with the smallest head, d 512, full 0.04 (a head alone is not a teacher):
+//   {"bench":"nonfinite_check","v":32000,"tokens":256,"d":2048,"payload":"full",
+//    "check_ms":…,"answer_ms":…,"ratio":…}
 // printf of literal keys and numbers only: trivially valid JSON.
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
+#include <vector>
 
+#include "answer_check.h" // internal: teacher/src (findNonfinite)
 #include "cache.h" // internal: teacher/src (encodeRow, roundForStorage)
 #include "distill/core/options.h"
 #include "distill/core/payload.h"
@@ -75,6 +90,40 @@ void measure(const at::Tensor& logits, int64_t k, distill::PayloadDtype dtype, c
       double(cache) / double(n), fullFp32 / wirePer, slot.response == wire ? "true" : "false");
 }
 
+// Median milliseconds of `reps` calls of `f` (after one warm-up call).
+double medianMs(int64_t reps, const std::function<void()>& f) {
+  f();
+  std::vector<double> ms;
+  for (int64_t i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+void measureCheck(int64_t v, int64_t tokens, int64_t d, int64_t k, int64_t reps) {
+  const at::Tensor hidden = at::randn({tokens, d});
+  const at::Tensor head = at::randn({v, d}) * (1.0 / 8);
+  at::Tensor logits;
+  const double answer = medianMs(reps, [&] {
+    logits = at::mm(hidden, head.t());
+    if (k > 0) {
+      distill::topkOutput(logits, k, 1.0, at::kFloat);
+    } else {
+      logits.contiguous();
+    }
+  });
+  bool finite = true;
+  const double check = medianMs(reps, [&] { finite = !distill::findNonfinite(logits).has_value(); });
+  std::printf(
+      "{\"bench\":\"nonfinite_check\",\"v\":%lld,\"tokens\":%lld,\"d\":%lld,\"payload\":\"%s\",\"k\":%lld,"
+      "\"check_ms\":%.4f,\"answer_ms\":%.4f,\"ratio\":%.4f,\"finite\":%s}\n",
+      static_cast<long long>(v), static_cast<long long>(tokens), static_cast<long long>(d), k > 0 ? "topk" : "full",
+      static_cast<long long>(k), check, answer, check / answer, finite ? "true" : "false");
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -88,5 +137,8 @@ int main(int argc, char** argv) {
   }
   measure(logits, 0, distill::PayloadDtype::kFloat32, "float32");
   measure(logits, 0, distill::PayloadDtype::kBFloat16, "bfloat16");
+  const int64_t d = argOr(argc, argv, "--d", 2048), reps = argOr(argc, argv, "--reps", 11);
+  measureCheck(v, rows * seq, d, 0, reps);
+  measureCheck(v, rows * seq, d, 64, reps);
   return 0;
 }

@@ -65,6 +65,7 @@ std::vector<KeySpec> runAndTeacherKeys() {
       DISTILL_KEY(teacher, vocab_size).min(0).runtime(),
       DISTILL_KEY(teacher, max_restarts).min(0).runtime(),
       DISTILL_KEY(teacher, threads).min(0).runtime(),
+      DISTILL_KEY(teacher, on_nonfinite),
       // Runtime: a hit is bit-equal to the answer a miss gets, and with
       // cache.dtype float32 to the answer without the cache (float16, the
       // default, rounds float32 logits: CHANGELOG.md 0.5.0).
@@ -104,6 +105,7 @@ std::vector<KeySpec> trainingKeys() {
       DISTILL_KEY(loss, chunk_tokens).min(1),
       DISTILL_KEY(loss, vocab),
       DISTILL_KEY(loss, max_truncated_mass).min(0).max(1),
+      DISTILL_KEY(loss, on_nonfinite),
 
       DISTILL_KEY(checkpoint, dir).runtime(),
       DISTILL_KEY(checkpoint, every_steps).min(0).runtime(),

@@ -54,7 +54,7 @@ void Segment::publishStatus(int localIndex, const StudentStatus& st) const {
   std::atomic_thread_fence(std::memory_order_release);
   a.step.store(st.step, std::memory_order_relaxed);
   const double values[wire::kStatusUsed] = {st.loss, st.kd, st.ce, st.tokens_per_s, st.teacher_wait_share,
-                                                st.truncated_mass};
+                                                st.truncated_mass, st.masked_tokens, st.skipped_steps};
   for (uint32_t i = 0; i < wire::kStatusUsed; ++i) a.values[i].store(values[i], std::memory_order_relaxed);
   a.count.store(wire::kStatusUsed, std::memory_order_relaxed);
   a.seq.store(seq + 2, std::memory_order_release);
@@ -83,6 +83,8 @@ std::optional<StudentStatus> Segment::status(int localIndex) const {
     st.tokens_per_s = v[wire::kStatusTokensPerS];
     st.teacher_wait_share = v[wire::kStatusTeacherWait];
     st.truncated_mass = v[wire::kStatusTruncatedMass];
+    st.masked_tokens = v[wire::kStatusMasked];
+    st.skipped_steps = v[wire::kStatusSkipped];
     return st;
   }
   return std::nullopt;

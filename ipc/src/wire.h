@@ -40,7 +40,8 @@ constexpr uint64_t kSegmentMagic = 0x314D48534C495444ull; // "DTILSHM1", little 
 // ControlBlock::stallTimeoutMs (transport.stall_timeout_s); 13: SlotHeader::vocab (the teacher's
 // vocabulary) and the status value kStatusTruncatedMass; 14: RingHeader::failedSeq, TeacherState::gaveUp and
 // ControlBlock::gaveUpText (a teacher whose forward raised leaves its requests for the next incarnation, and
-// one that fails again on the same request gives up)
+// one that fails again on the same request gives up), and the status values kStatusMasked and
+// kStatusSkipped
 constexpr uint32_t kLayoutVersion = 14;
 constexpr uint32_t kSlotMagic = 0x544F4C53u; // "SLOT"
 
@@ -273,7 +274,7 @@ static_assert(sizeof(ProcessEntry) == 128, "ProcessEntry layout");
 // seq before and after its (relaxed) loads read one whole record. 0 = never
 // published. values[] holds StudentStatus's doubles in their order (NaN = not
 // reported); `count` says how many the writer knew, the rest are spare.
-enum StatusValue : uint32_t { kStatusLoss, kStatusKd, kStatusCe, kStatusTokensPerS, kStatusTeacherWait, kStatusTruncatedMass, kStatusUsed };
+enum StatusValue : uint32_t { kStatusLoss, kStatusKd, kStatusCe, kStatusTokensPerS, kStatusTeacherWait, kStatusTruncatedMass, kStatusMasked, kStatusSkipped, kStatusUsed };
 constexpr int kStatusValues = 13;
 struct alignas(kCacheLine) StatusArea {
   std::atomic<uint64_t> seq;

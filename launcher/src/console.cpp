@@ -91,7 +91,7 @@ void Console::printStatus(const std::string& text) {
 std::string statusText(const std::vector<Rank>& ranks, const std::vector<double>& teacherBusy,
                        std::optional<double> cacheHits, const std::string& cacheNote) {
   int64_t step = -1;
-  double loss = 0, tps = 0, wait = 0, truncated = -1;
+  double loss = 0, tps = 0, wait = 0, truncated = -1, masked = -1, skipped = -1;
   int nLoss = 0, nTps = 0, nWait = 0;
   for (auto& r : ranks) {
     if (!r.published) continue;
@@ -101,6 +101,9 @@ std::string statusText(const std::vector<Rank>& ranks, const std::vector<double>
     if (!std::isnan(s.tokens_per_s)) tps += s.tokens_per_s, ++nTps;
     if (!std::isnan(s.teacher_wait_share)) wait += s.teacher_wait_share, ++nWait;
     if (!std::isnan(s.truncated_mass)) truncated = std::max(truncated, s.truncated_mass);
+    // The same on every student (summed over them, or agreed): the largest is the latest.
+    if (!std::isnan(s.masked_tokens)) masked = std::max(masked, s.masked_tokens);
+    if (!std::isnan(s.skipped_steps)) skipped = std::max(skipped, s.skipped_steps);
   }
   std::ostringstream os;
   os << std::setprecision(4);
@@ -115,6 +118,9 @@ std::string statusText(const std::vector<Rank>& ranks, const std::vector<double>
   if (!cacheNote.empty()) os << cacheNote << " ";
   if (nWait) os << "teacher wait=" << static_cast<int>(100 * wait / nWait + 0.5) << "% ";
   // loss.vocab truncate: the most teacher probability one token lost (docs/vocab.md).
+  // teacher.on_nonfinite mask, loss.on_nonfinite skip_step: counted since the run started.
+  if (masked >= 0) os << "masked tokens=" << static_cast<int64_t>(masked) << " ";
+  if (skipped >= 0) os << "skipped steps=" << static_cast<int64_t>(skipped) << " ";
   if (truncated >= 0) os << "truncated mass=" << std::setprecision(2) << truncated << " ";
   std::string text = os.str();
   return text.empty() ? "no status yet" : text.substr(0, text.size() - 1);

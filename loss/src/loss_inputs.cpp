@@ -75,6 +75,11 @@ DataCheck logsumexpCheck(const Problem& pb, const at::Tensor& keep) {
     const int64_t row = bad.nonzero().select(1, 0)[0].item<int64_t>();
     const double sv = s[row].item<double>(), lv = lse[row].item<double>(), tv = tol[row].item<double>();
     const bool tail = pb.tLogTail.defined();
+    // Said as measured (issue 39): a teacher output that is not finite contradicts nothing.
+    DISTILL_CHECK_T(ProtocolError, std::isfinite(sv) && std::isfinite(lv), pb.fn, ": teacher top-k, token row ", row,
+                    " of ", pb.n, ": the teacher's output for it is not finite (NaN or +inf in its logsumexp or "
+                    "top-k values), so there is nothing to measure or renormalise; a distill teacher refuses such "
+                    "answers (teacher.on_nonfinite), so this output came from another producer");
     DISTILL_THROW(ProtocolError, pb.fn, ": teacher top-k, token row ", row, " of ", pb.n, ": the sent logsumexp ", lv,
                   " contradicts the sent top-k",
                   tail ? " and log tail: logaddexp(logsumexp(values / T), log_tail)" : ": logsumexp(values / T)", " = ",

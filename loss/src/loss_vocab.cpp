@@ -25,6 +25,7 @@
 //     padding rows, whose logits never reach the top-k).
 #include <ATen/ATen.h>
 
+#include <cmath>
 #include <limits>
 #include <string>
 
@@ -34,6 +35,10 @@
 namespace distill::loss_impl {
 
 namespace {
+
+// A dropped mass this near 1 is all of it: float32 rounding of the top-k's
+// buckets (a few eps32 per term) stays far below it.
+constexpr double kAllMassTolerance = 1e-5;
 
 // log(1 - exp(a)) for a <= 0 (Maechler's log1mexp).
 at::Tensor log1mexp(const at::Tensor& a) {
@@ -117,12 +122,37 @@ void truncateTeacher(Problem& pb, const LossOptions& o) {
   const double mx = mass.max().item<double>();
   pb.massSum = mass.sum(at::kDouble).item<double>();
   pb.massMax = mx;
-  if (mx <= o.max_truncated_mass && mx < 1) return;
+  // One rule for dense and top-k: a mass within rounding of 1 is all of it
+  // (top-k's rounds to 0.9999999 where dense's is exactly 1), whatever the bound.
+  const bool all = mx >= 1 - kAllMassTolerance;
+  if (mx <= o.max_truncated_mass && !all) return;
   const int64_t row = pb.valid[worst.item<int64_t>()].item<int64_t>();
-  DISTILL_THROW(ProtocolError, pb.fn, ": loss.vocab truncate: the teacher's ids >= ", pb.v, " (of its ", pb.vt,
-                ") hold probability ", mx, " (at T = ", pb.temperature, ") for token ", row,
+  const std::string head = std::string(pb.fn) + ": loss.vocab truncate: for token " + std::to_string(row) + ", the teacher's ids >= " +
+      std::to_string(pb.v) + " (of its " + std::to_string(pb.vt) + ")";
+  DISTILL_CHECK_T(ProtocolError, std::isfinite(mx), head,
+                  " hold a probability that is not finite: the teacher's output for it is not finite (NaN or +inf), "
+                  "so there is nothing to measure or renormalise; a distill teacher refuses such answers "
+                  "(teacher.on_nonfinite), so this output came from another producer");
+  DISTILL_CHECK_T(ProtocolError, !all, head, " hold all of the teacher's probability (at T = ", pb.temperature,
+                  "): nothing is left on the student's ids to renormalise, whatever loss.max_truncated_mass; "
+                  "those ids are the teacher's real vocabulary, not padding (docs/vocab.md)");
+  std::string where;
+  if (pb.tFull.defined()) { // the dropped id holding the most of it
+    const at::Tensor s = pb.tFull[row].narrow(0, pb.v, pb.vt - pb.v).to(at::kDouble).div(pb.temperature);
+    const at::Tensor lse = at::logsumexp(pb.tFull[row].to(at::kDouble).div(pb.temperature), 0);
+    const int64_t top = s.argmax().item<int64_t>();
+    where = ", the most at id " + std::to_string(pb.v + top) + " (" +
+        std::to_string((s[top] - lse).exp().item<double>()) + ")";
+  } else if (pb.tNull.defined()) {
+    where = ", in " + std::to_string(pb.tNull[row].sum().item<int64_t>()) + " of its top-" +
+        std::to_string(pb.tNull.size(1)) + " entries";
+  }
+  DISTILL_THROW(ProtocolError, head, " hold probability ", mx, " (at T = ", pb.temperature, ")", where,
                 ", above loss.max_truncated_mass = ", o.max_truncated_mass,
-                ": they are not padding, and truncating them would change what the student learns");
+                ". If those ids are padding rows (an undertrained head can leave them 1e-3 of the mass), raise "
+                "loss.max_truncated_mass above ", mx,
+                " (docs/vocab.md says how to pick it); if they are real tokens, truncating them changes what the "
+                "student learns: give the student the teacher's vocabulary");
 }
 
 LossResult withMass(const Problem& pb, LossResult r) {

@@ -188,6 +188,7 @@ class TeacherConfig(Section):
     vocab_size: int
     max_restarts: int
     threads: int
+    on_nonfinite: str
     cache: TeacherCacheConfig
 
 
@@ -224,6 +225,7 @@ class LossConfig(Section):
     chunk_tokens: int
     vocab: str
     max_truncated_mass: float
+    on_nonfinite: str
 
 
 class CheckpointConfig(Section):

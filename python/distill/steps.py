@@ -80,6 +80,7 @@ class Steps:
 
     `on_step(report)`: after each optimizer step, a dict with step, loss, kd, ce (a term of weight 0,
     kd at loss.alpha 0 or ce at 1, is not computed and says 0, never NaN), tokens, seconds,
+    masked_tokens (teacher.on_nonfinite mask), skipped and skipped_steps (loss.on_nonfinite skip_step),
     tokens_per_s, teacher_wait_share, stop, and with loss.vocab truncate truncated_mass_max and
     truncated_mass_mean (the teacher probability dropped at ids >= the student's vocabulary: the
     most of any token and the mean over the step's tokens, all students; docs/vocab.md).

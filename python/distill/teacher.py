@@ -20,10 +20,11 @@ __all__ = ["serve"]
 
 @contextlib.contextmanager
 def _sigint_while_serving(session: "Session") -> Iterator[None]:
-    """Ctrl-C reaches every rank of a distill-run job: the students stop after the current step
-    and tell the teacher, which then returns. So the teacher's first Ctrl-C only says so (it
-    serves the students' last step); a second interrupts it (KeyboardInterrupt, the job fails
-    naming the teacher). A handler the trainer installed is left alone."""
+    """distill-run's Ctrl-C reaches every rank of a job: the students stop after the current step
+    and tell the teacher, which then returns. So the teacher's first Ctrl-C only says what it does
+    (it serves on until its students finish: it cannot stop them, and a Ctrl-C to the teacher
+    alone leaves them training); a second interrupts it (KeyboardInterrupt, the job fails naming
+    the teacher). A handler the trainer installed is left alone."""
     if (threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
         yield
@@ -34,8 +35,11 @@ def _sigint_while_serving(session: "Session") -> Iterator[None]:
         if seen:
             raise KeyboardInterrupt
         seen.append(signum)
-        print(f"[distill] teacher {session.teacher_index}: Ctrl-C: serving until the students stop (they stop "
-              "after this step); Ctrl-C again interrupts", file=sys.stderr, flush=True)
+        # The teacher cannot stop its students: only a Ctrl-C that reached them (distill-run's reaches
+        # every rank) does. Say so, rather than promise a stop that a Ctrl-C to this rank alone is not.
+        print(f"[distill] teacher {session.teacher_index}: Ctrl-C: serving until the students finish; a Ctrl-C "
+              "to distill-run stops them after their current step, one to this teacher alone does not; Ctrl-C "
+              "again interrupts this teacher (the job then fails, naming it)", file=sys.stderr, flush=True)
 
     signal.signal(signal.SIGINT, on_sigint)
     try:
@@ -47,7 +51,7 @@ def _sigint_while_serving(session: "Session") -> Iterator[None]:
 def serve(session: "Session", model: Union[torch.nn.Module, Callable[..., Any]], fingerprint: str = "",
           share_prefix: int = 16) -> Dict[str, Any]:
     """Answers every request of this teacher's students until they have all finished; returns
-    the counts (requests, errors, batches, forward_seconds, wall_seconds, per_student).
+    the counts (requests, errors, masked, batches, forward_seconds, wall_seconds, per_student).
 
     model(*inputs) returns the output tensor (teacher.output), a tuple whose first element is
     it, or a dict of named tensors. Put it on session.teacher_device first. The teacher-output

@@ -75,6 +75,8 @@ StepsPtr makeSteps(const SessionPtr& s, std::vector<at::Tensor> params, std::vec
       d["step"] = r.step, d["loss"] = r.loss, d["kd"] = r.kd, d["ce"] = r.ce, d["tokens"] = r.tokens;
       d["seconds"] = r.seconds, d["tokens_per_s"] = r.tokensPerS, d["teacher_wait_share"] = r.teacherWaitShare;
       d["stop"] = r.stop;
+      d["masked_tokens"] = r.maskedTokens; // teacher.on_nonfinite mask
+      d["skipped"] = r.skipped, d["skipped_steps"] = r.skippedSteps; // loss.on_nonfinite skip_step
       if (r.truncatedMassMax >= 0) { // loss.vocab truncate
         d["truncated_mass_max"] = r.truncatedMassMax, d["truncated_mass_mean"] = r.truncatedMassMean;
       }

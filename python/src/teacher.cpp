@@ -109,6 +109,7 @@ pyb::dict serveModule(const SessionPtr& s, pyb::object module, std::string finge
   }
   pyb::dict d;
   d["requests"] = st.requests, d["errors"] = st.errors, d["batches"] = st.batches;
+  d["masked"] = st.masked; // teacher.on_nonfinite mask: tokens answered masked
   d["forward_seconds"] = st.forwardSeconds, d["wall_seconds"] = st.wallSeconds, d["per_student"] = st.perStudent;
   return d;
 }

@@ -4,6 +4,7 @@
 
 #include <pwd.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -33,6 +34,21 @@ const std::string kHeaderKey = "distill-teacher-cache";
 std::string headerValue(uint32_t version) { return "format " + std::to_string(version); }
 
 std::string lmdbError(int rc) { return mdb_strerror(rc); }
+
+// Why a write of `bytes` into the store at `path` failed. LMDB reports a short
+// write to a full disk as EIO (mdb_page_flush), so a file system without room
+// for the write is said as such, with the bytes it has free.
+std::string writeFailure(const std::string& path, const std::string& what, int rc, int64_t bytes) {
+  struct statvfs fs {};
+  if ((rc == EIO || rc == ENOSPC) && ::statvfs(path.c_str(), &fs) == 0) {
+    const uint64_t free = uint64_t(fs.f_bavail) * uint64_t(fs.f_frsize);
+    if (rc == ENOSPC || free < uint64_t(bytes) + (uint64_t(1) << 20)) {
+      return "cannot store rows: no space left on the file system of " + path + " (" + std::to_string(free) +
+          " bytes free, a write of about " + std::to_string(bytes) + " bytes; " + what + ": " + lmdbError(rc) + ")";
+    }
+  }
+  return "cannot store rows: " + what + ": " + lmdbError(rc);
+}
 
 // Damaged rows logged one by one; past this many they are only counted.
 constexpr int64_t kCorruptLogged = 10;
@@ -159,9 +175,15 @@ void TeacherCache::open(const TeacherOptions::CacheOptions& o) {
     // killed process loses nothing committed; an OS crash may undo the last
     // commit, never corrupt the store. Files owner-only (0600).
     const unsigned flags = MDB_NOMETASYNC | (writes_ ? 0u : unsigned(MDB_RDONLY));
-    rc = mdb_env_open(env_->env, path_.c_str(), flags, 0600);
+    // An empty data.mdb (a store whose first write never happened, a file
+    // truncated to 0) is no store: LMDB fails on it with EBADF or EINVAL.
+    struct stat fs {};
+    const bool empty = ::stat(env_->file.c_str(), &fs) == 0 && S_ISREG(fs.st_mode) && fs.st_size == 0;
+    rc = empty ? 0 : mdb_env_open(env_->env, path_.c_str(), flags, 0600);
     std::string bad;
-    if (rc == MDB_INVALID || rc == MDB_CORRUPTED || rc == MDB_PAGE_NOTFOUND) {
+    if (empty) {
+      bad = "data.mdb is an empty store file (0 bytes)";
+    } else if (rc == MDB_INVALID || rc == MDB_CORRUPTED || rc == MDB_PAGE_NOTFOUND) {
       bad = "LMDB finds it invalid: " + lmdbError(rc);
     } else {
       DISTILL_CHECK_T(ConfigError, rc == 0, "teacher.cache.path: cannot open the LMDB store in ", path_, ": ",
@@ -279,7 +301,9 @@ std::optional<std::string> TeacherCache::lookup(const CacheKey& k) {
 void TeacherCache::noteCorrupt(const CacheKey& k, const std::string& why) {
   ++stats_.corrupt;
   if (stats_.corrupt <= kCorruptLogged) {
-    DISTILL_LOG(kWarning) << "teacher cache " << path_ << ": the row with key " << keyHex(k) << " is damaged (" << why
+    // teacher.cache.keys prefix: every record is one position of a row.
+    DISTILL_LOG(kWarning) << "teacher cache " << path_ << ": the " << (keys_ == CacheKeys::kPrefix ? "position" : "row")
+                          << " with key " << keyHex(k) << " is damaged (" << why
                           << "); it is computed instead, never served from the store"
                           << (stats_.corrupt == kCorruptLogged ? " (further damaged rows are only counted)" : "");
   }
@@ -313,7 +337,7 @@ void TeacherCache::insert(const std::vector<std::pair<CacheKey, std::string>>& r
     if (rc != 0) {
       // The batch's transaction is dropped whole; what was committed before stays and is served.
       mdb_txn_abort(txn);
-      return stopInserting(rc == MDB_MAP_FULL ? fullText : "cannot store rows: a write failed: " + lmdbError(rc));
+      return stopInserting(rc == MDB_MAP_FULL ? fullText : writeFailure(path_, "a write failed", rc, addedBytes));
     }
     ++added;
     addedTokens += tokens[i];
@@ -327,7 +351,7 @@ void TeacherCache::insert(const std::vector<std::pair<CacheKey, std::string>>& r
     rc = mdb_txn_commit(txn);
   }
   if (rc != 0) {
-    return stopInserting(rc == MDB_MAP_FULL ? fullText : "cannot store rows: commit failed: " + lmdbError(rc));
+    return stopInserting(rc == MDB_MAP_FULL ? fullText : writeFailure(path_, "commit failed", rc, addedBytes));
   }
   for (const auto& row : rows) damaged_.erase(row.first);
   stats_.inserted += added;

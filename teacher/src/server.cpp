@@ -12,6 +12,7 @@
 #include <map>
 #include <sstream>
 
+#include "answer_check.h"
 #include "autocast_scope.h"
 #include "cache.h"
 #include "pending.h"
@@ -29,26 +30,9 @@ namespace {
 using ipc::MsgKind;
 using ipc::ReceivedMessage;
 
-std::string describe(const at::Tensor& t) {
-  std::ostringstream os;
-  os << c10::toString(t.scalar_type()) << " " << t.sizes();
-  return os.str();
-}
-
-// A response holds at most ipc::kMaxTensors tensors: the output (the
-// logits, or the top-k's four) and the hidden states must fit, which is known
-// at start-up; otherwise every reply would fail.
-void checkResponseFits(const TeacherOptions& t) {
-  const size_t output = t.topk > 0 ? 4 : 1;
-  DISTILL_CHECK_T(ConfigError, output + t.hidden_states.size() <= size_t(ipc::kMaxTensors),
-                  "teacher.hidden_states: ", t.hidden_states.size(),
-                  " hidden state(s) do not fit in a response "
-                  "next to ",
-                  t.topk > 0 ? "the top-k output (teacher.topk=" + std::to_string(t.topk) +
-                          ": topk_values, topk_indices, logsumexp, log_tail)"
-                             : std::string("the logits"),
-                  ": a message holds at most ", ipc::kMaxTensors, " tensors");
-}
+// Thrown out of the cache's compute when an answer is not finite: nothing of the
+// batch is stored, and it is answered again without the cache (answer_check.h).
+struct NonfiniteInCache {};
 
 // The dtype and rank of each input, fixed by the first request of the job.
 struct InputSignature {
@@ -98,8 +82,9 @@ class Server {
     // torchrun: no launcher removes the segment; its students are done with it.
     if (ctx_.topology().torchrun) ipc::Segment::remove(ctx_.topology().segment);
     DISTILL_LOG(kInfo) << "teacher done: " << stats_.requests << " requests in " << stats_.batches << " batches, "
-                       << stats_.errors << " errors, forward " << stats_.forwardSeconds << " s of "
-                       << stats_.wallSeconds << " s";
+                       << stats_.errors << " errors, " << stats_.masked
+                       << " token(s) masked as not finite (teacher.on_nonfinite), forward " << stats_.forwardSeconds
+                       << " s of " << stats_.wallSeconds << " s";
     if (cache_) logCacheSummary();
     return stats_;
   }
@@ -275,18 +260,24 @@ class Server {
     try {
       c10::InferenceMode guard;
       const std::string label = std::to_string(batch.size()) + " request(s), " + std::to_string(tokens) + " tokens";
+      nonfinite_.reset(); // this batch's, set by compute() outside the cache
       if (cache_) {
         std::vector<std::vector<at::Tensor>> requests;
         for (auto& p : batch) requests.push_back(p.inputs);
-        cached = cache_->answer(
-            requests,
-            [&](const std::vector<at::Tensor>& rows, const at::Tensor& positions) {
-              return compute(rows, label, positions);
-            },
-            cfg_.transport.cuda_ipc == CudaIpc::kOff ? at::Device(at::kCPU) : at::Device(device_));
+        try {
+          cached = cache_->answer(
+              requests,
+              [&](const std::vector<at::Tensor>& rows, const at::Tensor& positions) {
+                return compute(rows, label, positions, /*inCache=*/true);
+              },
+              cfg_.transport.cuda_ipc == CudaIpc::kOff ? at::Device(at::kCPU) : at::Device(device_));
+        } catch (const NonfiniteInCache&) {
+          cached.clear(); // answered below as without the cache, and not stored
+        }
       }
+      const bool direct = cached.empty();
       std::vector<at::Tensor> inputs;
-      for (size_t i = 0; !cache_ && i < batch[0].inputs.size(); ++i) {
+      for (size_t i = 0; direct && i < batch[0].inputs.size(); ++i) {
         std::vector<at::Tensor> parts;
         for (auto& p : batch) parts.push_back(p.inputs[i]);
         inputs.push_back(at::cat(parts, 0));
@@ -299,7 +290,7 @@ class Server {
         sizes.push_back(p.inputs[0].size(0));
         p.inputs.clear();
       }
-      if (!cache_) out = compute(inputs, label, at::Tensor()).answer;
+      if (direct) out = compute(inputs, label, at::Tensor(), /*inCache=*/false).answer;
     } catch (const std::exception& e) {
       // The teacher's own failure (its model raised, or answered in the wrong shape), named first;
       // its requests stay in the rings for a restarted teacher (AbandonOnFailure, giveUpIfRepeated).
@@ -310,18 +301,25 @@ class Server {
     }
     noteBusy(t0, Clock::now());
     if (cache_) publishCache();
+    answerBatch(batch, cached, out, sizes);
+  }
 
+  // Answers each request: from `cached` (one answer per request) or its rows of `out`.
+  void answerBatch(std::vector<Pending>& batch, const std::vector<Answer>& cached,
+                   const std::map<std::string, at::Tensor>& out, const std::vector<int64_t>& sizes) {
     int64_t offset = 0;
     for (size_t b = 0; b < batch.size(); ++b) {
+      const int64_t first = offset, rows = sizes[b];
+      offset += rows;
+      if (nonfinite_ && nonfiniteAnswered(batch[b], first, rows)) continue;
       ipc::OutMessage reply;
       reply.kind = MsgKind::kResponse;
       reply.tag = batch[b].msg.tag();
       reply.vocab = vocab_; // the students check it against theirs (loss.vocab)
-      if (cache_) {
+      if (!cached.empty()) {
         for (auto& [name, t] : cached[b]) reply.tensors.emplace_back(name, t);
       }
-      for (auto& [name, t] : out) reply.tensors.emplace_back(name, t.narrow(0, offset, sizes[b]));
-      offset += sizes[b];
+      for (auto& [name, t] : out) reply.tensors.emplace_back(name, t.narrow(0, first, rows));
       endpoint_->reply(batch[b].student, reply, Deadline::afterSeconds(cfg_.run.peerWaitS()));
       batch[b].msg.release(); // answered: only now may the slot be reused
       ++stats_.requests;
@@ -361,8 +359,9 @@ class Server {
 
   // The model's shaped answer for batched inputs (one forward call); with
   // `positions` (teacher.cache.keys prefix), only theirs (gatherPositions).
+  // `inCache`: called by the cache, which must never store an answer that is not finite.
   TeacherCache::Computed compute(const std::vector<at::Tensor>& rows, const std::string& label,
-                                 const at::Tensor& positions) {
+                                 const at::Tensor& positions, bool inCache) {
     std::vector<at::Tensor> inputs;
     for (const at::Tensor& t : rows) inputs.push_back(t.to(at::Device(device_)));
     AutocastScope autocast(cfg_.teacher, at::Device(device_));
@@ -375,40 +374,39 @@ class Server {
     auto it = raw.find(cfg_.teacher.output);
     DISTILL_CHECK_T(ProtocolError, it != raw.end(), "teacher model returned no '", cfg_.teacher.output,
                     "' (teacher.output)");
-    checkOutputShape(it->second, inputs[0]);
-    checkVocab(it->second);
+    checkOutputShape(cfg_.teacher, it->second, inputs[0]);
+    checkVocab(cfg_.teacher, it->second);
     const int64_t vocab = it->second.dim() >= 1 ? it->second.size(-1) : 0;
     if (vocab > 0) vocab_ = vocab;
+    const bool mask = cfg_.teacher.on_nonfinite == TeacherOnNonfinite::kMask;
+    auto nf = findNonfinite(it->second); // one reduction when finite
+    if (nf && inCache) throw NonfiniteInCache{};
+    if (nf) nonfiniteLogits_ = it->second;
+    if (nf && mask) zeroNonfinite(it->second, *nf);
     std::vector<std::string> names = cfg_.teacher.hidden_states;
     names.push_back(cfg_.teacher.output);
     if (positions.defined()) raw = gatherPositions(raw, names, positions, inputs[0].size(1));
-    return {shape(std::move(raw)), vocab};
+    auto answer = shape(std::move(raw));
+    if (nf && mask) markMasked(answer, *nf);
+    if (nf) nonfinite_ = std::move(nf);
+    return {std::move(answer), vocab};
   }
 
-  // The model's output checked against its first input: the batch in dim 0 and,
-  // for token ids [B, T] answered per position ([B, T', V]), one row per token.
-  void checkOutputShape(const at::Tensor& logits, const at::Tensor& input) const {
-    const int64_t batch = input.size(0);
-    const std::string& name = cfg_.teacher.output;
-    const std::string input0 = "input '" + cfg_.teacher.inputs.at(0) + "' of shape " + describe(input);
-    DISTILL_CHECK_T(ProtocolError, logits.dim() >= 1 && logits.size(0) == batch, "teacher output '", name,
-                    "' has shape ", logits.sizes(), " for ", input0, ": expected batch ", batch, " in dim 0");
-    if (at::isIntegralType(input.scalar_type(), false) && input.dim() == 2 && logits.dim() == 3) {
-      DISTILL_CHECK_T(ProtocolError, logits.size(1) == input.size(1), "teacher output '", name, "' has shape ",
-                      logits.sizes(), " for ", input0, ": expected [", batch, ", ", input.size(1),
-                      ", V], one row per input token (a forward that answers only the last position, as "
-                      "nanoGPT's forward(idx) without targets does, cannot teach the others)");
+  // A request of the batch whose rows [offset, offset + rows) hold a token that
+  // is not finite: teacher.on_nonfinite error answers it with the teacher's
+  // error (true: answered); mask counts its tokens and lets it be answered (false).
+  bool nonfiniteAnswered(Pending& p, int64_t offset, int64_t rows) {
+    const int64_t tokens = nonfiniteTokens(*nonfinite_, offset, rows);
+    if (tokens == 0) return false;
+    if (cfg_.teacher.on_nonfinite == TeacherOnNonfinite::kMask) {
+      stats_.masked += tokens;
+      return false;
     }
-  }
-
-  // teacher.vocab_size, when set, is the output's last dimension (the slots were sized by it).
-  void checkVocab(const at::Tensor& logits) const {
-    const int64_t v = cfg_.teacher.vocab_size;
-    DISTILL_CHECK_T(ProtocolError, v == 0 || (logits.dim() >= 1 && logits.size(-1) == v), "teacher output '",
-                    cfg_.teacher.output, "' has shape ", logits.sizes(),
-                    ": its vocabulary is not teacher.vocab_size=", v,
-                    " (the response slots were sized by it); set teacher.vocab_size to ",
-                    logits.dim() >= 1 ? logits.size(-1) : 0, " or 0 (unknown)");
+    answerError(p.student, p.msg.tag(),
+                nonfiniteError(ctx_.topology().globalRank, teacher_, p.msg.tag(), p.msg.senderRank(),
+                               cfg_.teacher.output, describeNonfinite(nonfiniteLogits_, *nonfinite_, offset, rows)));
+    p.msg.release();
+    return true;
   }
 
   // Full logits in the payload dtype (teacher.payload_dtype).
@@ -481,6 +479,8 @@ class Server {
   std::string device_; // teacherDevice(teacher.*, teacher_)
   InputSignature signature_;
   std::unique_ptr<TeacherCache> cache_; // teacher.cache, mode not off
+  std::optional<Nonfinite> nonfinite_; // the batch's tokens that are not finite (nonfinite.h), if any
+  at::Tensor nonfiniteLogits_; // the output they are in, as the model gave it
   ServeStats stats_;
   Clock::time_point windowStart_;
   double windowBusy_ = 0;

@@ -69,7 +69,7 @@ const std::vector<BadCase>& badCases() {
       {kSelf + "transport:\n  slot: 2\n", "transport.slot: unknown key; did you mean transport.slots?"},
       {kSelf + "loss:\n  xyz: 1\n",
        "loss.xyz: unknown key; valid keys in loss: kind, temperature, alpha, jsd_beta, "
-       "ignore_index, chunk_tokens, vocab, max_truncated_mass"},
+       "ignore_index, chunk_tokens, vocab, max_truncated_mass, on_nonfinite"},
       {kSelf + "student:\n  temperature: 2\n",
        "student.temperature: unknown key; valid keys in student: grad_acc_steps, in_flight, "
        "device, backend, bucket_mb"},
@@ -146,6 +146,9 @@ const std::vector<BadCase>& badCases() {
       // enumerations
       {kSelf + "loss:\n  kind: kl\n", "loss.kind: must be one of forward_kl, reverse_kl, jsd; found \"kl\""},
       {kSelf + "loss:\n  vocab: pad\n", "loss.vocab: must be one of error, truncate; found \"pad\""},
+      {kSelf + "loss:\n  on_nonfinite: skip\n", "loss.on_nonfinite: must be one of error, skip_step; found \"skip\""},
+      {"teacher:\n  kind: self\n  on_nonfinite: drop\n",
+       "teacher.on_nonfinite: must be one of error, mask; found \"drop\""},
       {kSelf + "run:\n  on_hang: kill\n", "run.on_hang: must be one of teardown, wait; found \"kill\""},
       {"teacher:\n  kind: onnx\n", "teacher.kind: must be one of torchscript, registered, self; found \"onnx\""},
       {"teacher:\n  kind: self\n  autocast: fp16\n",
@@ -409,8 +412,8 @@ TEST(Config, DumpAndHashAreStableAndSensitive) {
 
 TEST(Config, KeysInSchemaOrder) {
   const auto keys = configKeys();
-  EXPECT_EQ(keys.size(), 68u); // 62 + loss.vocab, loss.max_truncated_mass, teacher.payload_dtype, teacher.vocab_size,
-                               // teacher.cache.keys, teacher.cache.dtype
+  EXPECT_EQ(keys.size(), 70u); // 62 + loss.vocab, loss.max_truncated_mass, teacher.payload_dtype, teacher.vocab_size,
+                               // teacher.cache.keys, teacher.cache.dtype, teacher.on_nonfinite, loss.on_nonfinite
   EXPECT_EQ(keys.front(), "run.name");
   EXPECT_EQ(keys.back(), "checkpoint.on_corrupt");
   EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()).size(), keys.size());

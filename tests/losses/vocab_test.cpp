@@ -240,9 +240,11 @@ TEST(Vocab, Errors) {
     LossOptions strict = options(LossKind::kForwardKl, 1.0);
     strict.max_truncated_mass = 1e-4;
     m = expectThrow<ProtocolError>([&] { distillLoss(dm.zs, dm.labels, t, strict, 10); });
-    EXPECT_NE(m.find("not padding"), std::string::npos) << m;
+    EXPECT_NE(m.find("If those ids are padding rows"), std::string::npos) << m;
+    EXPECT_NE(m.find("raise loss.max_truncated_mass above 0."), std::string::npos) << m;
     EXPECT_NE(m.find("loss.max_truncated_mass = 0.0001"), std::string::npos) << m;
     EXPECT_NE(m.find("probability 0."), std::string::npos) << m;
+    EXPECT_NE(m.find(mode == "dense" ? "the most at id " : "of its top-"), std::string::npos) << m;
   }
   // A teacher vocabulary smaller than the student's: an error in both modes.
   const TeacherOutput narrow{d.zt.narrow(1, 0, kVs - 4), {}, {}, {}, {}};
@@ -258,6 +260,32 @@ TEST(Vocab, Errors) {
   lying.vocab = kVt + 1;
   std::string m = expectThrow<ProtocolError>([&] { distillLoss(d.zs, d.labels, lying, errorMode, 10); });
   EXPECT_NE(m.find("49"), std::string::npos) << m;
+}
+
+// Issue 39 item 3: all of the mass on the dropped ids, or a teacher that is not
+// finite, is said as measured, and dense and top-k follow one rule: an error
+// whatever loss.max_truncated_mass (1 included), never a kd of 0.
+TEST(Vocab, AllTheMassOrNotFiniteIsAnErrorForDenseAndTopk) {
+  LossOptions loose = options(LossKind::kForwardKl, 1.0);
+  loose.max_truncated_mass = 1;
+  for (const std::string mode : {"dense", "topk_lse", "topk_tail"}) {
+    Data d = makeData(15, mode == "dense");
+    // No teacher mass on any id the student has: all of it on k of the extra ids (so that
+    // the top-k holds it all too; top-k's measured mass then rounds to just below 1).
+    d.zt.fill_(-kInf);
+    d.zt.narrow(1, kVs, kK).fill_(1.0);
+    std::string m =
+        expectThrow<ProtocolError>([&] { distillLoss(d.zs, d.labels, bigTeacher(d, mode, 1.0), loose, 10); });
+    EXPECT_NE(m.find("hold all of the teacher's probability"), std::string::npos) << mode << ": " << m;
+    EXPECT_NE(m.find("nothing is left on the student's ids to renormalise"), std::string::npos) << m;
+    EXPECT_EQ(m.find("probability 1 "), std::string::npos) << m;
+    Data n = makeData(16, mode == "dense");
+    n.zt[2].fill_(std::numeric_limits<double>::quiet_NaN());
+    m = expectThrow<ProtocolError>([&] { distillLoss(n.zs, n.labels, bigTeacher(n, mode, 1.0), loose, 10); });
+    EXPECT_NE(m.find(mode == "dense" ? "for token 2" : "token row 2 of"), std::string::npos) << mode << ": " << m;
+    EXPECT_NE(m.find("not finite"), std::string::npos) << m;
+    EXPECT_EQ(m.find("nan"), std::string::npos) << m;
+  }
 }
 
 } // namespace

@@ -317,7 +317,10 @@ def test_lambda_teacher_with_cache_is_refused_in_python_words(job):
 def test_teacher_interrupted_is_named_with_its_exception(job):
     rc = job.run("steps", self_teacher(job, steps=20, trainer="interrupt_teacher_at: 3"))
     assert rc != 0
-    assert "Ctrl-C: serving until the students stop" in job.output, job.output
+    # Issue 39 item 3: a Ctrl-C to the teacher alone does not stop the students; the words say so.
+    assert "Ctrl-C: serving until the students finish; a Ctrl-C to distill-run stops them" in job.output, job.output
+    assert "one to this teacher alone does not" in job.output, job.output
+    assert "they stop after this step" not in job.output, job.output
     headline = next(line for line in job.output.splitlines() if "job failed:" in line)
     assert "[r2 teacher]" in headline and "KeyboardInterrupt" in headline, headline
     assert "teacher refused request" not in job.output, job.output
@@ -328,7 +331,7 @@ def test_ctrl_c_to_the_job_stops_a_python_teacher_cleanly(job):
     assert rc == 128 + 2, job.output  # distill-run's exit after a SIGINT stop
     r0, r1 = job.report(0), job.report(1)
     assert r0["stopped"] and r1["stopped"] and r0["steps"] == r1["steps"]
-    assert "Ctrl-C: serving until the students stop" in job.output, job.output
+    assert "Ctrl-C: serving until the students finish" in job.output, job.output
     assert "KeyboardInterrupt" not in job.output, job.output
 
 
@@ -388,4 +391,4 @@ def test_teacher_rows_with_mass_fail_truncation_naming_step_and_mass(job, payloa
     assert rc != 0, job.output
     assert re.search(r"the teacher's ids >= 64 \(of its 192\) hold probability 0\.\d+.*\[step=1 acc_step=0\]",
                      job.output), job.output
-    assert "not padding" in job.output, job.output
+    assert "raise loss.max_truncated_mass above 0." in job.output, job.output

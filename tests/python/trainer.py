@@ -129,6 +129,8 @@ def serve(session, args):
     how = session.trainer.get("teacher", "module")
     pad = int(session.trainer.get("pad_vocab", "0"))
     pad_mass = session.trainer.get("pad_mass", "0") == "1"
+    nonfinite = session.trainer.get("nonfinite", "")  # nan | inf: one value of one token, whenever computed
+    poisoned = micro_batches(0, 1)[0][0][1].to(session.teacher_device)  # student 0's first row 1
     calls = [0]
 
     def forward(ids):
@@ -148,6 +150,11 @@ def serve(session, args):
             print(f"forward autocast cpu={torch.is_autocast_enabled('cpu')} "
                   f"dtype={torch.get_autocast_dtype('cpu')}", flush=True)
         out = teacher(ids)
+        if nonfinite:  # position 3 of that row, wherever it is in the batch: the same bytes cached or not
+            out = out.clone()
+            for b in range(ids.shape[0]):
+                if torch.equal(ids[b], poisoned):
+                    out[b, 3, 5] = float(nonfinite)
         if pad:  # a padded vocabulary (rows that never win), or extra rows that carry mass
             extra = out.amax(-1, keepdim=True) + 2 if pad_mass else torch.full_like(out[..., :1], -1e4)
             out = torch.cat([out, extra.expand(*out.shape[:-1], pad)], -1)
@@ -156,8 +163,9 @@ def serve(session, args):
     teacher.to(session.teacher_device)
     if session.trainer.get("device", "cpu") != "cpu":
         print(f"teacher module on {next(teacher.parameters()).device.type}", flush=True)
-    plain = not (kill_after or busy_s or interrupt_at or raise_at or pad or how != "module")
-    stats = distill.serve(session, teacher if plain else forward)
+    plain = not (kill_after or busy_s or interrupt_at or raise_at or pad or nonfinite or how != "module")
+    # A function has no weights for teacher.cache to key on: the nonfinite tests name the teacher.
+    stats = distill.serve(session, teacher if plain else forward, fingerprint="tiny_lm" if nonfinite else "")
     print(f"teacher served {stats['requests']} requests in {stats['batches']} batches", flush=True)
 
 
@@ -225,8 +233,16 @@ def steps(session, args):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     truncated = []  # loss.vocab truncate: the step reports' dropped teacher mass
-    s = distill.Steps(session, ddp, opt, on_step=lambda r: truncated.append(r.get("truncated_mass_max")))
-    report["truncated"] = truncated
+    nonfinite = []  # the step reports' masked_tokens, skipped, skipped_steps, and the weights after the step
+
+    def on_step(r):
+        truncated.append(r.get("truncated_mass_max"))
+        weights = float(sum(p.detach().double().sum() for p in model.parameters()))
+        nonfinite.append([r["masked_tokens"], r["skipped"], r["skipped_steps"], weights, r["loss"]])
+
+    s = distill.Steps(session, ddp, opt, on_step=on_step)
+    report["truncated"], report["nonfinite"] = truncated, nonfinite
+    nan_step = int(session.trainer.get("student_nan_step", "0"))  # rank 1's logits NaN at (step, acc_step 0)
     report["listening"] = listening()  # the students' world is up: every socket it serves
     if session.rank == 1 and args.mode == "steps":
         report["stranger"] = stranger_reads()
@@ -242,7 +258,10 @@ def steps(session, args):
             ctrl_c_to_the_job()
         if mb.step == 1:
             seen.append(mb.inputs.tolist())
-        r = s.backward(ddp(mb.inputs.to(dev)))
+        logits = ddp(mb.inputs.to(dev))
+        if session.rank == 1 and (mb.step, mb.acc_step) == (nan_step, 0):
+            logits = logits * float("nan")
+        r = s.backward(logits)
         if s.step_ends():
             if s.step == 1:
                 report["grads"] = {n: p.grad.tolist() for n, p in model.named_parameters()}

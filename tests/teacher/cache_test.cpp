@@ -723,6 +723,57 @@ TEST(TeacherCacheIntegrity, TruncatedStoreIsAnErrorOrSetAside) {
   }
 }
 
+// An empty data.mdb (a first write that never happened) is said as such, with
+// the on_corrupt hint, not as LMDB's "Bad file descriptor"; restart sets it aside.
+TEST(TeacherCacheIntegrity, EmptyStoreFileIsSaidSo) {
+  StoreCopy copy("");
+  expectRefused(copy.path, {"the store in " + copy.path + " is damaged: data.mdb is an empty store file (0 bytes)",
+                            "teacher.cache.on_corrupt: restart"});
+  auto o = options(copy.path, "readwrite");
+  o.on_corrupt = distill::OnCorrupt::kRestart;
+  TeacherCache fresh(o, kContext, kNames);
+  at::Tensor x = integrityRows();
+  fresh.answer(
+      {{x.narrow(0, 0, 4)}}, [&](const std::vector<at::Tensor>& in) { return integrityAnswer(in[0], 0); }, at::kCPU);
+  EXPECT_EQ(fresh.stats().inserted, 4);
+  for (const std::string& name : listDir(copy.path)) {
+    if (name.rfind("data.mdb.corrupt-", 0) == 0) ::unlink((copy.path + "/" + name).c_str());
+  }
+}
+
+// teacher.cache.keys prefix: a damaged record is a position's, and said so.
+TEST(TeacherCacheIntegrity, DamagedPositionIsSaidToBeAPosition) {
+  TempDir dir;
+  auto o = options(dir.path, "readwrite");
+  o.keys = distill::CacheKeys::kPrefix;
+  const at::Tensor x = ids(2, 8, 77);
+  auto compute = [](const std::vector<at::Tensor>& in) { return shaped(in[0], 0, 64); };
+  { TeacherCache(o, kContext, kNames).answer({{x}}, compute, at::kCPU); }
+  const CacheKey k = distill::positionKeys(kContext, kNames, {x}, 1)[3];
+  { // garbage under row 1's position 3
+    MDB_env* env = nullptr;
+    ASSERT_EQ(mdb_env_create(&env), 0);
+    ASSERT_EQ(mdb_env_set_mapsize(env, size_t(64) << 20), 0);
+    ASSERT_EQ(mdb_env_open(env, dir.path.c_str(), 0, 0600), 0);
+    MDB_txn* txn = nullptr;
+    MDB_dbi dbi;
+    ASSERT_EQ(mdb_txn_begin(env, nullptr, 0, &txn), 0);
+    ASSERT_EQ(mdb_dbi_open(txn, nullptr, 0, &dbi), 0);
+    std::string junk(40, 'x');
+    MDB_val key{k.size(), const_cast<uint8_t*>(k.data())}, data{junk.size(), junk.data()};
+    ASSERT_EQ(mdb_put(txn, dbi, &key, &data, 0), 0);
+    ASSERT_EQ(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+  }
+  ::testing::internal::CaptureStderr();
+  TeacherCache cache(o, kContext, kNames);
+  cache.answer({{x}}, compute, at::kCPU);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(cache.stats().corrupt, 1);
+  EXPECT_NE(err.find("the position with key " + distill::keyHex(k) + " is damaged"), std::string::npos) << err;
+  EXPECT_EQ(err.find("the row with key"), std::string::npos) << err;
+}
+
 // A commit that fails (a full or failing disk) stops inserts with one warning
 // saying why; answers and lookups go on.
 TEST(TeacherCacheIntegrity, FailedCommitStopsInsertingOnce) {
@@ -743,9 +794,10 @@ TEST(TeacherCacheIntegrity, FailedCommitStopsInsertingOnce) {
     EXPECT_TRUE(cache.full());
     EXPECT_EQ(cache.maxBytesReached(), fault == MDB_MAP_FULL);
     EXPECT_EQ(cache.stats().inserted, 8); // the first two commits
-    const std::string said = fault == MDB_MAP_FULL
-        ? dir.path + " is full (teacher.cache.max_bytes="
-        : dir.path + " cannot store rows: commit failed: " + mdb_strerror(fault);
+    // ENOSPC is said as no space left; EIO on a disk with room stays an I/O error.
+    const std::string said = fault == MDB_MAP_FULL ? dir.path + " is full (teacher.cache.max_bytes="
+        : fault == ENOSPC ? dir.path + " cannot store rows: no space left on the file system of " + dir.path
+                          : dir.path + " cannot store rows: commit failed: " + mdb_strerror(fault);
     EXPECT_NE(err.find(said), std::string::npos) << err;
     EXPECT_EQ(err.find("no more rows are stored"), err.rfind("no more rows are stored")) << "said twice: " << err;
     // What was committed before still hits.
@@ -777,10 +829,11 @@ TEST(TeacherCacheIntegrity, FullDiskStopsInserting) {
     EXPECT_TRUE(cache.full());
     EXPECT_FALSE(cache.maxBytesReached());
     EXPECT_NE(err.find(store + " cannot store rows: "), std::string::npos) << err;
-    // LMDB says EIO for a short write (mdb_page_flush), ENOSPC when nothing was written.
-    EXPECT_TRUE(err.find("commit failed: Input/output error") != std::string::npos ||
-                err.find("No space left on device") != std::string::npos)
+    // LMDB says EIO for a short write (mdb_page_flush), ENOSPC when nothing was written: either
+    // way the message says what is so (issue 39 item 3), with the bytes free.
+    EXPECT_NE(err.find(store + " cannot store rows: no space left on the file system of " + store), std::string::npos)
         << err;
+    EXPECT_NE(err.find(" bytes free, a write of about "), std::string::npos) << err;
     const int64_t hits = cache.stats().hits;
     cache.answer({{ids(4, 16, 400)}}, compute, at::kCPU);
     EXPECT_EQ(cache.stats().hits, hits + 4);

@@ -6,6 +6,7 @@
 #include <torch/serialize.h>
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <exception>
 
@@ -14,6 +15,7 @@
 #include "distill/core/logging.h"
 #include "distill/loss/losses.h"
 #include "distill/student/grad.h"
+#include "nonfinite.h"
 
 namespace distill {
 
@@ -40,13 +42,15 @@ struct Steps::Impl {
     int64_t step = 0, accStep = 0;
     std::optional<Handle> handle;
   };
-  using LossFn = std::function<LossResult(const at::Tensor& labels, const TeacherOutput& teacher)>;
-  LossResult backwardWith(const LossFn& loss);
+  using LossFn = train_impl::LossFn;
+  using RowsFn = train_impl::RowsFn;
+  LossResult backwardWith(const LossFn& loss, const RowsFn& rows);
   bool fill(const Loader& loader, size_t count);
   void submitAhead();
   bool openStep(const Loader& loader);
   void finishStep();
   void syncGradients();
+  void checkFinite(int64_t step, int64_t accStep);
   bool save(int64_t step);
   void end();
   void start(const std::vector<at::Tensor>& buffers);
@@ -67,6 +71,9 @@ struct Steps::Impl {
   bool saveOk_ = true, dry_ = false, done_ = false, stopped_ = false, stepOpen_ = false;
   double tokens_ = 0, loss_ = 0, kd_ = 0, ce_ = 0, wait_ = 0, myTokens_ = 0;
   double massMax_ = 0, massSum_ = 0; // loss.vocab truncate: this student's, this step
+  double masked_ = 0, maskedTotal_ = 0; // teacher.on_nonfinite mask: tokens, this step and in all
+  bool skip_ = false; // loss.on_nonfinite skip_step: this step's update is skipped
+  int64_t skipped_ = 0; // steps skipped since this run started
   int64_t stepStartNs_ = 0;
   StepReport last_;
   at::Tensor lossScale_; // setLossScale()
@@ -199,7 +206,8 @@ bool Steps::Impl::openStep(const Loader& loader) {
   }
   tokens_ = t[0].item<double>();
   ++step_;
-  loss_ = kd_ = ce_ = wait_ = massMax_ = massSum_ = 0;
+  loss_ = kd_ = ce_ = wait_ = massMax_ = massSum_ = masked_ = 0;
+  skip_ = false;
   stepOpen_ = true;
   return true;
 }
@@ -240,6 +248,8 @@ LossResult Steps::Impl::backward(const at::Tensor& logits) {
   return backwardWith([&](const at::Tensor& labels, const TeacherOutput& teacher) {
     return distillLoss(logits, labels.to(logits.device()), onDevice(teacher, logits.device()), session_.config.loss,
                        tokens_);
+  }, [&](const at::Tensor& index) {
+    return logits.reshape({-1, logits.size(-1)}).index_select(0, index.to(logits.device()));
   });
 }
 
@@ -247,10 +257,13 @@ LossResult Steps::Impl::backward(const at::Tensor& hidden, const OutputHead& hea
   return backwardWith([&](const at::Tensor& labels, const TeacherOutput& teacher) {
     return fusedLinearLoss(hidden, head.weight, head.bias, labels.to(hidden.device()),
                            onDevice(teacher, hidden.device()), session_.config.loss, tokens_, head.chunkTokens);
+  }, [&](const at::Tensor& index) {
+    const at::Tensor h = hidden.reshape({-1, hidden.size(-1)}).index_select(0, index.to(hidden.device()));
+    return head.bias.defined() ? at::addmm(head.bias, h, head.weight.t()) : at::mm(h, head.weight.t());
   });
 }
 
-LossResult Steps::Impl::backwardWith(const LossFn& loss) {
+LossResult Steps::Impl::backwardWith(const LossFn& loss, const RowsFn& rows) {
   DISTILL_CHECK_T(UsageError, current_, "distill::Steps::backward() without a micro-batch: call next() first");
   const Pending p = std::move(*current_);
   current_.reset();
@@ -260,7 +273,16 @@ LossResult Steps::Impl::backwardWith(const LossFn& loss) {
   wait_ += static_cast<double>(monotonicNs() - t0) * 1e-9;
   LossResult r;
   try {
-    r = loss(p.mb.labels, reply.output());
+    const TeacherOutput teacher = reply.output();
+    const at::Tensor masked = session_.config.teacher.on_nonfinite == TeacherOnNonfinite::kMask
+        ? train_impl::maskedTokens(teacher, p.mb.labels.numel())
+        : at::Tensor();
+    if (!masked.defined()) {
+      r = loss(p.mb.labels, teacher);
+    } else {
+      r = train_impl::maskedLoss(loss, rows, p.mb.labels, teacher, masked, session_.config.loss, tokens_);
+      masked_ += static_cast<double>(masked.sum().item<int64_t>());
+    }
   } catch (const ProtocolError& e) {
     // The teacher's data did not fit (a vocabulary truncated of more than
     // loss.max_truncated_mass, indices out of range, ...): named by the
@@ -281,8 +303,45 @@ LossResult Steps::Impl::backwardWith(const LossFn& loss) {
   // A term of weight 0 is not computed (LossResult: NaN): reported as 0, never NaN.
   if (session_.config.loss.alpha < 1) ce_ += r.ce.item<double>();
   if (session_.config.loss.alpha > 0) kd_ += r.kd.item<double>();
-  if (p.accStep + 1 == grad_acc_) syncGradients();
+  if (p.accStep + 1 == grad_acc_) {
+    syncGradients();
+    checkFinite(p.step, p.accStep);
+  }
   return r;
+}
+
+// loss.on_nonfinite, after the step's last backward and its gradient sum: a
+// loss or gradient that is not finite stops the job (error) or leaves no
+// gradient for the optimizer on every student (skip_step: agreed in one
+// all-reduce, since a student's loss may be NaN where the summed gradient is not).
+void Steps::Impl::checkFinite(int64_t step, int64_t accStep) {
+  const bool lossBad = !std::isfinite(loss_);
+  // With a loss scale, an overflowing gradient is the scaler's to skip.
+  const bool gradBad = !lossScale_.defined() && !train_impl::gradientsFinite(params_);
+  const int me = session_.student->group().rank();
+  if (session_.config.loss.on_nonfinite == LossOnNonfinite::kError) {
+    DISTILL_CHECK_T(NumericError, !lossBad && !gradBad, at(step, accStep), "step ", step, ": student rank ", me,
+                    lossBad ? " computed a loss that is not finite (loss " + std::to_string(loss_) + ": kd " +
+                            std::to_string(kd_) + ", ce " + std::to_string(ce_) + ", summed over its micro-batches)"
+                            : std::string(" holds a summed gradient that is not finite (NaN or infinity)"),
+                    "; the update must not be applied: lower the learning rate, look for a float16 overflow or bad "
+                    "data, or set loss.on_nonfinite: skip_step to skip such steps on every student");
+    return;
+  }
+  at::Tensor flag = at::tensor({lossBad || gradBad ? 1.0 : 0.0}, at::kDouble);
+  session_.student->group().allReduce(flag, ReduceOp::kSum, "non-finite loss check (loss.on_nonfinite)");
+  const int bad = static_cast<int>(flag.item<double>());
+  if (bad == 0) return;
+  skip_ = true;
+  ++skipped_;
+  train_impl::dropGradients(params_, lossScale_.defined());
+  if (me == 0) {
+    DISTILL_LOG(kWarning) << "step " << step << ": the loss or gradient is not finite on " << bad << " of "
+                          << session_.student->worldSize()
+                          << " student(s) (this one: " << (lossBad ? "loss" : gradBad ? "gradient" : "finite")
+                          << "); no student applies this step's update (loss.on_nonfinite: skip_step; " << skipped_
+                          << " step(s) skipped so far)";
+  }
 }
 
 bool Steps::Impl::stepEnds() const { return stepOpen_ && !current_ && accStep_ + 1 == grad_acc_; }
@@ -305,13 +364,17 @@ void Steps::Impl::finishStep() {
   stepOpen_ = false;
   accStep_ = -1;
   const bool stopAsked = session_.client->stopRequested();
-  at::Tensor t = at::tensor({loss_, ce_, kd_, stopAsked ? 1.0 : 0.0, massSum_}, at::kDouble);
+  at::Tensor t = at::tensor({loss_, ce_, kd_, stopAsked ? 1.0 : 0.0, massSum_, masked_}, at::kDouble);
   session_.student->group().allReduce(t, ReduceOp::kSum, "step losses and stop flag");
   StepReport& rep = last_;
   rep = StepReport{};
   rep.step = step_;
   rep.loss = t[0].item<double>(), rep.ce = t[1].item<double>(), rep.kd = t[2].item<double>();
   rep.stop = t[3].item<double>() > 0;
+  rep.maskedTokens = static_cast<int64_t>(t[5].item<double>());
+  rep.skipped = skip_;
+  rep.skippedSteps = skipped_;
+  maskedTotal_ += static_cast<double>(rep.maskedTokens);
   rep.tokens = tokens_;
   rep.seconds = static_cast<double>(monotonicNs() - stepStartNs_) * 1e-9;
   const double mine = rep.seconds > 0 ? myTokens_ / rep.seconds : 0;
@@ -322,6 +385,8 @@ void Steps::Impl::finishStep() {
   if (session_.config.loss.alpha > 0) status.kd = rep.kd; // a term not computed is left unset: not shown
   if (session_.config.loss.alpha < 1) status.ce = rep.ce;
   status.tokens_per_s = mine, status.teacher_wait_share = rep.teacherWaitShare;
+  if (session_.config.teacher.on_nonfinite == TeacherOnNonfinite::kMask) status.masked_tokens = maskedTotal_;
+  if (session_.config.loss.on_nonfinite == LossOnNonfinite::kSkipStep) status.skipped_steps = double(skipped_);
   if (session_.config.loss.vocab == LossVocab::kTruncate) { // the same on every student: collective
     at::Tensor mx = at::tensor({massMax_}, at::kDouble);
     session_.student->group().allReduce(mx, ReduceOp::kMax, "step truncated teacher mass");

@@ -55,6 +55,7 @@ class Error : public std::runtime_error {
 //   PeerLostError    a peer process died or stopped heart-beating
 //   ProtocolError    a peer sent something out of order (tags, shapes)
 //   CheckpointError  save / load failed; nothing saved before is lost
+//   NumericError     a student's loss or gradient that is not finite (loss.on_nonfinite error)
 //   InternalError    a broken invariant: a bug in distill
 #define DISTILL_ERROR_TYPES(X) \
   X(ConfigError)               \
@@ -64,6 +65,7 @@ class Error : public std::runtime_error {
   X(PeerLostError)             \
   X(ProtocolError)             \
   X(CheckpointError)           \
+  X(NumericError)              \
   X(InternalError)
 
 #define DISTILL_DECLARE_ERROR(Name)      \

@@ -50,6 +50,16 @@ DISTILL_OPTION_ENUM_NAMES(OnSaveError, "stop", "continue");
 enum class LossVocab { kError, kTruncate };
 DISTILL_OPTION_ENUM_NAMES(LossVocab, "error", "truncate");
 
+// teacher.on_nonfinite: what a teacher does with an answer holding NaN or +inf
+// (docs/errors.md): error answers the request with the teacher's error; mask
+// answers it with those tokens marked, which then learn from their labels only.
+enum class TeacherOnNonfinite { kError, kMask };
+DISTILL_OPTION_ENUM_NAMES(TeacherOnNonfinite, "error", "mask");
+// loss.on_nonfinite: a student's loss or gradient that is not finite stops the
+// job (error) or skips that step's update on every student (skip_step).
+enum class LossOnNonfinite { kError, kSkipStep };
+DISTILL_OPTION_ENUM_NAMES(LossOnNonfinite, "error", "skip_step");
+
 enum class OnCorrupt { kError, kRestart };
 DISTILL_OPTION_ENUM_NAMES(OnCorrupt, "error", "restart");
 enum class CacheMode { kOff, kRead, kWrite, kReadWrite };
@@ -163,6 +173,9 @@ struct TeacherOptions {
   int64_t vocab_size = 0; // the teacher's vocabulary V (0: unknown); sizes full-logits response slots
   int max_restarts = 0; // distill-run restarts each dead teacher this many times
   int threads = 0; // torch intra-op threads (0: torch's default)
+  // error | mask: an answer with NaN or +inf (-inf is a legal logit) is the teacher's error, or
+  // (mask) its tokens are marked and learn from their labels only; such an answer is never cached.
+  TeacherOnNonfinite on_nonfinite = TeacherOnNonfinite::kError;
   // The teacher-output cache (teacher/src/cache.h): rows answered before are
   // answered from an LMDB store at `path` without a forward.
   struct CacheOptions {
@@ -222,6 +235,9 @@ struct LossOptions {
   // A teacher vocabulary V_t larger than the student's V_s (docs/vocab.md):
   LossVocab vocab = LossVocab::kError; // error | truncate (drop teacher ids >= V_s, renormalise)
   double max_truncated_mass = 1e-4; // truncate: the most teacher probability one token may lose, in [0, 1]
+  // error | skip_step: a step whose loss or summed gradient is not finite on some student stops the
+  // job naming the step and the student, or (skip_step) no student applies its update; counted.
+  LossOnNonfinite on_nonfinite = LossOnNonfinite::kError;
 };
 
 // checkpoint: student-only checkpoints.

@@ -4,6 +4,12 @@
 // inputs named by teacher.inputs (e.g. "input_ids" [B, T]); a response carries
 // either the full logits and up to three named hidden states, or the top-k
 // (values, indices, logsumexp, log_tail: the four tensors a message holds).
+//
+// Masked tokens (teacher.on_nonfinite: mask): a token whose teacher output held
+// NaN or +inf is answered marked, in the tensors it already has: full logits,
+// its row all NaN; top-k, its logsumexp NaN (its values and indices those of a
+// row of zeros). A teacher sends NaN nowhere else (it checks every answer), so
+// a student's Steps reads the mark as "learn this token from its label only".
 
 namespace distill::protocol {
 

@@ -30,6 +30,10 @@ struct StudentStatus {
   double teacher_wait_share = kUnset; // share (0..1) of the step spent waiting for the teacher
   double truncated_mass = kUnset; // loss.vocab truncate: the most teacher probability one token of the
                                   // step lost (ids >= the student's vocabulary); unset otherwise
+  double masked_tokens = kUnset; // teacher.on_nonfinite mask: tokens whose teacher answer was not finite,
+                                 // all students, since the run started; unset otherwise
+  double skipped_steps = kUnset; // loss.on_nonfinite skip_step: steps whose update no student applied
+                                 // (a loss or gradient not finite), since the run started; unset otherwise
 };
 
 } // namespace distill

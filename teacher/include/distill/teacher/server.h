@@ -34,6 +34,7 @@ namespace distill {
 struct ServeStats {
   int64_t requests = 0; // requests answered with teacher output
   int64_t errors = 0; // requests answered with an error
+  int64_t masked = 0; // tokens answered masked: not finite, teacher.on_nonfinite mask
   int64_t batches = 0; // forward calls (teacher.cache: batches with a row to compute)
   double forwardSeconds = 0; // time inside forward + output shaping
   double wallSeconds = 0; // from admission to the last finish

@@ -81,6 +81,15 @@ struct StepReport {
   // loss.vocab truncate (docs/vocab.md): the teacher probability the dropped ids held, the most of
   // any token and the mean over the step's tokens, all students; -1 both with loss.vocab error.
   double truncatedMassMax = -1, truncatedMassMean = -1;
+  // teacher.on_nonfinite mask: the step's tokens whose teacher answer was not finite, all students
+  // (they learnt from their labels only: their kd term dropped).
+  int64_t maskedTokens = 0;
+  // loss.on_nonfinite skip_step: this step's loss or gradient was not finite on some student, and
+  // Steps left every parameter without a gradient (.grad undefined: the optimizer's step changes
+  // nothing; with setLossScale, filled with NaN for the scaler to skip); skippedSteps counts them
+  // since this run started, all students alike.
+  bool skipped = false;
+  int64_t skippedSteps = 0;
 };
 
 // One checkpoint the step API took (StepsOptions::onCheckpoint).
