@@ -310,7 +310,8 @@ def test_lambda_teacher_with_cache_is_refused_in_python_words(job):
     assert rc != 0
     assert "fingerprint=" in job.output and "torch.nn.Module" in job.output, job.output
     assert "TeacherModel::state" not in job.output
-    line = next(line for line in job.output.splitlines() if "fingerprint=" in line)
+    # The exception's line (the traceback also quotes the trainer's own serve(..., fingerprint=...) call).
+    line = next(line for line in job.output.splitlines() if "fingerprint=" in line and "Error" in line)
     assert "distill._C.ConfigError: " in line and not re.search(r"\.(cpp|h):\d+", line), line
 
 
