@@ -147,7 +147,7 @@ void Segment::noteTeacherGaveUp(int teacher, const std::string& why) const {
   auto& c = impl_->control();
   uint32_t none = 0;
   if (c.gaveUpState.compare_exchange_strong(none, 1, std::memory_order_acq_rel)) {
-    const std::string text = wire::fitErrorText(why).substr(0, size_t(wire::kGaveUpTextBytes) - 1);
+    const std::string text = wire::fitErrorText(why); // < kErrorTextBytes <= kGaveUpTextBytes
     std::memcpy(c.gaveUpText, text.c_str(), text.size() + 1);
     c.gaveUpState.store(2, std::memory_order_release);
   }

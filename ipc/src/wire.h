@@ -60,7 +60,8 @@ constexpr size_t kControlBytes = 4096;
 constexpr size_t kRecorderBytesPerProcess = 16384;
 constexpr size_t kConfigBytesPerProcess = 32768; // ConfigArea: a config's description (~3 KiB + the trainer's keys)
 constexpr int kRefusalBytes = 2048; // ControlBlock::refusal incl. NUL
-constexpr int kGaveUpTextBytes = 512; // ControlBlock::gaveUpText incl. NUL
+constexpr int kGaveUpTextBytes = 512; // ControlBlock::gaveUpText incl. NUL (holds a fitErrorText)
+static_assert(kGaveUpTextBytes >= kErrorTextBytes, "gaveUpText holds a fitErrorText");
 
 constexpr size_t alignUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
 

@@ -11,11 +11,8 @@ namespace distill {
 std::string exceptionLine(const std::string& text) {
   std::string line = text.substr(0, text.find('\n'));
   if (line.find("failed in the TorchScript interpreter") != std::string::npos) {
-    const size_t end = text.find_last_not_of("\n ");
-    if (end != std::string::npos) {
-      const size_t begin = text.rfind('\n', end);
-      line = text.substr(begin == std::string::npos ? 0 : begin + 1, end + 1 - (begin == std::string::npos ? 0 : begin + 1));
-    }
+    const std::string trimmed = text.substr(0, text.find_last_not_of("\n ") + 1);
+    line = trimmed.substr(trimmed.rfind('\n') + 1); // npos + 1 == 0: a single line
   }
   if (line.rfind("builtins.", 0) == 0) line = line.substr(9); // TorchScript's "builtins.RuntimeError: ..."
   return withoutSourceLocations(line);
