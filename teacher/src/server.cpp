@@ -14,7 +14,7 @@
 
 #include "answer_check.h"
 #include "autocast_scope.h"
-#include "cache.h"
+#include "cache/cache.h"
 #include "pending.h"
 #include "distill/core/clock.h"
 #include "distill/core/config.h"
