@@ -174,7 +174,8 @@ def main():
         if torch_dir(build):
             configure.append(f"-DTorch_DIR={torch_dir(build)}")
         ok = run(configure, "configure a project that finds the installed distill") and run(
-            ["cmake", "--build", os.path.join(work, "build"), "-j1", "--", "-k", "0"],  # every block's errors
+            ["cmake", "--build", os.path.join(work, "build"), "-j", os.environ.get("DISTILL_JOBS", str(os.cpu_count() or 1)),
+             "--", "-k", "0"],  # every block's errors
             "compile the docs' C++ blocks")
         if not ok:
             problems.append("the docs' C++ blocks do not compile against the installed headers (above)")
