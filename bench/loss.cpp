@@ -10,19 +10,23 @@
 // --double: float64 logits (both losses); --kind: only that kind.
 //
 //   build/bin/bench_loss --linear [--n 4096] [--d 512] [--v 32000] [--topk 64] [--reps 3] [--threads 1] [--kind K]
+//                                 [--teacher full|top|hidden]
 //
 // --linear: fusedLinearLoss (hidden [N, d], weight [V, d]) against (a) distillLoss
 // on the materialised logits hidden @ weight.T (autograd through the matmul) and
 // (b) a fused linear cross-entropy written the same way (the same chunks of
 // matmuls, cross-entropy and its gradient in place: the label-only baseline),
 // forward + backward, all three interleaved per repetition, per kind and teacher
-// (full logits, top-k with logsumexp and log tail). Prints JSON lines:
-//   {"bench":"fused_linear","kind":…,"teacher":"full|top64","n":…,"d":…,"v":…,"threads":…,
+// (full logits, top-k with logsumexp and log tail, and hidden states: the
+// teacher's final hidden states [N, d] and its head [V, d], hidden_head.h, whose
+// unfused path is teacherLogits (the teacher's [N, V] logits) then (a); --teacher
+// runs one form only). Prints JSON lines:
+//   {"bench":"fused_linear","kind":…,"teacher":"full|top64|hidden","n":…,"d":…,"v":…,"threads":…,
 //    "ms_p50":…,"unfused_ms_p50":…,"ce_ms_p50":…,"ratio_to_ce":…,"ratio_to_unfused":…,
 //    "peak_mib":…,"unfused_peak_mib":…,"ce_peak_mib":…,"peak_ratio_to_unfused":…}
 // ms: wall time (process CPU time in cpu_*). Peak memory: the most bytes of CPU
 // tensor storage alive at once during the call beyond its inputs (hidden,
-// weight, teacher output, labels), gradients included, counted by a wrapping
+// weight, teacher output or hidden states and head, labels), gradients included, counted by a wrapping
 // CPU allocator (tests/losses/counting_allocator.h); GEMM workspaces that
 // oneDNN/MKL take with malloc are not seen (the same for all three paths).
 // top32 is what the teacher server sends (topkOutput: values, indices,
@@ -108,7 +112,7 @@ struct Path {
 struct LinearSetup {
   int64_t n = 4096, d = 512, v = 32000, topk = 64;
   int reps = 3, threads = 1;
-  std::string only;
+  std::string only, teacher; // one kind, one teacher form (full | top | hidden); empty: all
 };
 
 // (b): chunked matmul + cross-entropy, its gradient formed in place in the
@@ -132,6 +136,21 @@ void fusedLinearCe(const at::Tensor& h, const at::Tensor& w, const at::Tensor& l
     gw.addmm_(g.t(), hc);
   }
   (void)loss;
+}
+
+void printLinearRow(const LinearSetup& s, const char* kind, const std::string& teacher, const Path& fused,
+                    const Path& unfused, const Path& ce) {
+  const double f = p50(fused.wall), u = p50(unfused.wall), c = p50(ce.wall);
+  std::printf(
+      "{\"bench\":\"fused_linear\",\"kind\":\"%s\",\"teacher\":\"%s\",\"dtype\":\"float32\",\"n\":%lld,"
+      "\"d\":%lld,\"v\":%lld,\"threads\":%d,\"reps\":%d,\"ms_p50\":%.1f,\"unfused_ms_p50\":%.1f,"
+      "\"ce_ms_p50\":%.1f,\"ratio_to_ce\":%.3f,\"ratio_to_unfused\":%.3f,\"cpu_ms_p50\":%.1f,"
+      "\"unfused_cpu_ms_p50\":%.1f,\"ce_cpu_ms_p50\":%.1f,\"cpu_ratio_to_ce\":%.3f,\"peak_mib\":%.1f,"
+      "\"unfused_peak_mib\":%.1f,\"ce_peak_mib\":%.1f,\"peak_ratio_to_unfused\":%.3f}\n",
+      kind, teacher.c_str(), static_cast<long long>(s.n), static_cast<long long>(s.d), static_cast<long long>(s.v),
+      s.threads, s.reps, f, u, c, f / c, f / u, p50(fused.cpu), p50(unfused.cpu), p50(ce.cpu),
+      p50(fused.cpu) / p50(ce.cpu), fused.peakMib, unfused.peakMib, ce.peakMib, fused.peakMib / unfused.peakMib);
+  std::fflush(stdout);
 }
 
 void benchLinearConfig(const LinearSetup& s, const char* kind, bool topk, const at::Tensor& h0, const at::Tensor& w0,
@@ -162,18 +181,34 @@ void benchLinearConfig(const LinearSetup& s, const char* kind, bool topk, const 
     w.mutable_grad() = at::Tensor();
     ce.run([&] { fusedLinearCe(h0, w0, labels); });
   }
-  const double f = p50(fused.wall), u = p50(unfused.wall), c = p50(ce.wall);
-  std::printf(
-      "{\"bench\":\"fused_linear\",\"kind\":\"%s\",\"teacher\":\"%s\",\"dtype\":\"float32\",\"n\":%lld,"
-      "\"d\":%lld,\"v\":%lld,\"threads\":%d,\"reps\":%d,\"ms_p50\":%.1f,\"unfused_ms_p50\":%.1f,"
-      "\"ce_ms_p50\":%.1f,\"ratio_to_ce\":%.3f,\"ratio_to_unfused\":%.3f,\"cpu_ms_p50\":%.1f,"
-      "\"unfused_cpu_ms_p50\":%.1f,\"ce_cpu_ms_p50\":%.1f,\"cpu_ratio_to_ce\":%.3f,\"peak_mib\":%.1f,"
-      "\"unfused_peak_mib\":%.1f,\"ce_peak_mib\":%.1f,\"peak_ratio_to_unfused\":%.3f}\n",
-      kind, topk ? ("top" + std::to_string(s.topk)).c_str() : "full", static_cast<long long>(s.n),
-      static_cast<long long>(s.d), static_cast<long long>(s.v), s.threads, s.reps, f, u, c, f / c, f / u,
-      p50(fused.cpu), p50(unfused.cpu), p50(ce.cpu), p50(fused.cpu) / p50(ce.cpu), fused.peakMib, unfused.peakMib,
-      ce.peakMib, fused.peakMib / unfused.peakMib);
-  std::fflush(stdout);
+  printLinearRow(s, kind, topk ? "top" + std::to_string(s.topk) : "full", fused, unfused, ce);
+}
+
+// The teacher as hidden states th [N, d] + head: fusedLinearLoss's two heads against teacherLogits then
+// distillLoss on the materialised logits, and the fused linear cross-entropy.
+void benchHiddenConfig(const LinearSetup& s, const char* kind, const at::Tensor& h0, const at::Tensor& w0,
+                       const at::Tensor& th, const distill::TeacherHead& head, const at::Tensor& labels) {
+  distill::LossOptions o;
+  o.kind = distill::parseEnum<distill::LossKind>(kind).value();
+  at::Tensor h = h0.detach().requires_grad_(true), w = w0.detach().requires_grad_(true);
+  const double norm = static_cast<double>(s.n);
+  Path fused, unfused, ce;
+  for (int r = 0; r < s.reps; ++r) {
+    h.mutable_grad() = at::Tensor();
+    w.mutable_grad() = at::Tensor();
+    fused.run([&] { distill::fusedLinearLoss(h, w, at::Tensor(), labels, th, head, o, norm).loss.backward(); });
+    h.mutable_grad() = at::Tensor();
+    w.mutable_grad() = at::Tensor();
+    unfused.run([&] {
+      distill::TeacherOutput t;
+      t.logits = distill::teacherLogits(th, head);
+      distill::distillLoss(at::mm(h, w.t()), labels, t, o, norm).loss.backward();
+    });
+    h.mutable_grad() = at::Tensor();
+    w.mutable_grad() = at::Tensor();
+    ce.run([&] { fusedLinearCe(h0, w0, labels); });
+  }
+  printLinearRow(s, kind, "hidden", fused, unfused, ce);
 }
 
 int benchLinear(const LinearSetup& s) {
@@ -183,11 +218,23 @@ int benchLinear(const LinearSetup& s) {
   // Hidden states and a projection at the scale of a trained model's (logits ~ N(0, 2^2)).
   at::Tensor h = torch::randn({s.n, s.d});
   at::Tensor w = torch::randn({s.v, s.d}) * (2.0 / std::sqrt(static_cast<double>(s.d)));
-  at::Tensor teacher = torch::randn({s.n, s.v}) * 2;
+  const bool logits = s.teacher.empty() || s.teacher != "hidden";
+  at::Tensor teacher = logits ? torch::randn({s.n, s.v}) * 2 : at::Tensor();
   at::Tensor labels = torch::randint(0, s.v, {s.n}, torch::kLong);
+  // The teacher as hidden states: its logits at the same scale, N(0, 2^2).
+  at::Tensor th = torch::randn({s.n, s.d});
+  distill::TeacherHead head;
+  head.weight = torch::randn({s.v, s.d}) * (2.0 / std::sqrt(static_cast<double>(s.d)));
   for (const char* kind : {"forward_kl", "reverse_kl", "jsd"}) {
     if (!s.only.empty() && s.only != kind) continue;
-    for (bool topk : {false, true}) benchLinearConfig(s, kind, topk, h, w, teacher, labels);
+    for (const char* form : {"full", "top", "hidden"}) {
+      if (!s.teacher.empty() && s.teacher != form) continue;
+      if (std::string(form) == "hidden") {
+        benchHiddenConfig(s, kind, h, w, th, head, labels);
+      } else {
+        benchLinearConfig(s, kind, std::string(form) == "top", h, w, teacher, labels);
+      }
+    }
   }
   return 0;
 }
@@ -212,10 +259,12 @@ int linearMain(int argc, char** argv) {
       s.threads = std::stoi(argv[++i]);
     } else if (f == "--kind" && more) {
       s.only = argv[++i];
+    } else if (f == "--teacher" && more) {
+      s.teacher = argv[++i];
     } else {
       std::fprintf(stderr,
                    "usage: bench_loss --linear [--n N] [--d D] [--v V] [--topk K] [--reps R] [--threads T] "
-                   "[--kind K]\n");
+                   "[--kind K] [--teacher full|top|hidden]\n");
       return 2;
     }
   }

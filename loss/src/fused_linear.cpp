@@ -6,6 +6,10 @@
 // every chunk's logits go into one reused buffer in the input dtype, the row
 // kernel (or the ATen-op path) writes their gradient over them in place, and
 // nothing in the loop waits for the device (the loss parts stay there).
+// With the teacher as hidden states + head (hidden_head.h), each chunk's
+// teacher logits are made the same way (one more GEMM into a second reused
+// buffer, no gradient) and handed to that chunk's Problem as its dense
+// teacher logits.
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -15,6 +19,7 @@
 
 #include "distill/core/errors.h"
 #include "distill/loss/losses.h"
+#include "hidden_teacher.h"
 #include "loss_problem.h"
 
 namespace distill {
@@ -26,6 +31,7 @@ namespace {
 // The inputs of one call, flattened: hidden [N, d], weight [V, d], bias [V] or undefined.
 struct Linear {
   at::Tensor h, w, b;
+  const HiddenTeacher* teacher = nullptr; // the teacher as hidden states + head, or null: pb's teacher output
   int64_t chunk = 1;
   bool gradH = false, gradW = false, gradB = false;
   bool anyGrad() const { return gradH || gradW || gradB; }
@@ -93,6 +99,40 @@ struct Grads {
   at::Tensor h, w, b; // accumulated as each chunk ends; undefined where not wanted
 };
 
+// The teacher's side of the chunks when it is given as hidden states + head:
+// its logits of the student's ids [chunk, V_s] and, for a head truncated to
+// them, of the others [chunk, V_t - V_s], both reused by every chunk, and the
+// dropped mass of every valid row [Nv]. Undefined when not needed.
+struct TeacherBuffers {
+  at::Tensor keep, drop, mass;
+};
+
+TeacherBuffers teacherBuffers(const Problem& pb, const Linear& lin) {
+  TeacherBuffers tb;
+  if (!lin.teacher || !pb.needKd) return tb;
+  const int64_t nv = pb.valid.size(0), rows = std::min(lin.chunk, nv);
+  tb.keep = at::empty({rows, pb.v}, lin.teacher->w.options());
+  if (pb.vt > pb.v) {
+    tb.drop = at::empty({rows, pb.vt - pb.v}, lin.teacher->w.options());
+    tb.mass = at::empty({nv}, lin.teacher->w.options().dtype(pb.compute));
+  }
+  return tb;
+}
+
+// One chunk's teacher logits over the student's ids (the head's first V_s
+// rows: a truncated head's other ids only give their mass).
+at::Tensor teacherChunk(const Problem& pb, const HiddenTeacher& t, const Span& span, const TeacherBuffers& tb) {
+  const at::Tensor hc = span.of(t.h);
+  at::Tensor keep = tb.keep.narrow(0, 0, span.count);
+  headLogits(t, hc, 0, keep);
+  if (tb.drop.defined()) {
+    at::Tensor drop = tb.drop.narrow(0, 0, span.count);
+    headLogits(t, hc, pb.v, drop);
+    droppedMass(pb, keep, drop, tb.mass.narrow(0, span.first, span.count));
+  }
+  return keep;
+}
+
 // w (float32) += gz^T hc. With 16-bit operands on a GPU, one half-precision GEMM accumulating in
 // float32 (addmm's out_dtype overload, or mm's) instead of casting both to float32, which runs
 // without tensor cores: on an H200 at V 128 256, d 4096 that float32 GEMM was most of the loss's
@@ -122,7 +162,7 @@ void addWeightGrad(at::Tensor& w, const at::Tensor& gz, const at::Tensor& hc) {
 // and (when wanted) d loss / d logits into `gz` (zc itself, or a second buffer
 // where the row kernel cannot write in place), turned into the gradients.
 void linearChunk(const Problem& pb, const Linear& lin, const Span& span, const at::Tensor& zc, const at::Tensor& gz,
-                 Sums& sums, Grads& g) {
+                 const TeacherBuffers& tb, Sums& sums, Grads& g) {
   at::Tensor hc = span.of(lin.h); // [C, d]
   at::Tensor z = zc;
   if (lin.b.defined()) {
@@ -131,6 +171,7 @@ void linearChunk(const Problem& pb, const Linear& lin, const Span& span, const a
     at::mm_out(z, hc, lin.w.t());
   }
   Problem c = chunkProblem(pb, span, zc);
+  if (tb.keep.defined()) c.tLogits = teacherChunk(pb, *lin.teacher, span, tb);
   Sums s = runChunks(c, zc, gz);
   sums.kd.add_(s.kd);
   sums.ce.add_(s.ce);
@@ -162,7 +203,9 @@ at::ScalarType weightGradDtype(const Problem& pb, const Linear& lin) {
 }
 
 // The loss and, for the inputs that want it, their gradients, chunk by chunk.
-LossResult runLinear(const Problem& pb, const Linear& lin, Grads& g) {
+// A truncated hidden-state teacher's dropped mass is checked after the chunks
+// (measured on the way), into pb.
+LossResult runLinear(Problem& pb, const Linear& lin, Grads& g) {
   const int64_t d = lin.h.size(1);
   const auto acc = lin.h.options().dtype(pb.compute); // bias sums: float32 at least
   if (lin.gradH) {
@@ -178,14 +221,16 @@ LossResult runLinear(const Problem& pb, const Linear& lin, Grads& g) {
   at::Tensor zbuf = at::empty({std::min(lin.chunk, nv), pb.v}, lin.h.options());
   at::Tensor gbuf;
   if (lin.anyGrad()) gbuf = pb.kernel && !pb.kernel->inPlace() ? at::empty_like(zbuf) : zbuf;
+  const TeacherBuffers tb = teacherBuffers(pb, lin);
   for (int64_t c0 = 0; c0 < nv; c0 += lin.chunk) {
     Span span;
     span.first = c0;
     span.count = std::min(lin.chunk, nv - c0);
     if (!pb.allValid) span.index = pb.valid.narrow(0, c0, span.count);
     linearChunk(pb, lin, span, zbuf.narrow(0, 0, span.count),
-                gbuf.defined() ? gbuf.narrow(0, 0, span.count) : at::Tensor(), sums, g);
+                gbuf.defined() ? gbuf.narrow(0, 0, span.count) : at::Tensor(), tb, sums, g);
   }
+  if (tb.mass.defined()) checkHiddenMass(pb, *lin.teacher, tb.mass);
   if (g.w.defined()) g.w = g.w.to(lin.w.scalar_type());
   if (g.b.defined()) g.b = g.b.to(lin.b.scalar_type());
   return finish(pb, sums);
@@ -196,7 +241,7 @@ LossResult runLinear(const Problem& pb, const Linear& lin, Grads& g) {
 class FusedLinearFunction : public torch::autograd::Function<FusedLinearFunction> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& hidden,
-                                                const at::Tensor& weight, const at::Tensor& bias, const Problem* pb,
+                                                const at::Tensor& weight, const at::Tensor& bias, Problem* pb,
                                                 const Linear* lin) {
     Grads g;
     LossResult r = runLinear(*pb, *lin, g);
@@ -246,14 +291,17 @@ int64_t defaultChunk(const Problem& pb, int64_t d, const at::Device& device) {
   return std::min<int64_t>(2048, std::max<int64_t>(256, c));
 }
 
+// The teacher: its output (`teacher`), or its hidden states + head (`ht`).
 LossResult fusedLinear(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
-                       const at::Tensor& labels, const TeacherOutput& teacher, const LossOptions& options,
-                       double normalizer, int64_t chunkTokens, bool allowFused) {
+                       const at::Tensor& labels, const TeacherOutput* teacher, const HiddenTeacher* ht,
+                       const LossOptions& options, double normalizer, int64_t chunkTokens, bool allowFused) {
   DISTILL_CHECK_T(UsageError, chunkTokens >= 0, "fusedLinearLoss: chunk_tokens must be >= 0 (0: automatic), found ",
                   chunkTokens);
   const StudentShape shape = linearShape(hidden, weight, bias, allowFused);
-  Problem pb = prepare(shape, labels, teacher, options, normalizer);
+  Problem pb = ht ? prepareHidden(shape, labels, *ht, options, normalizer)
+                  : prepare(shape, labels, *teacher, options, normalizer);
   Linear lin;
+  lin.teacher = ht;
   lin.h = hidden.reshape({pb.n, weight.size(1)});
   lin.w = weight;
   lin.b = bias;
@@ -279,10 +327,18 @@ LossResult fusedLinear(const at::Tensor& hidden, const at::Tensor& weight, const
 
 } // namespace
 
+LossResult loss_impl::fusedLinearHidden(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
+                                        const at::Tensor& labels, const HiddenTeacher& teacher,
+                                        const LossOptions& options, double normalizer, int64_t chunkTokens,
+                                        bool allowFused) {
+  return fusedLinear(hidden, weight, bias, labels, nullptr, &teacher, options, normalizer, chunkTokens, allowFused);
+}
+
 LossResult fusedLinearLoss(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
                            const at::Tensor& labels, const TeacherOutput& teacher, const LossOptions& options,
                            double normalizer, int64_t chunkTokens) {
-  return fusedLinear(hidden, weight, bias, labels, teacher, options, normalizer, chunkTokens, /*allowFused=*/true);
+  return fusedLinear(hidden, weight, bias, labels, &teacher, nullptr, options, normalizer, chunkTokens,
+                     /*allowFused=*/true);
 }
 
 namespace detail {
@@ -290,7 +346,8 @@ namespace detail {
 LossResult fusedLinearLossAtenOps(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
                                   const at::Tensor& labels, const TeacherOutput& teacher, const LossOptions& options,
                                   double normalizer, int64_t chunkTokens) {
-  return fusedLinear(hidden, weight, bias, labels, teacher, options, normalizer, chunkTokens, /*allowFused=*/false);
+  return fusedLinear(hidden, weight, bias, labels, &teacher, nullptr, options, normalizer, chunkTokens,
+                     /*allowFused=*/false);
 }
 
 } // namespace detail

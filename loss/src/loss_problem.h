@@ -4,11 +4,13 @@
 //   loss_inputs.cpp  the inputs of one call checked and flattened into a Problem
 //   losses.cpp       the chunks (fused CPU kernel or ATen ops), autograd, distillLoss
 //   fused_linear.cpp fusedLinearLoss: the output projection chunked with the loss
+//   hidden_head.cpp  the teacher as hidden states + head (hidden_teacher.h)
 //   loss_vocab.cpp   loss.vocab: a teacher vocabulary that differs from the student's
 //   row_kernel.h     the row kernels by device (cpu/, cuda/) that compute chunks in one pass
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -105,6 +107,14 @@ bool anyTopkDropped(const Problem& pb);
 // measures the dropped mass of every valid row into pb.massMax / massSum
 // (ProtocolError above loss.max_truncated_mass) and renormalises the rest.
 void truncateTeacher(Problem& pb, const LossOptions& o);
+// The check of truncateTeacher on masses measured elsewhere (the two-head fused
+// linear loss measures them chunk by chunk): `mass` [Nv] the dropped mass of
+// each valid row, in pb.valid's order, into pb.massMax / massSum;
+// ProtocolError above `maxMass` (loss.max_truncated_mass), when all of it, or
+// not finite. `denseRow(row)`: a dense teacher's [V_t] logits of token `row`,
+// for the message (empty: a top-k teacher).
+void checkTruncatedMass(Problem& pb, double maxMass, const at::Tensor& mass,
+                        const std::function<at::Tensor(int64_t)>& denseRow);
 // r with pb's dropped-mass figures.
 LossResult withMass(const Problem& pb, LossResult r);
 

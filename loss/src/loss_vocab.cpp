@@ -26,6 +26,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <string>
 
@@ -115,6 +116,13 @@ bool anyTopkDropped(const Problem& pb) { return (pb.tIndices >= pb.v).any().item
 void truncateTeacher(Problem& pb, const LossOptions& o) {
   at::Tensor mass = pb.tFull.defined() ? denseMass(pb) : topkTruncate(pb);
   if (!pb.tFull.defined() && !pb.allValid) mass = mass.index_select(0, pb.valid);
+  std::function<at::Tensor(int64_t)> denseRow;
+  if (pb.tFull.defined()) denseRow = [&pb](int64_t row) { return pb.tFull[row]; };
+  checkTruncatedMass(pb, o.max_truncated_mass, mass, denseRow);
+}
+
+void checkTruncatedMass(Problem& pb, double maxMass, const at::Tensor& mass,
+                        const std::function<at::Tensor(int64_t)>& denseRow) {
   pb.massMax = 0, pb.massSum = 0;
   if (mass.numel() == 0) return;
   at::Tensor worst = mass.argmax();
@@ -125,7 +133,7 @@ void truncateTeacher(Problem& pb, const LossOptions& o) {
   // One rule for dense and top-k: a mass within rounding of 1 is all of it
   // (top-k's rounds to 0.9999999 where dense's is exactly 1), whatever the bound.
   const bool all = mx >= 1 - kAllMassTolerance;
-  if (mx <= o.max_truncated_mass && !all) return;
+  if (mx <= maxMass && !all) return;
   const int64_t row = pb.valid[worst.item<int64_t>()].item<int64_t>();
   const std::string head = std::string(pb.fn) + ": loss.vocab truncate: for token " + std::to_string(row) + ", the teacher's ids >= " +
       std::to_string(pb.v) + " (of its " + std::to_string(pb.vt) + ")";
@@ -137,9 +145,10 @@ void truncateTeacher(Problem& pb, const LossOptions& o) {
                   "): nothing is left on the student's ids to renormalise, whatever loss.max_truncated_mass; "
                   "those ids are the teacher's real vocabulary, not padding (docs/vocab.md)");
   std::string where;
-  if (pb.tFull.defined()) { // the dropped id holding the most of it
-    const at::Tensor s = pb.tFull[row].narrow(0, pb.v, pb.vt - pb.v).to(at::kDouble).div(pb.temperature);
-    const at::Tensor lse = at::logsumexp(pb.tFull[row].to(at::kDouble).div(pb.temperature), 0);
+  if (denseRow) { // the dropped id holding the most of it
+    const at::Tensor full = denseRow(row).to(at::kDouble).div(pb.temperature);
+    const at::Tensor s = full.narrow(0, pb.v, pb.vt - pb.v);
+    const at::Tensor lse = at::logsumexp(full, 0);
     const int64_t top = s.argmax().item<int64_t>();
     where = ", the most at id " + std::to_string(pb.v + top) + " (" +
         std::to_string((s[top] - lse).exp().item<double>()) + ")";
@@ -148,7 +157,7 @@ void truncateTeacher(Problem& pb, const LossOptions& o) {
         std::to_string(pb.tNull.size(1)) + " entries";
   }
   DISTILL_THROW(ProtocolError, head, " hold probability ", mx, " (at T = ", pb.temperature, ")", where,
-                ", above loss.max_truncated_mass = ", o.max_truncated_mass,
+                ", above loss.max_truncated_mass = ", maxMass,
                 ". If those ids are padding rows (an undertrained head can leave them 1e-3 of the mass), raise "
                 "loss.max_truncated_mass above ", mx,
                 " (docs/vocab.md says how to pick it); if they are real tokens, truncating them changes what the "
