@@ -160,7 +160,7 @@ inline trace::Event checkpointEvent(const char* what, int64_t step) {
   e.label = what;
   e.step = step;
   e.accStep = 0;
-  if (step < 0) currentStep(&e.step, &e.accStep);
+  if (step < 0) trace::currentStep(&e.step, &e.accStep);
   return e;
 }
 

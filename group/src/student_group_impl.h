@@ -125,7 +125,7 @@ struct StudentGroup::Impl {
     ev.op = trace::Op::kCollective;
     ev.seq = static_cast<uint64_t>(mySeq);
     ev.label = what;
-    currentStep(&ev.step, &ev.accStep);
+    trace::currentStep(&ev.step, &ev.accStep);
     return ev;
   }
 
