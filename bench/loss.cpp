@@ -27,7 +27,7 @@
 // ms: wall time (process CPU time in cpu_*). Peak memory: the most bytes of CPU
 // tensor storage alive at once during the call beyond its inputs (hidden,
 // weight, teacher output or hidden states and head, labels), gradients included, counted by a wrapping
-// CPU allocator (tests/losses/counting_allocator.h); GEMM workspaces that
+// CPU allocator (tests/loss/counting_allocator.h); GEMM workspaces that
 // oneDNN/MKL take with malloc are not seen (the same for all three paths).
 // top32 is what the teacher server sends (topkOutput: values, indices,
 // logsumexp and log tail); --no-tail leaves the log tail out (an older

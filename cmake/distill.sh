@@ -28,7 +28,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # ---- Python packages, into the python3 on PATH ----
-# torch==$TORCH_VERSION: LibTorch (the PyPI wheel, pinned); mpmath: tests/losses/reference.py's
+# torch==$TORCH_VERSION: LibTorch (the PyPI wheel, pinned); mpmath: tests/loss/reference.py's
 # exact values; matplotlib: the demo's plot; lizard: tests/structure's function lengths;
 # transformers, tokenizers: the [hf] extra (the Hugging Face tests, examples/llm); pytest, mypy:
 # the [test] extra (tests/python, test_typing.py); scikit-build-core: pip install --no-build-isolation . of the package.

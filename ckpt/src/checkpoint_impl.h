@@ -1,7 +1,9 @@
 #pragma once
 
 // What the checkpoint manager's files share (internal to ckpt/src):
-//   checkpoint_impl.h      helpers, the async writer, CheckpointCore (declared)
+//   checkpoint_impl.h      helpers, a save's files and verdict, CheckpointCore (declared)
+//   archive.h              torch archives: to and from bytes, a module's deep copy
+//   async_writer.h         the async manager's background writer and its result
 //   checkpoint_publish.cpp a save's outcome across ranks: decide, make room, publish, prune
 //   checkpoint_files.cpp   a rank's files: snapshot for a save, choose and read for a load
 //   checkpoint.cpp         CheckpointManager: the calls of checkpoint.h
@@ -32,6 +34,8 @@
 #include "distill/core/strings.h"
 #include "distill/group/student_group.h"
 #include "distill/core/trace.h"
+#include "archive.h"
+#include "async_writer.h"
 #include "layout.h"
 
 namespace distill::ckpt_impl {
@@ -56,64 +60,6 @@ inline std::string broadcastText(StudentGroup& group, const std::string& text, i
   if (bytes.numel() > 0) group.broadcast(bytes, root, what);
   return std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel()));
 }
-
-inline std::string toBytes(OutputArchive& a) {
-  std::string out;
-  a.save_to([&](const void* p, size_t n) {
-    out.append(static_cast<const char*>(p), n);
-    return n;
-  });
-  return out;
-}
-
-inline at::Tensor bytesTensor(const std::string& s) {
-  auto t = torch::empty({static_cast<int64_t>(s.size())}, torch::kUInt8);
-  if (!s.empty()) std::memcpy(t.data_ptr(), s.data(), s.size());
-  return t;
-}
-
-inline std::string tensorBytes(const at::Tensor& t) {
-  auto c = t.to(torch::kCPU).contiguous();
-  return std::string(static_cast<const char*>(c.data_ptr()), static_cast<size_t>(c.numel()));
-}
-
-inline int64_t readInt(InputArchive& a, const std::string& key) {
-  c10::IValue v;
-  a.read(key, v);
-  return v.toInt();
-}
-
-inline at::Tensor readTensor(InputArchive& a, const std::string& key) {
-  at::Tensor t;
-  a.read(key, t, /*is_buffer=*/true);
-  return t;
-}
-
-// Deep copy of a module's parameters and buffers to CPU, laid out as
-// Module::save lays them out, so that Module::load reads it back.
-inline void snapshotModule(const torch::nn::Module& m, OutputArchive& a) {
-  torch::NoGradGuard noGrad;
-  for (const auto& p : m.named_parameters(/*recurse=*/false)) {
-    a.write(p.key(), p.value().detach().to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true));
-  }
-  for (const auto& b : m.named_buffers(/*recurse=*/false)) {
-    a.write(b.key(), b.value().detach().to(torch::kCPU, false, true), /*is_buffer=*/true);
-  }
-  for (const auto& c : m.named_children()) {
-    if (!c.value()->is_serializable()) continue;
-    OutputArchive child(a.compilation_unit());
-    snapshotModule(*c.value(), child);
-    a.write(c.key(), child);
-  }
-}
-
-inline std::optional<torch::Device> deviceOf(const torch::nn::Module& m) {
-  auto params = m.parameters();
-  if (params.empty()) return std::nullopt;
-  return params.front().device();
-}
-
-inline at::Generator cpuGenerator() { return at::detail::getDefaultCPUGenerator(); }
 
 // What model.pt and optimizer.pt hold: a Module and an Optimizer (the C++
 // API), or bytes the trainer serialized itself (the Python binding: torch.save
@@ -207,37 +153,6 @@ struct Verdict {
   }
 };
 
-// The single background writer of an async manager. Its state is shared with
-// the thread, so that a thread stuck in I/O past every deadline can be detached.
-// It runs file I/O and notes (GroupNotes), never a collective.
-struct Writer {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::function<void()> task; // set by the caller thread, cleared by the writer
-  bool busy = false; // a task is queued or running
-  bool stop = false;
-
-  static void loop(std::shared_ptr<Writer> w) {
-    std::unique_lock<std::mutex> lock(w->mu);
-    for (;;) {
-      w->cv.wait(lock, [&] { return w->stop || w->task; });
-      if (!w->task) return;
-      auto task = std::move(w->task);
-      w->task = nullptr;
-      lock.unlock();
-      task(); // catches everything itself
-      lock.lock();
-      w->busy = false;
-      w->cv.notify_all();
-    }
-  }
-  // Waits until no task is queued or running; false if the deadline passed first.
-  bool waitIdle(Deadline d) {
-    std::unique_lock<std::mutex> lock(mu);
-    return cv.wait_until(lock, d.when(), [&] { return !busy; });
-  }
-};
-
 // The flight recorder's event for a save (at `step`) or a load (step < 0).
 inline trace::Event checkpointEvent(const char* what, int64_t step) {
   trace::Event e;
@@ -245,16 +160,9 @@ inline trace::Event checkpointEvent(const char* what, int64_t step) {
   e.label = what;
   e.step = step;
   e.accStep = 0;
-  if (step < 0) currentStep(&e.step, &e.accStep);
+  if (step < 0) trace::currentStep(&e.step, &e.accStep);
   return e;
 }
-
-// What an async save leaves for the caller's thread: set by the writer before
-// it goes idle (the writer's mutex orders it before waitIdle returns).
-struct AsyncResult {
-  bool ok = false;
-  std::string error; // the reason, as failSave words it after "not saved: "
-};
 
 // The checkpoint directory and what is done in it: shared by the caller's
 // thread and the background writer (which holds it, so that a writer

@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "distill/core/logging.h"
+#include "distill/core/trace.h"
 
 namespace distill {
 namespace {
@@ -16,7 +17,7 @@ namespace {
 // An error that names no step reports the one this process is working on.
 ErrorWhere withCurrentStep(ErrorWhere w) {
   int64_t step = 0, accStep = 0;
-  if (!w.step && currentStep(&step, &accStep)) {
+  if (!w.step && trace::currentStep(&step, &accStep)) {
     w.step = step;
     w.accStep = accStep;
   }

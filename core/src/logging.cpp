@@ -24,12 +24,6 @@ LogLevel levelFromEnv() {
   return LogLevel::kInfo;
 }
 
-std::atomic<int64_t> gStep{-1};
-std::atomic<int64_t> gAccStep{-1};
-// The newest answer the trainer took (noteAnswered), -1 = none yet.
-std::atomic<int64_t> gAnsweredStep{-1};
-std::atomic<int64_t> gAnsweredAccStep{-1};
-
 std::atomic<int> gLevel{static_cast<int>(levelFromEnv())};
 
 const char* levelTag(LogLevel l) {
@@ -81,30 +75,6 @@ std::string identityPrefix() {
   s += roleName(id.role);
   s += "]";
   return s;
-}
-
-void setCurrentStep(int64_t step, int64_t accStep) {
-  gAccStep.store(accStep, std::memory_order_relaxed);
-  gStep.store(step, std::memory_order_relaxed);
-}
-
-void noteAnswered(int64_t step, int64_t accStep) {
-  gAnsweredAccStep.store(accStep, std::memory_order_relaxed);
-  gAnsweredStep.store(step, std::memory_order_relaxed);
-  setCurrentStep(step, accStep);
-}
-
-void noteStepOpens(int64_t microBatches) {
-  const int64_t step = gAnsweredStep.load(std::memory_order_relaxed);
-  if (step >= 0 && gAnsweredAccStep.load(std::memory_order_relaxed) + 1 >= microBatches) setCurrentStep(step + 1, 0);
-}
-
-bool currentStep(int64_t* step, int64_t* accStep) {
-  int64_t s = gStep.load(std::memory_order_relaxed);
-  if (s < 0) return false;
-  *step = s;
-  *accStep = gAccStep.load(std::memory_order_relaxed);
-  return true;
 }
 
 void setLogLevel(LogLevel level) { gLevel.store(static_cast<int>(level)); }

@@ -16,9 +16,9 @@
 #include "nccl_backend.h"
 #include "student_group_impl.h"
 
-// The group's making: the rendezvous store (distill's own, or torchrun's
-// agent's), admission of every student, the backends; and the notes board.
-// The collectives are in student_group_ops.cpp.
+// The group's making: the choice of rendezvous store, admission of every
+// student, the backends. The stores' set-up is in student_group_store.cpp,
+// the notes board in group_notes.cpp, the collectives in student_group_ops.cpp.
 namespace distill {
 namespace {
 
@@ -61,61 +61,6 @@ bool useAgentStore() {
 }
 
 } // namespace
-
-// The store of torchrun's agent, under a prefix of its own.
-void StudentGroup::Impl::openAgentStore(const Topology& topo, Millis startup, const std::string& hostPort) {
-  auto& s = *this;
-  c10d::TCPStoreOptions opts;
-  opts.port = static_cast<uint16_t>(topo.masterPort);
-  opts.isServer = false;
-  opts.numWorkers = static_cast<size_t>(s.size);
-  opts.waitWorkers = false; // admission below has its own deadline and names who is missing
-  opts.timeout = startup;
-  s.storeWhere = hostPort + " (torchrun's agent store)";
-  try {
-    auto tcp = c10::make_intrusive<c10d::TCPStore>(topo.masterAddr, opts);
-    // A torchrun restart (--max-restarts) is a new attempt on the same store: its own keys.
-    const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
-    s.store = c10::make_intrusive<c10d::PrefixStore>(
-        std::string("distill/students/attempt") + (attempt && *attempt ? attempt : "0"), tcp);
-  } catch (const std::exception& e) {
-    DISTILL_THROW(TimeoutError, awaiting("student group store at " + hostPort),
-                  "student group: cannot reach torchrun's store at ", hostPort, " within ", startup.count(),
-                  " ms: ", firstLineOf(e.what()));
-  }
-}
-
-// distill's own authenticated store (job_store.h), served by student rank 0.
-void StudentGroup::Impl::openJobStore(const Topology& topo, Deadline deadline, const std::string& hostPort) {
-  auto& s = *this;
-  const char* secretEnv = std::getenv(kJobSecretEnv);
-  const std::string secret = secretEnv ? secretEnv : "";
-  if (secret.empty()) {
-    DISTILL_LOG(kWarning) << kJobSecretEnv << " is not set: the student group's rendezvous store at " << hostPort
-                          << " takes any process that connects (distill-run sets a secret per job)";
-  }
-  if (s.rank == 0) {
-    // distill-run binds the socket (to check the port before anything
-    // starts, and to choose a free one) and hands it over; a rank started
-    // otherwise binds it here. Either way to run.master_addr only.
-    int fd = -1;
-    if (const char* inherited = std::getenv(kStoreFdEnv); inherited && *inherited) {
-      fd = std::atoi(inherited);
-      const int port = listeningPort(fd);
-      DISTILL_CHECK_T(
-          ConfigError, port == topo.masterPort, kStoreFdEnv, "=", inherited,
-          " is not a socket listening on MASTER_PORT ", topo.masterPort,
-          port < 0 ? std::string(" (not a listening socket)") : " (it listens on " + std::to_string(port) + ")");
-    } else {
-      fd = listenForStore(topo.masterAddr, topo.masterPort).fd;
-    }
-    s.server = std::make_unique<JobStoreServer>(fd, secret, hostPort);
-    s.serving = true;
-  }
-  s.jobStore = c10::make_intrusive<JobStore>(topo.masterAddr, topo.masterPort, secret, s.rank,
-                                             "student rank 0 on node 0", deadline);
-  s.store = c10::make_intrusive<c10d::PrefixStore>("distill/students", s.jobStore);
-}
 
 // Admission: every student announces itself, then waits (deadline) for all.
 void StudentGroup::Impl::admit(Deadline deadline, Millis startup) {
@@ -250,86 +195,5 @@ int StudentGroup::rank() const { return impl_->rank; }
 int StudentGroup::size() const { return impl_->size; }
 std::chrono::milliseconds StudentGroup::timeout() const { return impl_->timeout; }
 int64_t StudentGroup::sequence() const { return impl_->seq; }
-
-// ---- notes ----
-
-struct GroupNotes::Impl {
-  c10::intrusive_ptr<c10d::Store> store; // a clone: its own connection
-
-  // `doing` is "posting", "awaiting", ...; `what` names the note(s).
-  [[noreturn]] static void lost(const std::string& doing, const std::string& what, const std::exception& e) {
-    DISTILL_THROW(PeerLostError, doing == "awaiting" ? awaiting("student group note " + what) : ErrorWhere{},
-                  "student group notes: lost the rendezvous store (served by student rank 0) while ", doing, " ", what,
-                  ": ", firstLineOf(e.what()));
-  }
-};
-
-GroupNotes::GroupNotes() : impl_(std::make_unique<Impl>()) {}
-GroupNotes::~GroupNotes() = default;
-
-void GroupNotes::post(const std::string& key, const std::string& value) {
-  try {
-    impl_->store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
-  } catch (const std::exception& e) {
-    Impl::lost("posting", key, e);
-  }
-}
-
-std::vector<std::optional<std::string>> GroupNotes::await(const std::vector<std::string>& keys, Millis timeout) {
-  std::vector<std::optional<std::string>> out(keys.size());
-  if (keys.empty()) return out;
-  bool all = false;
-  try {
-    // The server answers when the last key is set: no polling.
-    impl_->store->wait(keys, std::max(timeout, Millis(1)));
-    all = true;
-  } catch (const std::exception&) {
-    // A timeout, or the store gone: check() below tells which.
-  }
-  try {
-    for (size_t i = 0; i < keys.size(); ++i) {
-      if (!all && !impl_->store->check({keys[i]})) continue;
-      auto v = impl_->store->get(keys[i]);
-      out[i] = std::string(v.begin(), v.end());
-    }
-  } catch (const std::exception& e) {
-    Impl::lost("awaiting", keys.front() + (keys.size() > 1 ? " and " + std::to_string(keys.size() - 1) + " more" : ""),
-               e);
-  }
-  return out;
-}
-
-void GroupNotes::erase(const std::string& key) {
-  try {
-    impl_->store->deleteKey(key);
-  } catch (const std::exception& e) {
-    Impl::lost("removing", key, e);
-  }
-}
-
-c10::intrusive_ptr<c10d::Store> StudentGroup::store(const std::string& prefix) {
-  c10::intrusive_ptr<c10d::Store> base;
-  try {
-    base = impl_->jobStore ? c10::intrusive_ptr<c10d::Store>(impl_->jobStore->cloneAs(-1)) : impl_->store->clone();
-  } catch (const std::exception& e) {
-    DISTILL_THROW(PeerLostError, "student group: cannot open a connection to the rendezvous store at ",
-                  impl_->storeWhere, " for ", prefix, ": ", firstLineOf(e.what()));
-  }
-  auto s = impl_->jobStore ? c10::make_intrusive<c10d::PrefixStore>("distill/students/" + prefix, base)
-                           : c10::make_intrusive<c10d::PrefixStore>(prefix, base);
-  s->setTimeout(impl_->timeout);
-  return s;
-}
-
-std::unique_ptr<GroupNotes> StudentGroup::notes(const std::string& prefix) {
-  std::unique_ptr<GroupNotes> n(new GroupNotes());
-  try {
-    n->impl_->store = c10::make_intrusive<c10d::PrefixStore>("notes/" + prefix, impl_->store->clone());
-  } catch (const std::exception& e) {
-    GroupNotes::Impl::lost("connecting for", "notes " + prefix, e);
-  }
-  n->impl_->store->setTimeout(impl_->timeout);
-  return n;
-}
 
 } // namespace distill

@@ -1,8 +1,9 @@
 #pragma once
 
-// StudentGroup's state, shared by its two sources: student_group.cpp (the
-// rendezvous, admission and backends; the notes) and student_group_ops.cpp
-// (the collectives, blocking and asynchronous, with their deadline and the
+// StudentGroup's state, shared by its sources: student_group.cpp (admission
+// and backends), student_group_store.cpp (the rendezvous store's set-up),
+// group_notes.cpp (the notes board) and student_group_ops.cpp (the
+// collectives, blocking and asynchronous, with their deadline and the
 // diagnosis of who never entered one).
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -124,7 +125,7 @@ struct StudentGroup::Impl {
     ev.op = trace::Op::kCollective;
     ev.seq = static_cast<uint64_t>(mySeq);
     ev.label = what;
-    currentStep(&ev.step, &ev.accStep);
+    trace::currentStep(&ev.step, &ev.accStep);
     return ev;
   }
 

@@ -2,7 +2,8 @@
 
 // Internal view of a mapped segment: typed accessors over the offsets recorded
 // in the control block (wire.h). No Boost here; the mapping itself is owned
-// through the opaque `mapping` pointer (segment.cpp).
+// through the opaque `mapping` pointer (segment.cpp); the layout's arithmetic
+// and checks are segment_layout.cpp's.
 
 #include <cstdint>
 #include <memory>
@@ -19,6 +20,11 @@ struct LayoutOffsets {
       responseRingBytes, ringPairStride, total;
 };
 LayoutOffsets computeOffsets(const SegmentLayout& l);
+// IpcError naming segment `name` when a count or size of `l` is out of range (segment_layout.cpp).
+void checkLayout(const SegmentLayout& l, const std::string& name);
+// The control block's fields (all but magic, which publishes it): the layout, the job, the offsets.
+void initControl(wire::ControlBlock* c, const SegmentLayout& layout, const std::string& jobId, const LayoutOffsets& off,
+                 int creatorPid);
 
 struct SegmentImpl {
   std::string name;

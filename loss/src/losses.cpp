@@ -100,7 +100,7 @@ struct Rows {
 // Dense teacher logits: the log-softmaxes come from ATen's fused kernels (one
 // pass each, no logsumexp temporaries), and nothing is gathered when the rows
 // are a plain range. The divergence and the gradient assembly are those of
-// the top-k path (lossChunk); tests/losses checks both against a reference.
+// the top-k path (lossChunk); tests/loss checks both against a reference.
 void denseChunk(const Problem& pb, const at::Tensor& z, const Rows& rows, at::Tensor& grad, at::Tensor& kdSum,
                 at::Tensor& ceSum) {
   const bool needGrad = grad.defined();

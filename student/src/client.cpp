@@ -15,6 +15,7 @@
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
 #include "distill/core/protocol.h"
+#include "distill/core/trace.h"
 #include "distill/ipc/channel.h"
 
 namespace distill {
@@ -136,7 +137,7 @@ Client::~Client() {
 Handle Client::submit(const std::vector<std::pair<std::string, at::Tensor>>& inputs, int64_t step, int64_t accStep) {
   auto& s = *impl_;
   DISTILL_CHECK_T(UsageError, !s.finished, "submit() after finish(): this student told its teacher it sends nothing more");
-  setCurrentStep(step, accStep);
+  trace::setCurrentStep(step, accStep);
   while (static_cast<int64_t>(s.inFlight.size()) >= s.cfg.student.in_flight) s.receiveOldest();
   const Handle h{s.nextSeq++, step, accStep};
   ipc::OutMessage msg;
@@ -156,7 +157,7 @@ Handle Client::submit(const at::Tensor& input, int64_t step, int64_t accStep) {
 
 TeacherReply Client::get(const Handle& h, ReplyMode mode) {
   auto& s = *impl_;
-  noteAnswered(h.step, h.accStep);
+  trace::noteAnswered(h.step, h.accStep);
   while (!s.received.count(h.seq)) {
     DISTILL_CHECK_T(ProtocolError, !s.inFlight.empty() && s.inFlight.front().seq <= h.seq, at(h.step, h.accStep),
                     "get(): request seq ", h.seq, " is not in flight (already taken, or never submitted)");

@@ -8,12 +8,13 @@
 
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
+#include "distill/core/trace.h"
 #include "distill/student/losses.h"
 
 namespace distill {
 
 double stepTokenCount(StudentGroup& group, const std::vector<at::Tensor>& microBatchLabels, int64_t ignoreIndex) {
-  noteStepOpens(static_cast<int64_t>(microBatchLabels.size())); // labels this collective with its own step
+  trace::noteStepOpens(static_cast<int64_t>(microBatchLabels.size())); // labels this collective with its own step
   int64_t local = 0;
   for (auto& l : microBatchLabels) local += countTokens(l, ignoreIndex);
   at::Tensor t = at::full({1}, static_cast<double>(local), at::kDouble);

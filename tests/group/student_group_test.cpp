@@ -17,6 +17,7 @@
 #include "distill/core/context.h"
 #include "distill/group/student_context.h"
 #include "distill/core/errors.h"
+#include "distill/core/trace.h"
 #include "distill/group/student_group.h"
 #include "support/process.h"
 #include "support/roles.h"
@@ -65,7 +66,7 @@ DISTILL_TEST_ROLE(student) {
     const int64_t n = g.size();
     for (int i = 1; i <= iterations; ++i) {
       start = steady_clock::now();
-      distill::setCurrentStep(i, 0); // as the student client does per request
+      distill::trace::setCurrentStep(i, 0); // as the student client does per request
       g.barrier("checkpoint barrier");
       auto t = torch::full({4}, static_cast<double>((g.rank() + 1) * i), torch::kFloat64);
       g.allReduce(t, distill::ReduceOp::kSum, "loss all_reduce");

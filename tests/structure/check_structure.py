@@ -7,8 +7,13 @@
    The first design rule is fixed here, whatever the table says: teacher/ may
    not include group/ (the student group and its store), so teacher code cannot
    reach a collective.
-2. No library source file (*.cpp, *.h of the module folders) over 500 lines.
-3. No library function over 80 lines, measured by lizard (pip package
+2. No C++ file over 500 lines: the module folders' sources and those of
+   tests/, bench/, examples/, python/ and include/ alike.
+3. No include circle among the project's own files: every quote-include is
+   resolved to a file of the tree (beside the includer, distill/<module>/...
+   under <module>/include/, else the one file whose path ends so, nearest the
+   includer); a cycle is a failure naming its files in order.
+4. No library function over 80 lines, measured by lizard (pip package
    `lizard`, installed by cmake/distill.sh). Without lizard the test is
    SKIPPED (exit 77, ctest's SKIP_RETURN_CODE), never passed silently.
 
@@ -26,6 +31,8 @@ SKIP = 77
 SOURCE_SUFFIXES = (".cpp", ".h", ".cu", ".cuh")
 FORBIDDEN = {"teacher": "group"}  # the first design rule (docs/design.md, "Layers")
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]')
+QUOTE_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
+OTHER_FOLDERS = ("tests", "bench", "examples", "python", "include")  # C++ outside the modules
 
 
 def layers(root):
@@ -90,14 +97,114 @@ def include_problems(root, table):
     return problems
 
 
+def all_sources(root, table):
+    """Every C++ file of the project: the modules' and those of OTHER_FOLDERS."""
+    for folder in sorted(table) + [f for f in OTHER_FOLDERS if os.path.isdir(os.path.join(root, f))]:
+        yield from sources(root, folder)
+
+
 def length_problems(root, table):
     problems = []
-    for module in sorted(table):
-        for path in sources(root, module):
-            with open(path, encoding="utf-8", errors="replace") as f:
-                count = sum(1 for _ in f)
-            if count > MAX_FILE_LINES:
-                problems.append(f"{os.path.relpath(path, root)}: {count} lines (at most {MAX_FILE_LINES})")
+    for path in all_sources(root, table):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            count = sum(1 for _ in f)
+        if count > MAX_FILE_LINES:
+            problems.append(f"{os.path.relpath(path, root)}: {count} lines (at most {MAX_FILE_LINES})")
+    return problems
+
+
+def include_graph(root, table):
+    """{file: {included file: line number}} over the project's files (paths relative to root)."""
+    files = sorted(os.path.relpath(p, root) for p in all_sources(root, table))
+    known = set(files)
+    by_tail = {}
+    for f in files:
+        parts = f.split(os.sep)
+        for i in range(len(parts)):
+            by_tail.setdefault("/".join(parts[i:]), []).append(f)
+
+    def resolve(src, target):
+        beside = os.path.normpath(os.path.join(os.path.dirname(src), target))
+        if beside in known:
+            return beside
+        parts = target.split("/")
+        if parts[0] == "distill" and len(parts) > 2 and f"{parts[1]}/include/{target}" in known:
+            return f"{parts[1]}/include/{target}"
+        if f"include/{target}" in known:
+            return f"include/{target}"
+        found = by_tail.get(target, [])
+        if not found:
+            return None  # a system, third-party or generated header
+        return max(found, key=lambda c: (len(os.path.commonprefix([c, src])), c))
+
+    graph = {}
+    for f in files:
+        with open(os.path.join(root, f), encoding="utf-8", errors="replace") as fh:
+            for n, line in enumerate(fh, 1):
+                m = QUOTE_INCLUDE.match(line)
+                target = resolve(f, m.group(1)) if m else None
+                if target and target != f:
+                    graph.setdefault(f, {}).setdefault(target, n)
+    return graph
+
+
+def cycle_problems(root, table):
+    """One line per include circle (a strongly connected set of files), naming a cycle through it."""
+    graph = include_graph(root, table)
+    index, low, stack, on_stack, circles = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):  # Tarjan's strongly connected components, iterative over each node's edges
+        work = [(v, iter(sorted(graph.get(v, {}))))]
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        while work:
+            node, edges = work[-1]
+            pushed = False
+            for w in edges:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph.get(w, {})))))
+                    pushed = True
+                    break
+                if w in on_stack:
+                    low[node] = min(low[node], index[w])
+            if pushed:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    component.append(w)
+                    if w == node:
+                        break
+                if len(component) > 1:
+                    circles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    problems = []
+    for component in circles:
+        members = set(component)
+        path, at = [component[0]], component[0]
+        while True:  # follow edges inside the component until a file repeats
+            at = next(w for w in sorted(graph[at]) if w in members)
+            if at in path:
+                path = path[path.index(at):] + [at]
+                break
+            path.append(at)
+        steps = " -> ".join(f"{a} (line {graph[a][b]})" for a, b in zip(path, path[1:]))
+        problems.append(f"include circle: {steps} -> {path[-1]}")
     return problems
 
 
@@ -131,7 +238,8 @@ def main():
     table = layers(args.root)
     failed = False
     for title, problems in (("include arrows", include_problems(args.root, table)),
-                            ("file lengths", length_problems(args.root, table))):
+                            ("file lengths", length_problems(args.root, table)),
+                            ("include circles", cycle_problems(args.root, table))):
         print(f"{title}: {'ok' if not problems else f'{len(problems)} problem(s)'}")
         for p in problems:
             print(f"  {p}")

@@ -13,6 +13,7 @@
 #include "distill/core/clock.h"
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
+#include "distill/core/trace.h"
 #include "distill/loss/losses.h"
 #include "distill/student/grad.h"
 #include "nonfinite.h"
@@ -187,7 +188,7 @@ bool Steps::Impl::openStep(const Loader& loader) {
   if (bound > 0 && step_ >= bound) return false;
   stepStartNs_ = monotonicNs();
   const bool full = fill(loader, static_cast<size_t>(grad_acc_));
-  noteStepOpens(grad_acc_);
+  trace::noteStepOpens(grad_acc_);
   int64_t local = 0;
   myTokens_ = 0;
   for (size_t i = 0; full && i < static_cast<size_t>(grad_acc_); ++i) {

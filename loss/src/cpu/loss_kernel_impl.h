@@ -5,7 +5,7 @@
 // linker for code that runs on a CPU without it.
 //
 // The formulas are those of losses.cpp's ATen-op path (divergence(),
-// teacherBuckets(), the gradient assembly); tests/losses checks the two
+// teacherBuckets(), the gradient assembly); tests/loss checks the two
 // against each other and against the Python reference. Sums over a row are
 // accumulated in vector registers and flushed to double every kFlush vectors.
 

@@ -23,21 +23,6 @@ struct Identity {
 
 void setIdentity(const Identity& id);
 
-// The (step, acc_step) this process is working on, if known; an error that
-// names none itself reports this one, and the flight recorder labels a
-// collective with it. Set by the student client per request.
-void setCurrentStep(int64_t step, int64_t accStep);
-bool currentStep(int64_t* step, int64_t* accStep);
-// The student client, when the trainer takes the answer of (step, accStep):
-// the current step becomes that micro-batch.
-void noteAnswered(int64_t step, int64_t accStep);
-// A step of `microBatches` micro-batches opens (stepTokenCount, which a
-// trainer calls before it takes the step's first answer). If the last answer
-// taken was the previous step's last micro-batch, the current step becomes
-// (that step + 1, 0): the collectives that open step 20 are step 20's, not
-// "(step 19, acc_step 1)" — the tag of the last answer, which a prefetched
-// request of step 20 does not change either.
-void noteStepOpens(int64_t microBatches);
 Identity identity();
 // "[n0 r3 student]", or "[distill]" before setIdentity.
 std::string identityPrefix();

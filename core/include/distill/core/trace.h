@@ -8,9 +8,14 @@
 // a hang names who waits on whom). With no sink installed (unit tests, a group without a
 // segment) recording costs one relaxed load and does nothing.
 //
+// It also keeps the step state: the (step, acc_step) this process is working
+// on, which labels the events it records and every error that names no step
+// itself (errors.cpp reads it).
+//
 // Thread safety: events are recorded by the one thread that drives distill in
 // a process (the trainer's loop, the teacher's serve loop), like endpoints.
-// setSink() is called by that thread too.
+// setSink() is called by that thread too. The step state is atomics (relaxed):
+// any thread may read it.
 
 #include <cstdint>
 #include <string>
@@ -56,6 +61,22 @@ void setSink(Sink* sink);
 // Uninstalls `sink` if it is the one installed.
 void clearSink(Sink* sink);
 Sink* sink();
+
+// The step state: the (step, acc_step) this process is working on, if known; an error that
+// names none itself reports this one, and the flight recorder labels a
+// collective with it. Set by the student client per request.
+void setCurrentStep(int64_t step, int64_t accStep);
+bool currentStep(int64_t* step, int64_t* accStep);
+// The student client, when the trainer takes the answer of (step, accStep):
+// the current step becomes that micro-batch.
+void noteAnswered(int64_t step, int64_t accStep);
+// A step of `microBatches` micro-batches opens (stepTokenCount, which a
+// trainer calls before it takes the step's first answer). If the last answer
+// taken was the previous step's last micro-batch, the current step becomes
+// (that step + 1, 0): the collectives that open step 20 are step 20's, not
+// "(step 19, acc_step 1)" — the tag of the last answer, which a prefetched
+// request of step 20 does not change either.
+void noteStepOpens(int64_t microBatches);
 
 // Records an event from construction to destruction (also when an exception
 // leaves the scope: the event then ends where the failure surfaced).

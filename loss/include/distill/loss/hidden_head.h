@@ -24,7 +24,7 @@
 // measured chunk by chunk over the head's extra rows, reported in LossResult
 // and checked against loss.max_truncated_mass after the chunks, with the
 // messages of the materialised path), non-finite teacher logits as there. The
-// full vocabulary, not a top-k: tests/losses/hidden_head_test.cpp checks it to
+// full vocabulary, not a top-k: tests/loss/hidden_head_test.cpp checks it to
 // 1e-9 in float64.
 //
 // Gradients: only the student's (hidden, weight, bias), as fusedLinearLoss;

@@ -1,6 +1,6 @@
 #pragma once
 
-// A CPU allocator that counts live bytes and their peak (tests/losses and
+// A CPU allocator that counts live bytes and their peak (tests/loss and
 // bench_loss measure the losses' memory with it). Every CPU tensor storage goes
 // through it; scratch memory that ATen kernels take with malloc directly
 // (small, per thread, also oneDNN/MKL GEMM workspaces) is not seen.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reference values for tests/losses: straight float64 formulas with torch.nn.functional
+"""Reference values for tests/loss: straight float64 formulas with torch.nn.functional
 and autograd, written from the definitions in loss/include/distill/loss/losses.h,
 not from the C++ implementation.
 
