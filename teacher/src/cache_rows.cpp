@@ -20,7 +20,7 @@
 
 #include "distill/core/checksum.h"
 #include "distill/core/errors.h"
-#include "distill/core/protocol.h"
+#include "distill/core/answer_kinds.h"
 #include "distill/core/strings.h"
 
 namespace distill {

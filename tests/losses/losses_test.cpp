@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "distill/core/errors.h"
-#include "distill/core/protocol.h"
+#include "distill/core/answer_kinds.h"
 #include "distill/loss/losses.h"
 #include "support/expect_throw.h"
 #include "distill/teacher/server.h"
@@ -101,11 +101,11 @@ TeacherOutput teacherOf(const Case& c, at::ScalarType dtype) {
     auto it = c.t.find(n);
     return it == c.t.end() ? at::Tensor() : it->second;
   };
-  if (auto l = get("teacher_logits"); l.defined()) t.logits = l.to(dtype);
-  if (auto v = get("teacher_values"); v.defined()) t.topkValues = v.to(dtype);
-  t.topkIndices = get("teacher_indices");
-  if (auto l = get("teacher_lse"); l.defined()) t.logsumexp = l.to(dtype);
-  if (auto l = get("teacher_log_tail"); l.defined()) t.logTail = l.to(dtype);
+  if (auto l = get("teacher_logits"); l.defined()) t.makeLogits().logits = l.to(dtype);
+  if (auto v = get("teacher_values"); v.defined()) t.makeTopk().values = v.to(dtype);
+  if (auto i = get("teacher_indices"); i.defined()) t.makeTopk().indices = i;
+  if (auto l = get("teacher_lse"); l.defined()) t.makeTopk().logsumexp = l.to(dtype);
+  if (auto l = get("teacher_log_tail"); l.defined()) t.makeTopk().logTail = l.to(dtype);
   return t;
 }
 
@@ -212,13 +212,13 @@ Small smallProblem(const std::string& mode, double temperature, uint64_t seed) {
   s.labels = at::randint(0, v, {n}, gen, at::kLong);
   s.labels[2] = -100;
   if (mode == "dense") {
-    s.teacher.logits = t;
+    s.teacher.makeLogits().logits = t;
   } else {
     auto [vals, idx] = t.topk(k, 1);
-    s.teacher.topkValues = vals;
-    s.teacher.topkIndices = idx.to(at::kInt);
-    if (mode != "topk") s.teacher.logsumexp = at::logsumexp(t / temperature, 1);
-    if (mode == "topk_tail") s.teacher.logTail = at::logsumexp((t / temperature).scatter(1, idx, -kInf), 1);
+    s.teacher.makeTopk().values = vals;
+    s.teacher.makeTopk().indices = idx.to(at::kInt);
+    if (mode != "topk") s.teacher.makeTopk().logsumexp = at::logsumexp(t / temperature, 1);
+    if (mode == "topk_tail") s.teacher.makeTopk().logTail = at::logsumexp((t / temperature).scatter(1, idx, -kInf), 1);
   }
   return s;
 }
@@ -307,12 +307,12 @@ TEST(Losses, GradientAccumulationMatchesOneBatch) {
     auto teacherOf = [&](const at::Tensor& t) {
       TeacherOutput out;
       if (std::string(mode) == "dense") {
-        out.logits = t;
+        out.makeLogits().logits = t;
       } else {
         auto [v, i] = t.topk(4, 1);
-        out.topkValues = v;
-        out.topkIndices = i;
-        out.logsumexp = at::logsumexp(t / o.temperature, 1);
+        out.makeTopk().values = v;
+        out.makeTopk().indices = i;
+        out.makeTopk().logsumexp = at::logsumexp(t / o.temperature, 1);
       }
       return out;
     };
@@ -393,8 +393,8 @@ TEST(Losses, AllIgnoredAndLowPrecision) {
               distillLoss(s.z.to(at::kBFloat16).to(at::kDouble), s.labels, s.teacher, o, 5.0).loss.item<double>(),
               1e-5);
   // A teacher that rules tokens out (-inf) leaves forward KL and JSD finite.
-  TeacherOutput masked{s.teacher.logits.clone(), {}, {}, {}, {}};
-  masked.logits.select(1, 0).fill_(-std::numeric_limits<double>::infinity());
+  TeacherOutput masked{LogitsAnswer{s.teacher.logits()->logits.clone()}};
+  masked.logits()->logits.select(1, 0).fill_(-std::numeric_limits<double>::infinity());
   for (const char* kind : {"forward_kl", "jsd"}) {
     o.kind = lossKind(kind);
     at::Tensor zm = s.z.clone().requires_grad_(true);
@@ -412,7 +412,7 @@ TEST(Losses, Errors) {
   auto run = [&](const at::Tensor& z, const at::Tensor& l, const TeacherOutput& t, const LossOptions& opt,
                  double norm = 5.0) { return [=] { distillLoss(z, l, t, opt, norm); }; };
   std::string m = expectThrow<ProtocolError>(
-      run(s.z, s.labels, TeacherOutput{s.teacher.logits.narrow(1, 0, 8), {}, {}, {}, {}}, o));
+      run(s.z, s.labels, TeacherOutput{LogitsAnswer{s.teacher.logits()->logits.narrow(1, 0, 8)}}, o));
   EXPECT_NE(m.find("vocabulary has 8 entries, the student's 9"), std::string::npos) << m;
   EXPECT_NE(m.find("loss.vocab"), std::string::npos) << m;
   m = expectThrow<ProtocolError>(run(s.z, s.labels.narrow(0, 0, 5), s.teacher, o));
@@ -425,19 +425,19 @@ TEST(Losses, Errors) {
   badLabels[0] = 9;
   expectThrow<ProtocolError>(run(s.z, badLabels, s.teacher, o));
   TeacherOutput dup = k.teacher;
-  dup.topkIndices = k.teacher.topkIndices.clone();
-  dup.topkIndices.select(1, 1).copy_(dup.topkIndices.select(1, 0));
+  dup.makeTopk().indices = k.teacher.topk()->indices.clone();
+  dup.topk()->indices.select(1, 1).copy_(dup.topk()->indices.select(1, 0));
   m = expectThrow<ProtocolError>(run(k.z, k.labels, dup, o));
   EXPECT_NE(m.find("repeated"), std::string::npos) << m;
   TeacherOutput oob = k.teacher;
-  oob.topkIndices = k.teacher.topkIndices.clone();
-  oob.topkIndices[0][0] = 9;
+  oob.makeTopk().indices = k.teacher.topk()->indices.clone();
+  oob.topk()->indices[0][0] = 9;
   expectThrow<ProtocolError>(run(k.z, k.labels, oob, o));
   TeacherOutput badIdx = k.teacher;
-  badIdx.topkIndices = k.teacher.topkIndices.narrow(1, 0, 2);
+  badIdx.makeTopk().indices = k.teacher.topk()->indices.narrow(1, 0, 2);
   expectThrow<ProtocolError>(run(k.z, k.labels, badIdx, o));
   TeacherOutput badLse = k.teacher;
-  badLse.logsumexp = at::zeros({5}, at::kDouble);
+  badLse.makeTopk().logsumexp = at::zeros({5}, at::kDouble);
   expectThrow<ProtocolError>(run(k.z, k.labels, badLse, o));
 
   auto with = [&](auto edit) {
@@ -476,14 +476,14 @@ TEST(Losses, JsdStaysFiniteWhereBothDistributionsUnderflow) {
   o.temperature = 0.25;
   o.chunk_tokens = 64;
   TeacherOutput teacher;
-  teacher.logits = t;
+  teacher.makeLogits().logits = t;
   LossResult r = distillLoss(z, labels, teacher, o, double(n));
   r.loss.backward();
   EXPECT_TRUE(std::isfinite(r.loss.item<double>())) << r.loss.item<double>();
   EXPECT_EQ(badRows(z.grad()), 0);
   // The same in float64 (where nothing underflows here): the float32 loss is right, not just finite.
   at::Tensor z64 = z.detach().to(at::kDouble).requires_grad_(true);
-  teacher.logits = t.to(at::kDouble);
+  teacher.makeLogits().logits = t.to(at::kDouble);
   LossResult r64 = distillLoss(z64, labels, teacher, o, double(n));
   r64.loss.backward();
   EXPECT_NEAR(r.loss.item<double>(), r64.loss.item<double>(), 1e-5 * r64.loss.item<double>());
@@ -504,13 +504,13 @@ TEST(Losses, ServerTopkOutputKeepsTheTeacherTail) {
   at::Tensor labels = at::randint(0, v, {n}, gen, at::kLong);
   auto out = topkOutput(t, k, 1.0);
   TeacherOutput sent;
-  sent.topkValues = out.at(protocol::kTopkValues);
-  sent.topkIndices = out.at(protocol::kTopkIndices);
-  sent.logsumexp = out.at(protocol::kLogsumexp);
-  sent.logTail = out.at(protocol::kLogTail);
-  ASSERT_EQ(sent.logTail.scalar_type(), at::kFloat);
+  sent.makeTopk().values = out.at(protocol::kTopkValues);
+  sent.makeTopk().indices = out.at(protocol::kTopkIndices);
+  sent.makeTopk().logsumexp = out.at(protocol::kLogsumexp);
+  sent.makeTopk().logTail = out.at(protocol::kLogTail);
+  ASSERT_EQ(sent.topk()->logTail.scalar_type(), at::kFloat);
   // The cancellation is there: in float32, the top-k mass rounds to 1 on some rows.
-  at::Tensor topMass = (sent.topkValues - sent.logsumexp.unsqueeze(1)).exp().sum(1);
+  at::Tensor topMass = (sent.topk()->values - sent.topk()->logsumexp.unsqueeze(1)).exp().sum(1);
   const int64_t cancelled = (topMass >= 1).sum().item<int64_t>();
   EXPECT_GT(cancelled, 10);
   for (const char* kind : {"reverse_kl", "forward_kl", "jsd"}) {
@@ -523,11 +523,7 @@ TEST(Losses, ServerTopkOutputKeepsTheTeacherTail) {
     r.loss.backward();
     EXPECT_TRUE(std::isfinite(r.loss.item<double>()));
     EXPECT_EQ(badRows(z.grad()), 0);
-    TeacherOutput sent64{{},
-                         sent.topkValues.to(at::kDouble),
-                         sent.topkIndices,
-                         sent.logsumexp.to(at::kDouble),
-                         sent.logTail.to(at::kDouble)};
+    TeacherOutput sent64{TopkAnswer{sent.topk()->values.to(at::kDouble), sent.topk()->indices, sent.topk()->logsumexp.to(at::kDouble), sent.topk()->logTail.to(at::kDouble)}};
     at::Tensor z64 = z0.to(at::kDouble).requires_grad_(true);
     LossResult r64 = distillLoss(z64, labels, sent64, o, double(n));
     r64.loss.backward();
@@ -536,7 +532,7 @@ TEST(Losses, ServerTopkOutputKeepsTheTeacherTail) {
     if (std::string(kind) == "reverse_kl") {
       // Without the log tail (an older teacher): still finite, never NaN.
       TeacherOutput old = sent;
-      old.logTail = at::Tensor();
+      old.makeTopk().logTail = at::Tensor();
       at::Tensor zo = z0.clone().requires_grad_(true);
       LossResult ro = distillLoss(zo, labels, old, o, double(n));
       ro.loss.backward();
@@ -594,12 +590,12 @@ TEST(Losses, ZeroWeightTermIsNotComputed) {
   }
   // alpha = 1 with an infinite CE (the label's logit is -inf, and the teacher rules it out too).
   at::Tensor zl = s.z.clone();
-  TeacherOutput teacher{s.teacher.logits.clone(), {}, {}, {}, {}};
+  TeacherOutput teacher{LogitsAnswer{s.teacher.logits()->logits.clone()}};
   for (int64_t i = 0; i < s.labels.size(0); ++i) {
     const int64_t l = s.labels[i].item<int64_t>();
     if (l < 0) continue;
     zl[i][l] = -kInf;
-    teacher.logits[i][l] = -kInf;
+    teacher.logits()->logits[i][l] = -kInf;
   }
   o.alpha = 0.5;
   EXPECT_FALSE(std::isfinite(distillLoss(zl, s.labels, teacher, o, 5.0).ce.item<double>()));
@@ -668,45 +664,45 @@ TEST(Losses, LogsumexpContradictingTheTopkIsRefused) {
     for (bool withTail : {false, true}) {
       SCOPED_TRACE(std::string(kind) + (withTail ? " with log tail" : ""));
       o.kind = lossKind(kind);
-      TeacherOutput good{{}, vals, idx, at::logsumexp(t, 1), {}};
-      if (withTail) good.logTail = at::logsumexp(t.scatter(1, idx, -kInf), 1);
+      TeacherOutput good{TopkAnswer{vals, idx, at::logsumexp(t, 1), {}}};
+      if (withTail) good.makeTopk().logTail = at::logsumexp(t.scatter(1, idx, -kInf), 1);
       EXPECT_NO_THROW(distillLoss(s.z, s.labels, good, o, 5.0));
       // What the top-k (and tail) say the logsumexp is.
       at::Tensor said = at::logsumexp(vals, 1);
-      if (withTail) said = at::logaddexp(said, good.logTail);
+      if (withTail) said = at::logaddexp(said, good.topk()->logTail);
       // Rounding within the tolerance (1e-4 in log space): accepted, renormalised.
       TeacherOutput close = good;
-      close.logsumexp = said - 0.5e-4;
+      close.makeTopk().logsumexp = said - 0.5e-4;
       EXPECT_NO_THROW(distillLoss(s.z, s.labels, close, o, 5.0));
       // Sent at T = 2 while the loss uses T = 1: the top-k "probabilities" sum above 1.
       TeacherOutput wrongT = good;
-      wrongT.logsumexp = at::logsumexp(t / 2.0, 1);
-      const int64_t first = (said - wrongT.logsumexp > 1e-3).nonzero()[0][0].item<int64_t>();
+      wrongT.makeTopk().logsumexp = at::logsumexp(t / 2.0, 1);
+      const int64_t first = (said - wrongT.topk()->logsumexp > 1e-3).nonzero()[0][0].item<int64_t>();
       std::string m = expectThrow<ProtocolError>([&] { distillLoss(s.z, s.labels, wrongT, o, 5.0); });
       EXPECT_NE(m.find("token row " + std::to_string(first) + " of 6"), std::string::npos) << m;
       std::ostringstream sent;
-      sent << "the sent logsumexp " << wrongT.logsumexp[first].item<double>() << " contradicts";
+      sent << "the sent logsumexp " << wrongT.topk()->logsumexp[first].item<double>() << " contradicts";
       EXPECT_NE(m.find(sent.str()), std::string::npos) << m;
       EXPECT_NE(m.find("another temperature"), std::string::npos) << m;
       // Only just beyond the tolerance, on one valid row.
       TeacherOutput off = good;
-      off.logsumexp = good.logsumexp.clone();
-      off.logsumexp[4] = said[4] - 2e-4;
+      off.makeTopk().logsumexp = good.topk()->logsumexp.clone();
+      off.topk()->logsumexp[4] = said[4] - 2e-4;
       m = expectThrow<ProtocolError>([&] { distillLoss(s.z, s.labels, off, o, 5.0); });
       EXPECT_NE(m.find("token row 4 of 6"), std::string::npos) << m;
       // ... but not on an ignored row (s.labels[2] is ignored), nor a NaN there.
       TeacherOutput ignored = good;
-      ignored.logsumexp = good.logsumexp.clone();
-      ignored.logsumexp[2] = std::nan("");
+      ignored.makeTopk().logsumexp = good.topk()->logsumexp.clone();
+      ignored.topk()->logsumexp[2] = std::nan("");
       EXPECT_NO_THROW(distillLoss(s.z, s.labels, ignored, o, 5.0));
       TeacherOutput nan = good;
-      nan.logsumexp = good.logsumexp.clone();
-      nan.logsumexp[1] = std::nan("");
+      nan.makeTopk().logsumexp = good.topk()->logsumexp.clone();
+      nan.topk()->logsumexp[1] = std::nan("");
       expectThrow<ProtocolError>([&] { distillLoss(s.z, s.labels, nan, o, 5.0); });
       if (withTail) {
         // With the tail the two must agree both ways: a logsumexp too large is refused too.
         TeacherOutput big = good;
-        big.logsumexp = good.logsumexp + 1e-3;
+        big.makeTopk().logsumexp = good.topk()->logsumexp + 1e-3;
         expectThrow<ProtocolError>([&] { distillLoss(s.z, s.labels, big, o, 5.0); });
       }
     }
@@ -744,19 +740,19 @@ TEST(Losses, FusedCpuKernelMatchesAtenOps) {
           for (double temp : {1.0, 2.5}) {
             TeacherOutput teacher;
             if (std::string(mode) == "dense") {
-              teacher.logits = t;
+              teacher.makeLogits().logits = t;
             } else if (std::string(mode) == "dense_bf16") {
-              teacher.logits = t.to(at::kBFloat16); // converted chunk by chunk
+              teacher.makeLogits().logits = t.to(at::kBFloat16); // converted chunk by chunk
             } else {
               auto [vals, idx] = t.topk(k, 1);
-              teacher.topkValues = vals;
-              teacher.topkIndices = std::string(mode) == "topk" ? idx.to(at::kInt) : idx;
+              teacher.makeTopk().values = vals;
+              teacher.makeTopk().indices = std::string(mode) == "topk" ? idx.to(at::kInt) : idx;
               at::Tensor st = t.to(at::kDouble) / temp;
               if (std::string(mode) == "topk_lse" || std::string(mode) == "topk_tail") {
-                teacher.logsumexp = at::logsumexp(st, 1).to(dtype);
+                teacher.makeTopk().logsumexp = at::logsumexp(st, 1).to(dtype);
               }
               if (std::string(mode) == "topk_tail" || std::string(mode) == "tail_only") {
-                teacher.logTail = at::logsumexp(st.scatter(1, idx, -kInf), 1).to(dtype);
+                teacher.makeTopk().logTail = at::logsumexp(st.scatter(1, idx, -kInf), 1).to(dtype);
               }
             }
             for (const char* kind : {"forward_kl", "reverse_kl", "jsd"}) {
@@ -845,8 +841,8 @@ TEST(Losses, MemoryIsBoundedByChunks) {
           o.kind = lossKind(kind);
           o.temperature = 2.0;
           o.chunk_tokens = chunk;
-          TeacherOutput teacher = std::string(mode) == "dense" ? TeacherOutput{t, {}, {}, {}, {}}
-                                                               : TeacherOutput{{}, vals, idx.to(at::kInt), lse, {}};
+          TeacherOutput teacher = std::string(mode) == "dense" ? TeacherOutput{LogitsAnswer{t}}
+                                                               : TeacherOutput{TopkAnswer{vals, idx.to(at::kInt), lse, {}}};
           z.mutable_grad() = at::Tensor();
           const int64_t base = counting().live();
           counting().resetPeak();
@@ -904,12 +900,12 @@ TEST(Losses, HalfTeacherPayloadsComputeInFloat32) {
     SCOPED_TRACE(c10::toString(dtype));
     auto out = topkOutput(t, k, o.temperature, dtype);
     TeacherOutput half, up;
-    half.topkValues = out.at(protocol::kTopkValues);
-    ASSERT_EQ(half.topkValues.scalar_type(), dtype);
-    half.topkIndices = up.topkIndices = out.at(protocol::kTopkIndices);
-    half.logsumexp = up.logsumexp = out.at(protocol::kLogsumexp);
-    half.logTail = up.logTail = out.at(protocol::kLogTail);
-    up.topkValues = half.topkValues.to(at::kFloat);
+    half.makeTopk().values = out.at(protocol::kTopkValues);
+    ASSERT_EQ(half.topk()->values.scalar_type(), dtype);
+    half.makeTopk().indices = up.makeTopk().indices = out.at(protocol::kTopkIndices);
+    half.makeTopk().logsumexp = up.makeTopk().logsumexp = out.at(protocol::kLogsumexp);
+    half.makeTopk().logTail = up.makeTopk().logTail = out.at(protocol::kLogTail);
+    up.makeTopk().values = half.topk()->values.to(at::kFloat);
     auto [a, ga] = run(half);
     auto [b, gb] = run(up);
     EXPECT_EQ(a, b);
@@ -917,13 +913,13 @@ TEST(Losses, HalfTeacherPayloadsComputeInFloat32) {
     // And near the float32 answer: values rounded, the k + 1 buckets still sum to 1.
     auto f = topkOutput(t, k, o.temperature);
     TeacherOutput full;
-    full.topkValues = f.at(protocol::kTopkValues), full.topkIndices = f.at(protocol::kTopkIndices);
-    full.logsumexp = f.at(protocol::kLogsumexp), full.logTail = f.at(protocol::kLogTail);
+    full.makeTopk().values = f.at(protocol::kTopkValues), full.makeTopk().indices = f.at(protocol::kTopkIndices);
+    full.makeTopk().logsumexp = f.at(protocol::kLogsumexp), full.makeTopk().logTail = f.at(protocol::kLogTail);
     EXPECT_NEAR(a, run(full).first, 1e-2 * std::abs(a));
     // Dense logits in the same dtype.
     TeacherOutput dense, denseUp;
-    dense.logits = t.to(dtype);
-    denseUp.logits = dense.logits.to(at::kFloat);
+    dense.makeLogits().logits = t.to(dtype);
+    denseUp.makeLogits().logits = dense.logits()->logits.to(at::kFloat);
     auto [c, gc] = run(dense);
     auto [d, gd] = run(denseUp);
     EXPECT_EQ(c, d);
