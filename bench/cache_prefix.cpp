@@ -20,7 +20,7 @@
 #include <string>
 #include <thread>
 
-#include "cache.h"
+#include "cache/cache.h"
 #include "distill/core/answer_kinds.h"
 #include "distill/teacher/server.h"
 

@@ -1,7 +1,7 @@
 // Bytes per token of the teacher's answer (issue 28 item 2): on the wire (the
 // tensors the server sends, each starting at a 64-byte boundary of the slot,
 // as teacher/src/server.cpp shapes them) and in the teacher-output cache (the
-// records teacher/src/cache_rows.cpp stores), for a vocabulary of --v entries
+// records teacher/src/cache/records.cpp stores), for a vocabulary of --v entries
 // (32 000) and --rows sequences of --seq tokens of random logits (a cache
 // record holds one sequence): top-k for k = 32, 64, 128 and full logits, in
 // float32 and bfloat16 values. The wire figures equal
@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "answer_check.h" // internal: teacher/src (findNonfinite)
-#include "cache.h" // internal: teacher/src (encodeRow, roundForStorage)
+#include "cache/cache.h" // internal: teacher/src (encodeRow, roundForStorage)
 #include "distill/core/options.h"
 #include "distill/core/payload.h"
 #include "distill/core/answer_kinds.h"
@@ -69,7 +69,7 @@ void measure(const at::Tensor& logits, int64_t k, distill::PayloadDtype dtype, c
   const int64_t rows = logits.size(0), n = rows * logits.size(1);
   int64_t wire = 0;
   for (const auto& [_, t] : answer) wire += aligned(int64_t(t.nbytes()));
-  // The cache rounds float32 top-k values to float16 first, as cache.cpp does.
+  // The cache rounds float32 top-k values to float16 first, as the cache does (cache/records.h, roundForStorage).
   distill::Answer stored = answer;
   distill::roundForStorage(stored, temperature);
   int64_t cache = 0;

@@ -25,7 +25,7 @@ find_package(nlohmann_json 3 REQUIRED)
 # Header-only; distill-run's command line (launcher/src/args.cpp). Debian libcli11-dev.
 find_package(CLI11 2 REQUIRED)
 
-# ---- LMDB: the teacher-output cache's store (teacher/src/cache.cpp; Debian liblmdb-dev) ----
+# ---- LMDB: the teacher-output cache's store (teacher/src/cache/store.cpp; Debian liblmdb-dev) ----
 find_path(DISTILL_LMDB_INCLUDE_DIR lmdb.h)
 find_library(DISTILL_LMDB_LIBRARY lmdb)
 if(NOT DISTILL_LMDB_INCLUDE_DIR OR NOT DISTILL_LMDB_LIBRARY)

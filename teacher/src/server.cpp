@@ -15,7 +15,7 @@
 #include "answer/answer.h"
 #include "answer_check.h"
 #include "autocast_scope.h"
-#include "cache.h"
+#include "cache/cache.h"
 #include "pending.h"
 #include "distill/core/clock.h"
 #include "distill/core/config.h"

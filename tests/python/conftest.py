@@ -28,6 +28,21 @@ def _bin_dir():
     return d
 
 
+def pytest_collection_finish(session):
+    # test_package's pip install of a fresh clone starts now and builds in the cycles the other
+    # tests leave idle (tests/python/pip_build.py).
+    if any(item.nodeid.split("::")[0].endswith("test_package.py") for item in session.items):
+        import pip_build
+
+        pip_build.start()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import pip_build
+
+    pip_build.stop()
+
+
 @pytest.fixture(scope="session")
 def bin_dir():
     return _bin_dir()

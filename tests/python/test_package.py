@@ -3,30 +3,23 @@ imports, its programs are on PATH, and a job runs from the installed package alo
 Then the editable install (-e) of the same clone: its Python files are the clone's."""
 
 import os
-import shutil
 import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, TRAINER
+import pip_build
+from conftest import TRAINER
 
 
 def test_pip_install_of_a_fresh_clone(tmp_path, tiny_lm):
-    if not os.path.isdir(os.path.join(ROOT, ".git")) or shutil.which("git") is None:
-        pytest.skip(f"{ROOT} is not a git checkout: nothing to clone")
-    clone, venv = tmp_path / "clone", tmp_path / "venv"
-    subprocess.run(["git", "clone", "-q", ROOT, str(clone)], check=True)
-    # The venv sees the installed torch==2.11.0 (a 2.5 GB wheel is not fetched again).
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-    py, bindir = str(venv / "bin" / "python"), venv / "bin"
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DISTILL_BIN_DIR")}
-    env["PATH"] = f"{bindir}:{env['PATH']}"
-    jobs = os.environ.get("DISTILL_JOBS", str(os.cpu_count() or 2))
-    env["CMAKE_BUILD_PARALLEL_LEVEL"] = jobs
-    p = subprocess.run([py, "-m", "pip", "install", "-q", "--no-build-isolation", str(clone)], env=env,
-                       capture_output=True, text=True, timeout=1800)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    why = pip_build.can_build()
+    if why:
+        pytest.skip(why)
+    build = pip_build.start()  # started at collection: see tests/python/pip_build.py
+    rc, log = build.wait(timeout=1800)
+    assert rc == 0, log
+    clone, venv, py, env = Path(build.clone), Path(build.venv), build.python, build.env
     # Imported from elsewhere: the installed package, not the clone or the build tree.
     p = subprocess.run([py, "-c", "import distill, os; print(distill.__file__); print(distill._cli.find_program('distill-run'))"],
                        cwd=tmp_path, env=env, capture_output=True, text=True)

@@ -1,5 +1,5 @@
 // The teacher-output cache with prefix keys (teacher.cache.keys: prefix,
-// teacher/src/cache.h): an on-policy group's prompt answered once, the same
+// teacher/src/cache/cache.h): an on-policy group's prompt answered once, the same
 // bytes as row keys give, positions counted, a later group of the same prompt
 // (same store, and the store reopened) computing only its new responses, and
 // the misuses that can be detected named by the key.
@@ -10,7 +10,7 @@
 
 #include <cstring>
 
-#include "cache.h"
+#include "cache/cache.h"
 #include "distill/core/errors.h"
 #include "distill/core/answer_kinds.h"
 #include "distill/teacher/server.h"

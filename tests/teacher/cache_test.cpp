@@ -1,4 +1,4 @@
-// The teacher-output cache (teacher/src/cache.h, issue 16): row keys, the
+// The teacher-output cache (teacher/src/cache/cache.h, issue 16): row keys, the
 // answer context, the compact encoding, the LMDB store in one process, and a
 // writer SIGKILLed mid-write (a real process, fork+exec of this binary).
 #include <dirent.h>
@@ -21,7 +21,7 @@
 #include <set>
 #include <sstream>
 
-#include "cache.h"
+#include "cache/cache.h"
 #include "cache_store_dir.h"
 #include "distill/core/errors.h"
 #include "distill/core/answer_kinds.h"

@@ -64,10 +64,10 @@ enum class OnCorrupt { kError, kRestart };
 DISTILL_OPTION_ENUM_NAMES(OnCorrupt, "error", "restart");
 enum class CacheMode { kOff, kRead, kWrite, kReadWrite };
 DISTILL_OPTION_ENUM_NAMES(CacheMode, "off", "read", "write", "readwrite");
-// teacher.cache.keys: what one stored answer is keyed by (teacher/src/cache.h).
+// teacher.cache.keys: what one stored answer is keyed by (teacher/src/cache/keys.h).
 enum class CacheKeys { kRow, kPrefix };
 DISTILL_OPTION_ENUM_NAMES(CacheKeys, "row", "prefix");
-// teacher.cache.dtype: how float32 logits and top-k values are stored (teacher/src/cache.h).
+// teacher.cache.dtype: how float32 logits and top-k values are stored (teacher/src/cache/records.h).
 enum class CacheDtype { kFloat16, kFloat32 };
 DISTILL_OPTION_ENUM_NAMES(CacheDtype, "float16", "float32");
 enum class FileMode { kPrivate, kGroup };
@@ -176,7 +176,7 @@ struct TeacherOptions {
   // error | mask: an answer with NaN or +inf (-inf is a legal logit) is the teacher's error, or
   // (mask) its tokens are marked and learn from their labels only; such an answer is never cached.
   TeacherOnNonfinite on_nonfinite = TeacherOnNonfinite::kError;
-  // The teacher-output cache (teacher/src/cache.h): rows answered before are
+  // The teacher-output cache (teacher/src/cache/cache.h): rows answered before are
   // answered from an LMDB store at `path` without a forward.
   struct CacheOptions {
     std::string path; // the store's directory ("" with mode off)

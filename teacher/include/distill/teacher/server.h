@@ -8,7 +8,7 @@
 //   batch them (teacher.max_batch_tokens), forward under inference mode, shape
 //   the output (full logits or top-k), answer each request with its own tag;
 //   with teacher.cache, rows answered before come from the cache and only the
-//   others go through forward: teacher/src/cache.h }
+//   others go through forward: teacher/src/cache/cache.h }
 //   -> stop when every student has sent finish.
 //
 // It never counts steps. Per student it checks that tags advance exactly as

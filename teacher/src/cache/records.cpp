@@ -1,57 +1,27 @@
-// The teacher-output cache's rows (cache.h): the answer context and a row's
-// key (SHA-256), and a row's answer encoded compactly for the store (float32
-// logits and top-k values in float16, indices in the narrowest integer that
-// holds the vocabulary), sealed with a CRC32C over its key and bytes.
+// The teacher-output cache's records (records.h): a row's answer encoded
+// compactly for the store (float32 logits and top-k values in float16, indices
+// in the narrowest integer that holds the vocabulary), sealed with a CRC32C
+// over its key and bytes.
 // With teacher.cache.dtype float32, float32 logits and values are stored as
 // they are (4 bytes each), so an answer is the one the teacher computed.
 // Logits and values that arrive in bfloat16 or float16 (teacher.payload_dtype,
 // or its auto under teacher.autocast) are stored as they are, 2 bytes each, and
 // come back bit-equal in their own dtype; teacher.payload_dtype is part of the
 // answer context, so answers of one payload dtype never answer another's.
-#include "cache.h"
-
-#include <openssl/evp.h>
+#include "records.h"
 
 #include <cmath>
 #include <cstring>
 #include <iterator>
 #include <limits>
-#include <sstream>
+#include <optional>
 
 #include "distill/core/checksum.h"
 #include "distill/core/errors.h"
 #include "distill/core/answer_kinds.h"
-#include "distill/core/strings.h"
 
 namespace distill {
 namespace {
-
-// Incremental SHA-256 (EVP, as core's rendezvous HMAC uses libcrypto).
-class Sha256 {
- public:
-  Sha256() : ctx_(EVP_MD_CTX_new()) {
-    DISTILL_CHECK_T(InternalError, ctx_ && EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr) == 1, "SHA-256 init failed");
-  }
-  ~Sha256() { EVP_MD_CTX_free(ctx_); }
-  Sha256(const Sha256&) = delete;
-  Sha256& operator=(const Sha256&) = delete;
-  void add(const void* p, size_t n) { EVP_DigestUpdate(ctx_, p, n); }
-  // A length first, so that ("ab","c") and ("a","bc") differ.
-  void addString(const std::string& s) {
-    addInt(static_cast<int64_t>(s.size()));
-    add(s.data(), s.size());
-  }
-  void addInt(int64_t v) { add(&v, sizeof v); }
-  CacheKey finish() {
-    CacheKey out{};
-    unsigned int n = 0;
-    EVP_DigestFinal_ex(ctx_, out.data(), &n);
-    return out;
-  }
-
- private:
-  EVP_MD_CTX* ctx_;
-};
 
 // How a tensor of a row is stored.
 enum class Encoding : uint8_t { kRaw = 0, kFloat16 = 1, kUInt8 = 2, kUInt16 = 3 };
@@ -107,16 +77,6 @@ std::optional<at::Tensor> asFloat16(const at::Tensor& t) {
 
 } // namespace
 
-std::string keyHex(const CacheKey& k) {
-  static const char* digits = "0123456789abcdef";
-  std::string s;
-  for (uint8_t b : k) {
-    s += digits[b >> 4];
-    s += digits[b & 15];
-  }
-  return s;
-}
-
 bool recordIntact(const CacheKey& key, const void* data, size_t size) {
   const char* p = static_cast<const char*>(data);
   if (size < kBodyAt ||
@@ -127,120 +87,6 @@ bool recordIntact(const CacheKey& key, const void* data, size_t size) {
   uint32_t stored;
   std::memcpy(&stored, p + kCrcAt, sizeof stored);
   return stored == recordCrc(key, p, size);
-}
-
-std::string modelDigest(const TeacherModel& model) {
-  const auto state = model.state();
-  if (state.empty()) return "";
-  Sha256 h;
-  for (const auto& [name, t] : state) {
-    at::Tensor c = t.detach().contiguous().cpu();
-    h.addString(name);
-    h.addString(c10::toString(c.scalar_type()));
-    h.addInt(c.dim());
-    for (int64_t d : c.sizes()) h.addInt(d);
-    h.addInt(static_cast<int64_t>(c.nbytes()));
-    h.add(c.data_ptr(), c.nbytes());
-  }
-  return keyHex(h.finish());
-}
-
-std::string answerContext(const TeacherOptions& t, double temperature, const TeacherModel& model) {
-  std::string weights = modelDigest(model);
-  if (weights.empty()) weights = model.fingerprint().empty() ? "" : "fingerprint " + model.fingerprint();
-  DISTILL_CHECK_T(ConfigError, !weights.empty(), "teacher.cache: the teacher model (teacher.kind ", t.kind,
-                  ") exposes neither its parameters (TeacherModel::state) nor a fingerprint, so its answers "
-                  "could not be kept apart from another teacher's; set teacher.cache.mode to off");
-  std::ostringstream os;
-  os << "distill teacher cache format " << kCacheFormatVersion << "\nweights " << weights << "\nkind " << t.kind
-     << "\nmethod " << t.method << "\noutput " << t.output;
-  if (t.topk > 0) {
-    // logsumexp and log_tail are taken at the loss temperature; full logits do not depend on it.
-    char temp[64];
-    std::snprintf(temp, sizeof temp, "%a", temperature);
-    os << "\ntopk " << t.topk << " temperature " << temp;
-  } else {
-    os << "\nfull logits";
-  }
-  os << "\nhidden_states";
-  for (const auto& h : t.hidden_states) os << " " << h;
-  os << "\nautocast " << t.autocast << "\ndevice " << at::Device(t.device).type();
-  // The dtype values travel in: a float32 answer and a bfloat16 one are not bit-equal.
-  os << "\npayload_dtype " << t.payload_dtype;
-  // float32 rows are not float16 rows (a store of float16 ones keeps its keys: no line for them).
-  if (t.cache.dtype == CacheDtype::kFloat32) os << "\ncache dtype float32";
-  return os.str();
-}
-
-CacheKey rowKey(const std::string& context, const std::vector<std::string>& names,
-                const std::vector<at::Tensor>& inputs, int64_t row) {
-  Sha256 h;
-  h.addString(context);
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const at::Tensor& t = inputs[i];
-    DISTILL_INTERNAL_ASSERT(t.is_contiguous() && t.device().is_cpu(), "rowKey needs contiguous CPU inputs");
-    h.addString(names.at(i));
-    h.addString(c10::toString(t.scalar_type()));
-    h.addInt(t.dim() - 1);
-    for (int64_t d = 1; d < t.dim(); ++d) h.addInt(t.size(d));
-    const size_t rowBytes = t.nbytes() / static_cast<size_t>(t.size(0));
-    h.addInt(static_cast<int64_t>(rowBytes));
-    h.add(static_cast<const char*>(t.data_ptr()) + rowBytes * static_cast<size_t>(row), rowBytes);
-  }
-  return h.finish();
-}
-
-std::string prefixInputsProblem(const std::vector<std::string>& names, const std::vector<at::Tensor>& inputs) {
-  const int64_t seq = inputs.at(0).dim() >= 2 ? inputs[0].size(1) : -1;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const at::Tensor& t = inputs[i];
-    if (seq > 0 && t.dim() >= 2 && t.size(1) == seq) continue;
-    std::ostringstream os;
-    os << "teacher.cache.keys: prefix keys answers per position of a sequence dimension (dim 1) of at least one "
-          "position that every input shares; input '"
-       << names.at(i) << "' has shape " << t.sizes();
-    if (i > 0) os << ", input '" << names.at(0) << "' " << inputs[0].sizes();
-    os << "; set teacher.cache.keys to row";
-    return os.str();
-  }
-  return "";
-}
-
-std::vector<CacheKey> positionKeys(const std::string& context, const std::vector<std::string>& names,
-                                   const std::vector<at::Tensor>& inputs, int64_t row) {
-  const int64_t seq = inputs.at(0).dim() >= 2 ? inputs[0].size(1) : -1;
-  std::vector<size_t> bytes; // of one position of each input
-  const std::string problem = prefixInputsProblem(names, inputs);
-  DISTILL_CHECK_T(ProtocolError, problem.empty(), problem);
-  Sha256 first;
-  first.addString(context);
-  first.addString("prefix");
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const at::Tensor& t = inputs[i];
-    DISTILL_INTERNAL_ASSERT(t.is_contiguous() && t.device().is_cpu(), "positionKeys needs contiguous CPU inputs");
-    first.addString(names.at(i));
-    first.addString(c10::toString(t.scalar_type()));
-    first.addInt(t.dim() - 2);
-    for (int64_t d = 2; d < t.dim(); ++d) first.addInt(t.size(d));
-    bytes.push_back(t.nbytes() / static_cast<size_t>(t.size(0) * seq));
-    first.addInt(static_cast<int64_t>(bytes.back()));
-  }
-  auto addPosition = [&](Sha256& h, int64_t pos) {
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      const size_t at = bytes[i] * static_cast<size_t>(row * seq + pos);
-      h.add(static_cast<const char*>(inputs[i].data_ptr()) + at, bytes[i]);
-    }
-  };
-  std::vector<CacheKey> keys;
-  addPosition(first, 0);
-  keys.push_back(first.finish());
-  for (int64_t pos = 1; pos < seq; ++pos) {
-    Sha256 h;
-    h.add(keys.back().data(), keys.back().size());
-    addPosition(h, pos);
-    keys.push_back(h.finish());
-  }
-  return keys;
 }
 
 void roundForStorage(Answer& answer, double temperature) {

@@ -8,40 +8,13 @@
 // answer is the same bytes whether it hit or missed, in any epoch, batch
 // position, batch size or student run.
 //
-// Key: SHA-256 (OpenSSL's libcrypto, which core already links for the
-// rendezvous store) of the answer context's digest and, for every input named
-// by teacher.inputs, its name, dtype, trailing shape and the row's bytes. A
-// cryptographic hash because a collision would silently serve another row's
-// answer; it costs about 2 ns per byte here, small next to any forward.
+// The room (teacher/src/cache/): keys.h (SHA-256 keys, the answer context,
+// row and position keys), records.h (the record codec, its CRC32C, the
+// rounding for storage), store.cpp (the LMDB store), cache.cpp (answering
+// rows), prefix.cpp (prefix keys), files.h (the store's folder and files).
+// This header includes the pieces' headers; none of them includes it.
 //
-// Answer context (every key holds it, so two teachers never share an entry):
-// the cache format version, the teacher's fingerprint (a SHA-256 over every
-// parameter's and buffer's name, dtype, shape and bytes, plus kind, method and
-// output names), the output kind (full logits, or top-k k and the loss
-// temperature, on which logsumexp and log_tail depend), the hidden states,
-// autocast and the device type.
-//
-// Stored rows (teacher.cache.dtype float16, the default): float32 full logits
-// and top-k values as float16 (a row with a
-// value outside float16's range stays float32: float16 rather than bfloat16
-// because logits span a small range, where float16's 11-bit significand keeps
-// 8 times bfloat16's precision); logits of another dtype and hidden states in
-// their own dtype; indices in the narrowest unsigned integer that holds the
-// vocabulary (uint8, uint16, else int32), logsumexp and log_tail float32. Every
-// answer, hit or miss, is decoded from its record, so the rounding is the same
-// in every epoch and reads give float32 as before. A computed top-k answer is
-// first rounded as stored (roundForStorage): its logsumexp is then recomputed
-// from the rounded values and log_tail, since the student's loss checks that
-// the k + 1 buckets sum to 1 within 1e-4.
-// So with float16 rows a job's answers differ from those it gets with the
-// cache off (in the last digits: float16 keeps 11 bits). teacher.cache.dtype
-// float32 stores float32 logits and values as they are and rounds nothing: a
-// cached job's answers are then the uncached job's, bit for bit (twice the
-// bytes per row). The answer context names float32 rows, so the two kinds
-// never answer each other.
-//
-// Integrity: every record carries a CRC32C over its key and its bytes,
-// checked on every read; a record that fails it (or that LMDB cannot reach:
+// Integrity: a record that fails its CRC32C (or that LMDB cannot reach:
 // a damaged page) is a miss, never served, counted (CacheStats::corrupt) and
 // logged naming the store and the key. Against accidents, not an attacker:
 // the store's folder and files must belong to this process's user and be
@@ -61,9 +34,8 @@
 //
 // Prefix keys (teacher.cache.keys: prefix, for a causal teacher whose answer
 // at position t depends on inputs[0..t] alone): one record per position,
-// keyed by a chain over the row's positions, k_0 = SHA-256(context, "prefix",
-// every input's name, dtype and shape after dim 1, position 0's bytes), k_t =
-// SHA-256(k_{t-1}, position t's bytes); a record of RecordKind::kPosition.
+// keyed by a chain over the row's positions (keys.h); a record of
+// RecordKind::kPosition.
 // The G rows of an on-policy group share their prompt's keys, so the prompt
 // is shaped and stored once, and a new sample of a prompt answered before
 // finds it. A row whose positions all hit
@@ -77,7 +49,6 @@
 
 #include <ATen/ATen.h>
 
-#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -89,37 +60,10 @@
 #include <vector>
 
 #include "distill/core/options.h"
-#include "distill/teacher/model.h"
+#include "keys.h"
+#include "records.h"
 
 namespace distill {
-
-constexpr uint32_t kCacheFormatVersion = 2; // 2: a CRC32C per record, float16 full logits
-
-using CacheKey = std::array<uint8_t, 32>;
-using Answer = std::map<std::string, at::Tensor>; // by protocol name, dim 0 = rows
-
-// The digest of everything about the teacher that shapes an answer besides the
-// row's inputs (see above). ConfigError if the model exposes neither its
-// tensors nor a fingerprint: two such teachers could not be kept apart.
-std::string answerContext(const TeacherOptions& teacher, double temperature, const TeacherModel& model);
-
-// SHA-256 over the model's named parameters and buffers (name, dtype, shape,
-// bytes), hex; "" if it exposes none.
-std::string modelDigest(const TeacherModel& model);
-
-// The key of row `row` of the inputs (teacher.inputs order, dim 0 = rows).
-CacheKey rowKey(const std::string& context, const std::vector<std::string>& names,
-                const std::vector<at::Tensor>& inputs, int64_t row);
-
-// teacher.cache.keys prefix: the key of every position of row `row` (inputs
-// [B, T, ...] in teacher.inputs order, contiguous, CPU), the chain above.
-// ProtocolError naming teacher.cache.keys when an input has no sequence
-// dimension (dim 1) or the inputs' sequence lengths differ.
-// Why `inputs` cannot be keyed per position (no sequence dimension, or
-// sequence lengths that differ), naming teacher.cache.keys; "" if they can.
-std::string prefixInputsProblem(const std::vector<std::string>& names, const std::vector<at::Tensor>& inputs);
-std::vector<CacheKey> positionKeys(const std::string& context, const std::vector<std::string>& names,
-                                   const std::vector<at::Tensor>& inputs, int64_t row);
 
 // teacher.cache.keys prefix: the model's outputs `names` of `raw` ([M, T, ...];
 // every one when `names` is empty) at `positions` (int64 [N], flat indices row * T + t) as [N, 1, ...].
@@ -132,29 +76,6 @@ std::map<std::string, at::Tensor> gatherPositions(const std::map<std::string, at
 // their order: runs of consecutive rows of one request taken as one slice.
 std::vector<at::Tensor> gatherRows(const std::vector<std::vector<at::Tensor>>& requests,
                                    const std::vector<std::pair<size_t, int64_t>>& rows);
-
-// A row's answer (each tensor [1, ...], CPU) as stored, and back. `vocab`:
-// the logits' last dimension (top-k indices are stored in the narrowest
-// integer that holds it). `key`: the row's key, which the record's CRC32C
-// covers with its bytes (so a record moved under another key fails it too).
-// decodeRow throws IpcError on a malformed record; it does not check the CRC.
-// kPosition (prefix keys): one position, each tensor [1, 1, ...], in a compact
-// layout (names of the protocol as a byte, dims as uint32, no byte counts):
-// about 65 bytes for a top-8 position against 180 in a row's layout.
-enum class RecordKind : uint8_t { kRow, kPosition };
-// `dtype` float32: float32 logits and top-k values stored as they are, not as float16.
-std::string encodeRow(const Answer& row, int64_t vocab, const CacheKey& key = {}, RecordKind kind = RecordKind::kRow,
-                      CacheDtype dtype = CacheDtype::kFloat16);
-Answer decodeRow(const void* data, size_t size);
-// Does the record at `data` carry the right CRC32C for `key` and its bytes?
-bool recordIntact(const CacheKey& key, const void* data, size_t size);
-// A key as 64 hex digits (log lines).
-std::string keyHex(const CacheKey& key);
-
-// A top-k answer (any rows) as the store holds it: topk_values rounded to
-// float16 where float16 holds them, logsumexp = logaddexp(logsumexp(values /
-// T), log_tail) of the rounded values. Other answers are left as they are.
-void roundForStorage(Answer& answer, double temperature);
 
 // The one definition of the cache hit share, used by the teacher's summary,
 // the segment's gauges, distill-run's status line and its balance verdict:
@@ -249,12 +170,12 @@ class TeacherCache {
   void insert(const std::vector<std::pair<CacheKey, std::string>>& rows, const std::vector<int64_t>& tokens);
   std::vector<Answer> answerRows(const std::vector<std::vector<at::Tensor>>& requests, const ComputePositions& compute,
                                  const at::Device& device);
-  struct PrefixBatch; // cache_prefix.cpp
+  struct PrefixBatch; // prefix.cpp
   void lookupPositions(PrefixBatch& b, const std::vector<std::vector<at::Tensor>>& requests);
   void computePositions(PrefixBatch& b, const std::vector<std::vector<at::Tensor>>& requests,
                         const ComputePositions& compute);
   std::vector<Answer> answerPrefix(const std::vector<std::vector<at::Tensor>>& requests,
-                                   const ComputePositions& compute, const at::Device& device); // cache_prefix.cpp
+                                   const ComputePositions& compute, const at::Device& device); // prefix.cpp
 
   struct Env;
   std::unique_ptr<Env> env_;

@@ -1,7 +1,7 @@
 #pragma once
 
 // The teacher cache's files: who may own its store, how its folder is made,
-// where LMDB mapped data.mdb. Internal to teacher/ (cache.cpp).
+// where LMDB mapped data.mdb. Internal to teacher/ (the cache's store.cpp).
 
 #include <string>
 

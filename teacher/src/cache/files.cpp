@@ -1,4 +1,4 @@
-#include "cache_files.h"
+#include "files.h"
 
 #include <limits.h>
 #include <pwd.h>
