@@ -47,11 +47,13 @@ const std::vector<AnswerKindSpec>& answerKinds() {
   static const std::vector<AnswerKindSpec> kinds{
       {AnswerKind::kLogits,
        "logits",
+       "full logits",
        {{protocol::kLogits, DtypeRule::kPayload, ShapeRule::kVocab, false}},
        protocol::kLogits,
        true},
       {AnswerKind::kTopk,
        "topk",
+       "top-k",
        {{protocol::kTopkValues, DtypeRule::kPayload, ShapeRule::kTopk, false},
         {protocol::kTopkIndices, DtypeRule::kInt32, ShapeRule::kTopk, false},
         {protocol::kLogsumexp, DtypeRule::kFloat32, ShapeRule::kToken, true},

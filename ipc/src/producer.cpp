@@ -78,7 +78,7 @@ wire::SlotHeader ChannelCore::plan(int r, const Tag& tag, MsgKind kind, const Pl
   h.seq = tag.seq;
   h.step = tag.step;
   h.accStep = tag.accStep;
-  h.kind = uint32_t(kind);
+  h.kind = uint16_t(kind);
   h.senderRank = port_.rank();
   h.ntensors = uint32_t(count);
   if (!errorText.empty()) {

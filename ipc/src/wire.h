@@ -41,8 +41,8 @@ constexpr uint64_t kSegmentMagic = 0x314D48534C495444ull; // "DTILSHM1", little 
 // vocabulary) and the status value kStatusTruncatedMass; 14: RingHeader::failedSeq, TeacherState::gaveUp and
 // ControlBlock::gaveUpText (a teacher whose forward raised leaves its requests for the next incarnation, and
 // one that fails again on the same request gives up), and the status values kStatusMasked and
-// kStatusSkipped; 15: SlotHeader::answer (the answer kind of a response, core/answer_kinds.h), the
-// error text 8 bytes shorter
+// kStatusSkipped; 15: SlotHeader::answer (the answer kind of a response, core/answer_kinds.h) in what
+// was the upper half of SlotHeader::kind, now 16 bits
 constexpr uint32_t kLayoutVersion = 15;
 constexpr uint32_t kSlotMagic = 0x544F4C53u; // "SLOT"
 
@@ -50,7 +50,7 @@ constexpr int kMaxTensors = 4; // tensors per message
 constexpr int kMaxDims = 8; // dimensions per tensor
 constexpr int kNameBytes = 32; // tensor name incl. NUL
 constexpr int kJobIdBytes = 64; // job id incl. NUL
-constexpr int kErrorTextBytes = 456; // error message text incl. NUL
+constexpr int kErrorTextBytes = 464; // error message text incl. NUL
 constexpr int kMaxStudents = 255; // local students per node
 constexpr int kMaxTeachers = 16; // local teachers per node (teacher.procs)
 constexpr int kMaxSlots = 1024; // slots per ring
@@ -66,7 +66,7 @@ static_assert(kGaveUpTextBytes >= kErrorTextBytes, "gaveUpText holds a fitErrorT
 
 constexpr size_t alignUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
-// ---- Enumerations (stored as uint32_t) ---------------------------------------------------------
+// ---- Enumerations (stored as uint32_t; SlotHeader::kind as uint16_t) ---------------------------
 
 enum class Kind : uint32_t { kRequest = 1, kResponse = 2, kError = 3, kFinish = 4 };
 enum class DType : uint32_t { kInt32 = 1, kInt64 = 2, kFloat32 = 3, kFloat16 = 4, kBFloat16 = 5, kBool = 6 };
@@ -122,24 +122,24 @@ struct SlotHeader {
   uint64_t seq; // message sequence number (Tag::seq)
   int64_t step; // training step (Tag::step)
   int64_t accStep; // gradient-accumulation index (Tag::accStep)
-  uint32_t kind; // Kind
+  uint16_t kind; // Kind
+  uint8_t answer; // kind == kResponse: its AnswerKind (core/answer_kinds.h), checked by the student; else 0
+  uint8_t reserved;
   int32_t senderRank; // global rank of the sender
   uint32_t ntensors; // 0 .. kMaxTensors
   uint32_t vocab; // kind == kResponse: the teacher's vocabulary size (its logits' width), 0 = not stated
-  uint8_t answer; // kind == kResponse: its AnswerKind (core/answer_kinds.h), checked by the student; else 0
-  uint8_t reserved[7];
   TensorDesc tensors[kMaxTensors];
   char errorText[kErrorTextBytes]; // kind == kError: NUL-terminated message; else zeros
 };
 static_assert(sizeof(SlotHeader) == 1024, "SlotHeader layout");
-static_assert(offsetof(SlotHeader, tensors) == 56, "SlotHeader layout");
+static_assert(offsetof(SlotHeader, tensors) == 48, "SlotHeader layout");
 constexpr size_t kSlotHeaderBytes = sizeof(SlotHeader);
 
 // The part of a header that carries the message: the fixed fields and the
 // first `ntensors` descriptors, plus the error text for kind kError (1 KiB in
 // all then). Only this prefix is written, copied and checksummed; the bytes
 // after it are not part of the message and are never read (a consumer copies
-// the prefix into a zeroed header). 184 bytes for a one-tensor message: the
+// the prefix into a zeroed header). 176 bytes for a one-tensor message: the
 // cross-core traffic of a header is 3 cache lines instead of 16.
 // `ntensors` above kMaxTensors counts as kMaxTensors (validation rejects it).
 inline size_t headerBytes(uint32_t kind, uint32_t ntensors) {

@@ -29,7 +29,10 @@ void checkResponseFits(const TeacherOptions& t) {
                   "teacher.hidden_states: ", t.hidden_states.size(),
                   " hidden state(s) do not fit in a response "
                   "next to ",
-                  kind.tensors.size() > 1 ? "the " + describeAnswer(t) + " output (" + names + ")" : "the " + names,
+                  kind.tensors.size() > 1
+                      ? "the " + std::string(kind.title) + " output (teacher.topk=" + std::to_string(t.topk) + ": " +
+                          names + ")"
+                      : "the " + names,
                   ": a message holds at most ", ipc::kMaxTensors, " tensors");
 }
 

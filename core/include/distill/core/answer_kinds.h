@@ -78,7 +78,8 @@ struct AnswerTensor {
 
 struct AnswerKindSpec {
   AnswerKind kind;
-  const char* name; // "logits", "topk": logs and messages
+  const char* name; // "logits", "topk": Python's Reply.kind, logs
+  const char* title; // "full logits", "top-k": messages
   std::vector<AnswerTensor> tensors; // in the order the per-kind structs list them (loss/answers.h)
   const char* masked; // the tensor a masked token is marked in (see above)
   bool hiddenStates; // may carry teacher.hidden_states beside its tensors

@@ -60,7 +60,7 @@ struct OutMessage {
   // most 8 dims, names < 32 bytes. Non-contiguous tensors are made contiguous;
   // CUDA tensors go through CUDA IPC buffers when set up, else via the host.
   std::vector<std::pair<std::string, at::Tensor>> tensors;
-  std::string errorText; // kind == kError: the message (truncated to 455 bytes)
+  std::string errorText; // kind == kError: the message (truncated to 463 bytes)
   int64_t vocab = 0; // kind == kResponse: the teacher's vocabulary size (0 = not stated; < 2^32)
   AnswerKind answer{}; // kind == kResponse: what its tensors are (core/answer_kinds.h); 0 otherwise
 };
