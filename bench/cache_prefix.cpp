@@ -21,7 +21,7 @@
 #include <thread>
 
 #include "cache/cache.h"
-#include "distill/core/protocol.h"
+#include "distill/core/answer_kinds.h"
 #include "distill/teacher/server.h"
 
 using distill::TeacherCache;

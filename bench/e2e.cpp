@@ -155,14 +155,14 @@ int inner(const Args& a, int argc, char** argv) {
   auto shapeLikeServer = [&](const at::Tensor& logits) {
     distill::TeacherOutput o;
     if (cfg.teacher.topk == 0) {
-      o.logits = logits;
+      o.makeLogits().logits = logits;
       return o;
     }
     auto out = distill::topkOutput(logits, cfg.teacher.topk, cfg.loss.temperature);
-    o.topkValues = out.at(distill::protocol::kTopkValues);
-    o.topkIndices = out.at(distill::protocol::kTopkIndices);
-    o.logsumexp = out.at(distill::protocol::kLogsumexp);
-    o.logTail = out.at(distill::protocol::kLogTail);
+    o.makeTopk().values = out.at(distill::protocol::kTopkValues);
+    o.makeTopk().indices = out.at(distill::protocol::kTopkIndices);
+    o.makeTopk().logsumexp = out.at(distill::protocol::kLogsumexp);
+    o.makeTopk().logTail = out.at(distill::protocol::kLogTail);
     return o;
   };
 

@@ -160,12 +160,12 @@ void benchLinearConfig(const LinearSetup& s, const char* kind, bool topk, const 
   distill::TeacherOutput t;
   if (topk) {
     auto out = distill::topkOutput(teacherLogits, s.topk, o.temperature);
-    t.topkValues = out.at(distill::protocol::kTopkValues);
-    t.topkIndices = out.at(distill::protocol::kTopkIndices);
-    t.logsumexp = out.at(distill::protocol::kLogsumexp);
-    t.logTail = out.at(distill::protocol::kLogTail);
+    t.makeTopk().values = out.at(distill::protocol::kTopkValues);
+    t.makeTopk().indices = out.at(distill::protocol::kTopkIndices);
+    t.makeTopk().logsumexp = out.at(distill::protocol::kLogsumexp);
+    t.makeTopk().logTail = out.at(distill::protocol::kLogTail);
   } else {
-    t.logits = teacherLogits;
+    t.makeLogits().logits = teacherLogits;
   }
   at::Tensor h = h0.detach().requires_grad_(true), w = w0.detach().requires_grad_(true);
   const double norm = static_cast<double>(s.n);
@@ -201,7 +201,7 @@ void benchHiddenConfig(const LinearSetup& s, const char* kind, const at::Tensor&
     w.mutable_grad() = at::Tensor();
     unfused.run([&] {
       distill::TeacherOutput t;
-      t.logits = distill::teacherLogits(th, head);
+      t.makeLogits().logits = distill::teacherLogits(th, head);
       distill::distillLoss(at::mm(h, w.t()), labels, t, o, norm).loss.backward();
     });
     h.mutable_grad() = at::Tensor();
@@ -320,12 +320,12 @@ int main(int argc, char** argv) {
       distill::TeacherOutput t;
       if (topk) { // what the teacher server sends: values, indices, logsumexp, log tail
         auto out = distill::topkOutput(teacher, 32, o.temperature);
-        t.topkValues = out.at(distill::protocol::kTopkValues);
-        t.topkIndices = out.at(distill::protocol::kTopkIndices);
-        t.logsumexp = out.at(distill::protocol::kLogsumexp);
-        if (!noTail) t.logTail = out.at(distill::protocol::kLogTail);
+        t.makeTopk().values = out.at(distill::protocol::kTopkValues);
+        t.makeTopk().indices = out.at(distill::protocol::kTopkIndices);
+        t.makeTopk().logsumexp = out.at(distill::protocol::kLogsumexp);
+        if (!noTail) t.makeTopk().logTail = out.at(distill::protocol::kLogTail);
       } else {
-        t.logits = teacher;
+        t.makeLogits().logits = teacher;
       }
       const Timing ms = timeMs(reps, [&] {
         auto z = base.clone().requires_grad_(true);

@@ -36,7 +36,7 @@
 #include "cache/cache.h" // internal: teacher/src (encodeRow, roundForStorage)
 #include "distill/core/options.h"
 #include "distill/core/payload.h"
-#include "distill/core/protocol.h"
+#include "distill/core/answer_kinds.h"
 #include "distill/teacher/server.h"
 
 namespace {

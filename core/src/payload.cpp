@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <sstream>
 
+#include "distill/core/answer_kinds.h"
 #include "distill/core/errors.h"
 
 namespace distill {
@@ -15,13 +16,9 @@ int64_t aligned(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 int64_t requestBytes(const TeacherOptions& t, int64_t tokens) { return int64_t(t.inputs.size()) * aligned(tokens * 8); }
 
-// The answer's known part for `tokens` tokens: top-k (values, indices,
-// logsumexp, log tail) or full logits; 0 when full logits of an unknown vocabulary.
-int64_t responseBytes(const TeacherOptions& t, int64_t tokens) {
-  const int64_t value = payloadValueBytes(t);
-  if (t.topk > 0) return aligned(tokens * t.topk * value) + aligned(tokens * t.topk * 4) + 2 * aligned(tokens * 4);
-  return t.vocab_size > 0 ? aligned(tokens * t.vocab_size * value) : 0;
-}
+// The answer's known part for `tokens` tokens (the answer kinds table); 0
+// when unknown (full logits of an unknown vocabulary).
+int64_t responseBytes(const TeacherOptions& t, int64_t tokens) { return answerBytes(t, tokens, kAlign); }
 
 // The most tokens per request whose bytes (fn) fit `capacity`.
 template <class Fn>
@@ -67,9 +64,8 @@ SlotBytes slotBytesNeeded(const Config& c) {
   s.request = requestBytes(t, s.tokens);
   s.requestPerToken = 8.0 * double(t.inputs.size());
   s.response = responseBytes(t, s.tokens);
-  const int64_t value = payloadValueBytes(t);
-  s.responsePerToken = t.topk > 0 ? double(t.topk * (value + 4) + 8) : double(t.vocab_size * value);
-  if (t.topk == 0 && t.vocab_size == 0) {
+  s.responsePerToken = answerBytesPerToken(t);
+  if (s.responsePerToken == 0) {
     s.unknown = "full logits of an unknown vocabulary (teacher.vocab_size: 0)";
   } else if (!t.hidden_states.empty()) {
     s.unknown = "teacher.hidden_states, whose size the first answer tells";
@@ -105,7 +101,7 @@ void checkSlotBytes(const Config& c) {
     const int64_t fits = tokensFitting(resp, s.tokens, [&](int64_t n) { return responseBytes(t, n); });
     DISTILL_THROW(ConfigError, "transport.max_response_bytes: ", resp, " bytes is below the ", s.response,
                   " bytes an answer to teacher.max_batch_tokens=", s.tokens, " tokens needs (",
-                  t.topk > 0 ? "top-" + std::to_string(t.topk) : "full logits of " + std::to_string(t.vocab_size),
+                  describeAnswer(t, ""),
                   " in ", payloadValueBytes(t) * 8, "-bit values (teacher.payload_dtype: ", t.payload_dtype,
                   ", teacher.autocast: ", t.autocast, "), ", s.responsePerToken,
                   " bytes per token); set transport.max_response_bytes to at least ", s.response,
@@ -122,12 +118,12 @@ std::string describeSlotBytes(const Config& c) {
      << " B/token x teacher.max_batch_tokens=" << s.tokens << " = " << mib(s.request) << " needed), response "
      << responseSlotBytes(c) << " B (" << (c.transport.max_response_bytes > 0 ? "transport.max_response_bytes" : "auto")
      << "; ";
-  if (t.topk > 0 || t.vocab_size > 0) {
-    os << (t.topk > 0 ? "top-" + std::to_string(t.topk) : "full logits of V=" + std::to_string(t.vocab_size)) << " in "
+  if (s.responsePerToken > 0) {
+    os << describeAnswer(t) << " in "
        << payloadValueBytes(t) * 8 << "-bit values, " << s.responsePerToken << " B/token = " << mib(s.response)
        << " needed";
   }
-  if (!s.unknown.empty()) os << (t.topk > 0 || t.vocab_size > 0 ? ", plus " : "") << s.unknown;
+  if (!s.unknown.empty()) os << (s.responsePerToken > 0 ? ", plus " : "") << s.unknown;
   os << "); x " << c.transport.slots << " slots per student";
   return os.str();
 }

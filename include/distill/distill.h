@@ -15,7 +15,7 @@
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
 #include "distill/core/options.h"
-#include "distill/core/protocol.h"
+#include "distill/core/answer_kinds.h"
 #include "distill/core/status.h"
 #include "distill/core/topology.h"
 #include "distill/core/version.h"

@@ -96,6 +96,7 @@ ReceivedMessage& ReceivedMessage::operator=(ReceivedMessage&& o) noexcept {
     student_ = o.student_;
     errorText_ = std::move(o.errorText_);
     vocab_ = o.vocab_;
+    answer_ = o.answer_;
     tensors_ = o.tensors_;
     ntensors_ = o.ntensors_;
     o.ntensors_ = 0;
@@ -125,6 +126,15 @@ bool ReceivedMessage::markFailed() {
 std::vector<std::string> ReceivedMessage::names() const {
   std::vector<std::string> out;
   for (int i = 0; i < ntensors_; ++i) out.emplace_back(tensors_[size_t(i)].name);
+  return out;
+}
+
+std::vector<TensorFacts> ReceivedMessage::facts() const {
+  std::vector<TensorFacts> out;
+  for (int i = 0; i < ntensors_; ++i) {
+    const Desc& d = tensors_[size_t(i)];
+    out.push_back({d.name, d.dtype, std::vector<int64_t>(d.shape, d.shape + d.ndim)});
+  }
   return out;
 }
 

@@ -78,7 +78,7 @@ wire::SlotHeader ChannelCore::plan(int r, const Tag& tag, MsgKind kind, const Pl
   h.seq = tag.seq;
   h.step = tag.step;
   h.accStep = tag.accStep;
-  h.kind = uint32_t(kind);
+  h.kind = uint16_t(kind);
   h.senderRank = port_.rank();
   h.ntensors = uint32_t(count);
   if (!errorText.empty()) {
@@ -140,6 +140,7 @@ void ChannelCore::send(int r, const OutMessage& msg, Deadline deadline) {
     DISTILL_CHECK_T(IpcError, msg.vocab >= 0 && msg.vocab <= int64_t(UINT32_MAX), "vocabulary size ", msg.vocab,
                     " does not fit the message header (uint32)");
     h.vocab = uint32_t(msg.vocab);
+    h.answer = static_cast<uint8_t>(msg.answer);
     const uint64_t seq = acquire(r, msg.tag, deadline);
     for (size_t i = 0; i < n; ++i) {
       const auto& d = h.tensors[i];

@@ -41,8 +41,9 @@ constexpr uint64_t kSegmentMagic = 0x314D48534C495444ull; // "DTILSHM1", little 
 // vocabulary) and the status value kStatusTruncatedMass; 14: RingHeader::failedSeq, TeacherState::gaveUp and
 // ControlBlock::gaveUpText (a teacher whose forward raised leaves its requests for the next incarnation, and
 // one that fails again on the same request gives up), and the status values kStatusMasked and
-// kStatusSkipped
-constexpr uint32_t kLayoutVersion = 14;
+// kStatusSkipped; 15: SlotHeader::answer (the answer kind of a response, core/answer_kinds.h) in what
+// was the upper half of SlotHeader::kind, now 16 bits
+constexpr uint32_t kLayoutVersion = 15;
 constexpr uint32_t kSlotMagic = 0x544F4C53u; // "SLOT"
 
 constexpr int kMaxTensors = 4; // tensors per message
@@ -65,7 +66,7 @@ static_assert(kGaveUpTextBytes >= kErrorTextBytes, "gaveUpText holds a fitErrorT
 
 constexpr size_t alignUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
-// ---- Enumerations (stored as uint32_t) ---------------------------------------------------------
+// ---- Enumerations (stored as uint32_t; SlotHeader::kind as uint16_t) ---------------------------
 
 enum class Kind : uint32_t { kRequest = 1, kResponse = 2, kError = 3, kFinish = 4 };
 enum class DType : uint32_t { kInt32 = 1, kInt64 = 2, kFloat32 = 3, kFloat16 = 4, kBFloat16 = 5, kBool = 6 };
@@ -121,7 +122,9 @@ struct SlotHeader {
   uint64_t seq; // message sequence number (Tag::seq)
   int64_t step; // training step (Tag::step)
   int64_t accStep; // gradient-accumulation index (Tag::accStep)
-  uint32_t kind; // Kind
+  uint16_t kind; // Kind
+  uint8_t answer; // kind == kResponse: its AnswerKind (core/answer_kinds.h), checked by the student; else 0
+  uint8_t reserved;
   int32_t senderRank; // global rank of the sender
   uint32_t ntensors; // 0 .. kMaxTensors
   uint32_t vocab; // kind == kResponse: the teacher's vocabulary size (its logits' width), 0 = not stated

@@ -100,7 +100,7 @@ Problem prepareHidden(const StudentShape& z, const at::Tensor& labels, const Hid
   // broadcast: no memory), then the head's vocabulary is compared as a dense
   // teacher's would be, and the stand-in dropped (each chunk sets its logits).
   TeacherOutput standIn;
-  standIn.logits = at::empty({1, z.v}, t.w.options()).expand({z.n, z.v});
+  standIn.makeLogits().logits = at::empty({1, z.v}, t.w.options()).expand({z.n, z.v});
   Problem pb = prepare(z, labels, standIn, o, normalizer);
   TeacherOutput stated;
   stated.vocab = t.vt;

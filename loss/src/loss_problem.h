@@ -2,6 +2,7 @@
 
 // What the loss's files share (internal to loss/src):
 //   loss_inputs.cpp  the inputs of one call checked and flattened into a Problem
+//   targets/         one reader per answer kind (targets.h), called by loss_inputs.cpp
 //   losses.cpp       the chunks (fused CPU kernel or ATen ops), autograd, distillLoss
 //   fused_linear.cpp fusedLinearLoss: the output projection chunked with the loss
 //   hidden_head.cpp  the teacher as hidden states + head (hidden_teacher.h)
@@ -99,8 +100,9 @@ Problem prepare(const StudentShape& z, const at::Tensor& labels, const TeacherOu
 
 // loss_vocab.cpp. The teacher's vocabulary V_t against the student's pb.v:
 // V_t (pb.v when the teacher did not state it); ProtocolError when they differ
-// and loss.vocab cannot bridge them.
-int64_t teacherVocab(const Problem& pb, const TeacherOutput& teacher, const LossOptions& o);
+// and loss.vocab cannot bridge them. `stated`: TeacherOutput::vocab; `width`:
+// what the answer itself shows (the full logits' width; -1: nothing).
+int64_t teacherVocab(const Problem& pb, int64_t stated, int64_t width, const LossOptions& o);
 // Top-k, truncating: whether any entry has an id >= pb.v (one device sync).
 bool anyTopkDropped(const Problem& pb);
 // Truncates the teacher to the student's vocabulary (pb.valid set, data checked):

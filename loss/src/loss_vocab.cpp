@@ -91,10 +91,9 @@ at::Tensor topkTruncate(Problem& pb) {
 
 } // namespace
 
-int64_t teacherVocab(const Problem& pb, const TeacherOutput& teacher, const LossOptions& o) {
-  int64_t vt = teacher.vocab;
-  if (teacher.logits.defined() && teacher.logits.dim() >= 1) {
-    const int64_t width = teacher.logits.size(-1);
+int64_t teacherVocab(const Problem& pb, int64_t stated, int64_t width, const LossOptions& o) {
+  int64_t vt = stated;
+  if (width >= 0) {
     DISTILL_CHECK_T(ProtocolError, vt <= 0 || vt == width, pb.fn, ": the teacher stated a vocabulary of ", vt,
                     " entries but sent logits ", width, " wide");
     vt = width;

@@ -2,6 +2,7 @@
 #include <memory>
 #include <optional>
 
+#include "distill/core/answer_kinds.h"
 #include "distill/core/config.h"
 #include "distill/core/errors.h"
 #include "distill/loss/losses.h"
@@ -29,33 +30,34 @@ struct PyReply {
 };
 using ReplyPtr = std::shared_ptr<PyReply>;
 
+// The answer as a dict: its kind's tensors by their protocol names (core/answer_kinds.h) and "vocab".
 pyb::dict outputDict(const ReplyPtr& r) {
   TeacherOutput o = r->reply.output();
   pyb::dict d;
-  auto put = [&](const char* k, const at::Tensor& t) {
-    if (t.defined()) d[k] = r->hold(r, t);
-  };
-  put("logits", o.logits);
-  put("topk_values", o.topkValues);
-  put("topk_indices", o.topkIndices);
-  put("logsumexp", o.logsumexp);
-  put("log_tail", o.logTail);
+  for (auto& [name, t] : namedTensors(o)) d[pyb::str(name)] = r->hold(r, t);
   if (o.vocab > 0) d["vocab"] = o.vocab;
   return d;
 }
 
+// A Reply as C++ reads it (in place), or a user's dict of named tensors (docs/python-api.md): its
+// kind is the one whose first tensor it holds (answerKindNamed).
 TeacherOutput teacherOutputOf(const pyb::object& teacher) {
-  if (pyb::isinstance<PyReply>(teacher)) return teacher.cast<ReplyPtr>()->reply.output(); // in place, as C++ reads it
+  if (pyb::isinstance<PyReply>(teacher)) return teacher.cast<ReplyPtr>()->reply.output();
   auto d = teacher.cast<pyb::dict>();
-  auto get = [&](const char* k) { return d.contains(k) ? d[k].cast<at::Tensor>() : at::Tensor(); };
-  TeacherOutput o;
-  o.logits = get("logits");
-  o.topkValues = get("topk_values");
-  o.topkIndices = get("topk_indices");
-  o.logsumexp = get("logsumexp");
-  o.logTail = get("log_tail");
-  if (d.contains("vocab")) o.vocab = d["vocab"].cast<int64_t>();
-  return o;
+  auto has = [&](const std::string& k) { return d.contains(pyb::str(k)); };
+  auto get = [&](const std::string& k) { return has(k) ? d[pyb::str(k)].cast<at::Tensor>() : at::Tensor(); };
+  return teacherOutputFrom(answerKindNamed(has), get, d.contains("vocab") ? d["vocab"].cast<int64_t>() : 0);
+}
+
+// The answer kinds table for Python (distill._C.answer_kinds): {kind: [tensor names]}.
+pyb::dict answerKindsDict() {
+  pyb::dict d;
+  for (const AnswerKindSpec& k : answerKinds()) {
+    pyb::list names;
+    for (const AnswerTensor& a : k.tensors) names.append(pyb::str(a.name));
+    d[pyb::str(k.name)] = names;
+  }
+  return d;
 }
 
 std::vector<std::pair<std::string, at::Tensor>> inputsOf(const PySession& s, const pyb::object& inputs) {
@@ -125,7 +127,9 @@ void bindClient(pyb::module_& m) {
       .def_property_readonly("output", &outputDict)
       .def("tensor", [](const ReplyPtr& r, const std::string& name) { return r->hold(r, r->reply.tensor(name)); })
       .def("has", [](const PyReply& r, const std::string& name) { return r.reply.has(name); })
+      .def_property_readonly("kind", [](const PyReply& r) { return answerKind(r.reply.kind()).name; })
       .def("release", [](PyReply& r) { r.reply.release(); });
+  m.attr("answer_kinds") = answerKindsDict();
   m.def(
       "_submit",
       [](const SessionPtr& s, const pyb::object& inputs, int64_t step, int64_t accStep) {

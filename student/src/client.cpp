@@ -14,7 +14,7 @@
 #include "distill/core/config.h"
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
-#include "distill/core/protocol.h"
+#include "distill/core/answer_kinds.h"
 #include "distill/core/trace.h"
 #include "distill/ipc/channel.h"
 
@@ -46,17 +46,9 @@ at::Tensor TeacherReply::tensor(const std::string& name) const {
 }
 
 TeacherOutput TeacherReply::output() const {
-  TeacherOutput o;
-  o.vocab = vocab_;
-  if (has(protocol::kLogits)) {
-    o.logits = tensor(protocol::kLogits);
-  } else {
-    o.topkValues = tensor(protocol::kTopkValues);
-    o.topkIndices = tensor(protocol::kTopkIndices);
-    if (has(protocol::kLogsumexp)) o.logsumexp = tensor(protocol::kLogsumexp);
-    if (has(protocol::kLogTail)) o.logTail = tensor(protocol::kLogTail);
-  }
-  return o;
+  // The kind the message said, checked against its tensors when it arrived (Client::get).
+  return teacherOutputFrom(
+      kind_, [&](const std::string& name) { return has(name) ? tensor(name) : at::Tensor(); }, vocab_);
 }
 
 void TeacherReply::release() {
@@ -103,6 +95,11 @@ struct Client::Impl {
     if (t != want) {
       DISTILL_THROW(ProtocolError, at(want.step, want.accStep, "teacher answer"), "answer tag ", tagStr(t),
                     " does not match request ", tagStr(want));
+    }
+    // Read by the kind it says it is (core/answer_kinds.h), never by guessing from names.
+    if (const std::string why = answerMismatch(m.answer(), m.facts()); !why.empty()) {
+      DISTILL_THROW(ProtocolError, at(want.step, want.accStep, "teacher answer"), "the answer of teacher rank ",
+                    m.senderRank(), " to request ", tagStr(want), " is ", why);
     }
     received.emplace(want.seq, std::move(m));
   }
@@ -168,6 +165,7 @@ TeacherReply Client::get(const Handle& h, ReplyMode mode) {
   TeacherReply r;
   r.handle_ = h;
   r.vocab_ = m.vocab();
+  r.kind_ = static_cast<AnswerKind>(m.answer()); // known: receiveOldest checked it
   for (auto& name : m.names()) {
     r.tensors_.emplace_back(name, mode == ReplyMode::kCopy ? m.copy(name) : m.view(name));
   }

@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "distill/core/errors.h"
-#include "distill/core/protocol.h"
+#include "distill/core/answer_kinds.h"
 #include "distill/ipc/channel.h"
 
 namespace distill {
@@ -18,18 +18,21 @@ std::string describe(const at::Tensor& t) {
   return os.str();
 }
 
-// A response holds at most ipc::kMaxTensors tensors: the output (the
-// logits, or the top-k's four) and the hidden states must fit, which is known
-// at start-up; otherwise every reply would fail.
+// A response holds at most ipc::kMaxTensors tensors: the answer kind's
+// (answer_kinds.h) and the hidden states must fit, which is known at
+// start-up; otherwise every reply would fail.
 void checkResponseFits(const TeacherOptions& t) {
-  const size_t output = t.topk > 0 ? 4 : 1;
-  DISTILL_CHECK_T(ConfigError, output + t.hidden_states.size() <= size_t(ipc::kMaxTensors),
+  const AnswerKindSpec& kind = answerKind(answerKindOf(t));
+  std::string names;
+  for (const AnswerTensor& a : kind.tensors) names += (names.empty() ? "" : ", ") + std::string(a.name);
+  DISTILL_CHECK_T(ConfigError, kind.tensors.size() + t.hidden_states.size() <= size_t(ipc::kMaxTensors),
                   "teacher.hidden_states: ", t.hidden_states.size(),
                   " hidden state(s) do not fit in a response "
                   "next to ",
-                  t.topk > 0 ? "the top-k output (teacher.topk=" + std::to_string(t.topk) +
-                          ": topk_values, topk_indices, logsumexp, log_tail)"
-                             : std::string("the logits"),
+                  kind.tensors.size() > 1
+                      ? "the " + std::string(kind.title) + " output (teacher.topk=" + std::to_string(t.topk) + ": " +
+                          names + ")"
+                      : "the " + names,
                   ": a message holds at most ", ipc::kMaxTensors, " tensors");
 }
 
@@ -108,13 +111,14 @@ void zeroNonfinite(at::Tensor& logits, const Nonfinite& nf) {
   logits.masked_fill_(nf.tokens.unsqueeze(-1), 0);
 }
 
-void markMasked(std::map<std::string, at::Tensor>& answer, const Nonfinite& nf) {
+void markMasked(std::map<std::string, at::Tensor>& answer, AnswerKind kind, const Nonfinite& nf) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  if (auto it = answer.find(protocol::kLogits); it != answer.end()) {
-    it->second.masked_fill_(nf.tokens.to(it->second.device()).unsqueeze(-1), nan);
-  }
-  if (auto it = answer.find(protocol::kLogsumexp); it != answer.end()) {
-    it->second.masked_fill_(nf.tokens.to(it->second.device()), nan);
+  const AnswerKindSpec& spec = answerKind(kind);
+  for (const AnswerTensor& a : spec.tensors) {
+    auto it = answer.find(a.name);
+    if (a.name != std::string(spec.masked) || it == answer.end()) continue;
+    const at::Tensor tokens = nf.tokens.to(it->second.device());
+    it->second.masked_fill_(a.shape == ShapeRule::kToken ? tokens : tokens.unsqueeze(-1), nan); // a row: all of it
   }
 }
 

@@ -11,7 +11,7 @@
 //
 // error: each request holding such a token is answered with the teacher's error
 // (naming the teacher, the request's tag and student, the row, the position and
-// how many values). mask: the token's answer is marked (protocol.h, "Masked
+// how many values). mask: the token's answer is marked (answer_kinds.h, "Masked
 // tokens") and the student's Steps drops its kd term; it learns from its label.
 // Either way no such answer is ever stored in the teacher cache.
 //
@@ -24,6 +24,7 @@
 #include <optional>
 #include <string>
 
+#include "distill/core/answer_kinds.h"
 #include "distill/core/options.h"
 #include "distill/core/tag.h"
 
@@ -73,8 +74,8 @@ int64_t nonfiniteTokens(const Nonfinite& nf, int64_t offset, int64_t rows);
 // mask: the bad tokens' logits set to 0, in place, so that they can be shaped.
 void zeroNonfinite(at::Tensor& logits, const Nonfinite& nf);
 
-// mask: the shaped answer's masked tokens marked as protocol.h says (full
-// logits: the row all NaN; top-k: logsumexp NaN).
-void markMasked(std::map<std::string, at::Tensor>& answer, const Nonfinite& nf);
+// mask: the shaped answer's masked tokens marked as answer_kinds.h says, in
+// the kind's `masked` tensor (full logits: the row all NaN; top-k: logsumexp NaN).
+void markMasked(std::map<std::string, at::Tensor>& answer, AnswerKind kind, const Nonfinite& nf);
 
 } // namespace distill

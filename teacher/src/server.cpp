@@ -12,6 +12,7 @@
 #include <map>
 #include <sstream>
 
+#include "answer/answer.h"
 #include "answer_check.h"
 #include "autocast_scope.h"
 #include "cache/cache.h"
@@ -20,7 +21,6 @@
 #include "distill/core/config.h"
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
-#include "distill/core/protocol.h"
 #include "distill/core/trace.h"
 #include "distill/ipc/channel.h"
 
@@ -116,7 +116,7 @@ class Server {
         startup, [&](int local, const std::string& theirs) { return admissionProblem(topo, local, theirs); });
     DISTILL_LOG(kInfo) << "teacher " << teacher_ << " of " << topo.teachersPerNode << " serving " << mine_.size()
                        << " local student(s) on " << topo.segment << " (device " << device_ << "), output "
-                       << (cfg_.teacher.topk > 0 ? "top-" + std::to_string(cfg_.teacher.topk) : "full logits");
+                       << describeAnswer(cfg_.teacher, nullptr);
     const int perNode = topo.studentsPerNode();
     stats_.perStudent.assign(perNode, 0);
     last_.assign(perNode, std::nullopt);
@@ -316,6 +316,7 @@ class Server {
       reply.kind = MsgKind::kResponse;
       reply.tag = batch[b].msg.tag();
       reply.vocab = vocab_; // the students check it against theirs (loss.vocab)
+      reply.answer = answerKindOf(cfg_.teacher); // what its tensors are (core/answer_kinds.h)
       if (!cached.empty()) {
         for (auto& [name, t] : cached[b]) reply.tensors.emplace_back(name, t);
       }
@@ -387,7 +388,7 @@ class Server {
     names.push_back(cfg_.teacher.output);
     if (positions.defined()) raw = gatherPositions(raw, names, positions, inputs[0].size(1));
     auto answer = shape(std::move(raw));
-    if (nf && mask) markMasked(answer, *nf);
+    if (nf && mask) markMasked(answer, answerKindOf(cfg_.teacher), *nf);
     if (nf) nonfinite_ = std::move(nf);
     return {std::move(answer), vocab};
   }
@@ -409,22 +410,10 @@ class Server {
     return true;
   }
 
-  // Full logits in the payload dtype (teacher.payload_dtype).
-  at::Tensor fullLogits(const at::Tensor& logits) const {
-    const at::ScalarType dtype = payloadDtype(cfg_.teacher, logits.scalar_type());
-    return toPayloadDtype(logits, dtype, "teacher logits: a value").contiguous();
-  }
-
-  // Full logits, or the top-k (topkOutput), plus hidden states.
+  // The configured kind's answer (teacher/src/answer/), plus hidden states.
   std::map<std::string, at::Tensor> shape(std::map<std::string, at::Tensor> raw) {
-    at::Tensor logits = raw.at(cfg_.teacher.output);
-    std::map<std::string, at::Tensor> out;
-    if (cfg_.teacher.topk > 0) {
-      out = topkOutput(logits, cfg_.teacher.topk, cfg_.loss.temperature,
-                       payloadDtype(cfg_.teacher, logits.scalar_type()));
-    } else {
-      out[protocol::kLogits] = fullLogits(logits);
-    }
+    std::map<std::string, at::Tensor> out =
+        shapeAnswer(raw.at(cfg_.teacher.output), ShapeContext{cfg_.teacher, cfg_.loss.temperature});
     for (auto& name : cfg_.teacher.hidden_states) {
       auto h = raw.find(name);
       DISTILL_CHECK_T(ProtocolError, h != raw.end(), "teacher model returned no hidden state '", name,

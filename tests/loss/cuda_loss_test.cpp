@@ -35,16 +35,16 @@ double gradTol(at::ScalarType dt) {
 // Teacher output from float64 logits t [N, Vt] in the form `mode`, on `device`, values of dtype `dt`.
 TeacherOutput teacherFor(const std::string& mode, const at::Tensor& t, double temperature, at::ScalarType dt,
                          const at::Device& device) {
-  if (mode == "dense") return TeacherOutput{t.to(dt).to(device), {}, {}, {}, {}, t.size(1)};
+  if (mode == "dense") return TeacherOutput{LogitsAnswer{t.to(dt).to(device)}, t.size(1)};
   const int64_t k = 16;
   auto [vals, idx] = t.topk(k, 1);
-  TeacherOutput out{{}, vals.to(at::kFloat).to(device), idx.to(device), {}, {}, t.size(1)};
-  if (mode == "topk_lse" || mode == "topk_tail") out.logsumexp = at::logsumexp(t / temperature, 1).to(at::kFloat);
+  TeacherOutput out{TopkAnswer{vals.to(at::kFloat).to(device), idx.to(device), {}, {}}, t.size(1)};
+  if (mode == "topk_lse" || mode == "topk_tail") out.makeTopk().logsumexp = at::logsumexp(t / temperature, 1).to(at::kFloat);
   if (mode == "topk_tail") {
     at::Tensor rest = (t / temperature).scatter(1, idx, -std::numeric_limits<double>::infinity());
-    out.logTail = at::logsumexp(rest, 1).to(at::kFloat);
+    out.makeTopk().logTail = at::logsumexp(rest, 1).to(at::kFloat);
   }
-  for (at::Tensor* x : {&out.logsumexp, &out.logTail}) {
+  for (at::Tensor* x : out.tensors()) {
     if (x->defined()) *x = x->to(device);
   }
   return out;
@@ -53,10 +53,10 @@ TeacherOutput teacherFor(const std::string& mode, const at::Tensor& t, double te
 // The float64 reference of a teacher sent in a coarser dtype: the same rounded values.
 TeacherOutput asDouble(const TeacherOutput& t) {
   TeacherOutput out = t;
-  for (at::Tensor* x : {&out.logits, &out.topkValues, &out.logsumexp, &out.logTail}) {
+  for (at::Tensor* x : out.tensors()) {
     if (x->defined()) *x = x->cpu().to(at::kDouble);
   }
-  if (out.topkIndices.defined()) out.topkIndices = out.topkIndices.cpu();
+  if (TopkAnswer* k = out.topk(); k && k->indices.defined()) k->indices = t.topk()->indices.cpu(); // ids stay ids
   return out;
 }
 

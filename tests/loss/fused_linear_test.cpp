@@ -46,14 +46,14 @@ void clearGrads(Head& h) {
 }
 
 TeacherOutput teacherFor(const std::string& mode, const at::Tensor& t, double temperature) {
-  if (mode == "dense") return TeacherOutput{t, {}, {}, {}, {}};
+  if (mode == "dense") return TeacherOutput{LogitsAnswer{t}};
   const int64_t k = 7;
   auto [vals, idx] = t.topk(k, 1);
-  TeacherOutput out{{}, vals, idx.to(at::kInt), {}, {}};
-  if (mode == "topk_lse" || mode == "topk_tail") out.logsumexp = at::logsumexp(t / temperature, 1);
+  TeacherOutput out{TopkAnswer{vals, idx.to(at::kInt), {}, {}}};
+  if (mode == "topk_lse" || mode == "topk_tail") out.makeTopk().logsumexp = at::logsumexp(t / temperature, 1);
   if (mode == "topk_tail") {
     at::Tensor rest = (t / temperature).scatter(1, idx, -std::numeric_limits<double>::infinity());
-    out.logTail = at::logsumexp(rest, 1);
+    out.makeTopk().logTail = at::logsumexp(rest, 1);
   }
   return out;
 }
@@ -193,7 +193,7 @@ TEST(FusedLinearLoss, BackwardScalesNoGradAndFrozenWeight) {
 TEST(FusedLinearLoss, BadShapesNameTheTensors) {
   Head head = makeHead(6, 4, 9, true, 2);
   at::Tensor labels = at::zeros({6}, at::kLong);
-  TeacherOutput teacher{at::randn({6, 9}, at::kDouble), {}, {}, {}, {}};
+  TeacherOutput teacher{LogitsAnswer{at::randn({6, 9}, at::kDouble)}};
   LossOptions o;
   auto message = [&](const at::Tensor& h, const at::Tensor& w, const at::Tensor& b, const at::Tensor& l) {
     try {
@@ -222,7 +222,7 @@ TEST(FusedLinearLoss, MemoryIsTwoChunksOfLogits) {
     at::Tensor w = (at::randn({v, d}, gen, at::kFloat) * 0.1).requires_grad_(true);
     at::Tensor t = at::randn({n, v}, gen, at::kFloat);
     auto [vals, idx] = t.topk(64, 1);
-    TeacherOutput teacher{{}, vals, idx, at::logsumexp(t, 1), {}};
+    TeacherOutput teacher{TopkAnswer{vals, idx, at::logsumexp(t, 1), {}}};
     t.reset();
     at::Tensor labels = at::randint(0, v, {n}, gen, at::kLong);
     LossOptions o;
@@ -279,7 +279,7 @@ TEST(FusedLinearLoss, HalfPrecisionOnCudaMatchesTheFloat64Reference) {
                                     teacherFor(mode, t, o.temperature), o, tokens);
       want.loss.backward();
       TeacherOutput tc = teacherFor(mode, t.to(at::kFloat), o.temperature);
-      for (at::Tensor* x : {&tc.logits, &tc.topkValues, &tc.topkIndices, &tc.logsumexp, &tc.logTail}) {
+      for (at::Tensor* x : tc.tensors()) {
         if (x->defined()) *x = x->to(at::kCUDA);
       }
       LossResult got = fusedLinearLoss(h.hidden, h.weight, h.bias, labels.to(at::kCUDA), tc, o, tokens, 64);

@@ -155,9 +155,9 @@ double checkCase(const Case& c, uint64_t seed) {
   const LossOptions o = optionsFor(c.kind, c.alpha, c.temperature, c.padded);
   const double norm = 57;
   TeacherOutput full;
-  full.logits = referenceLogits(t);
-  full.vocab = full.logits.size(1);
-  EXPECT_LE(relErr(teacherLogits(t.h, t.head, c.chunk), full.logits), 1e-12) << c.what();
+  full.makeLogits().logits = referenceLogits(t);
+  full.vocab = full.logits()->logits.size(1);
+  EXPECT_LE(relErr(teacherLogits(t.h, t.head, c.chunk), full.logits()->logits), 1e-12) << c.what();
   const Outcome got = run(s, [&] {
     return c.aten ? detail::fusedLinearLossAtenOps(s.h, s.w, s.b, labels, t.h, t.head, o, norm, c.chunk)
                   : fusedLinearLoss(s.h, s.w, s.b, labels, t.h, t.head, o, norm, c.chunk);
@@ -250,7 +250,7 @@ TEST(HiddenHead, TruncationErrorsAreTheMaterialisedPaths) {
     Teacher t = makeTeacher(kVs + kPad, true, "softcap", 8);
     if (nan) t.h[4].fill_(std::numeric_limits<double>::quiet_NaN());
     TeacherOutput full;
-    full.logits = referenceLogits(t);
+    full.makeLogits().logits = referenceLogits(t);
     const std::string want =
         expectThrow<ProtocolError>([&] { fusedLinearLoss(s.h, s.w, s.b, labels, full, o, 20.0, 5); });
     const std::string got =
@@ -335,9 +335,9 @@ TEST(HiddenHead, MemoryStaysFarBelowTheMaterialisedPath) {
     w.mutable_grad() = at::Tensor();
     counting().resetPeak();
     TeacherOutput full;
-    full.logits = teacherLogits(th, head);
+    full.makeLogits().logits = teacherLogits(th, head);
     distillLoss(at::mm(h, w.t()), labels, full, o, n).loss.backward();
-    full.logits.reset();
+    full.logits()->logits.reset();
     const int64_t materialised = counting().peak() - inputs;
     const int64_t grads = (n * d + v * d) * 4, chunkLogits = chunk * v * 4;
     std::printf("peak beyond inputs: fused two-head %.1f MiB (gradients %.1f + %.1f chunk buffers of %.1f), "

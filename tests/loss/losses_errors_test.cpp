@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "distill/core/errors.h"
-#include "distill/core/protocol.h"
+#include "distill/core/answer_kinds.h"
 #include "distill/loss/losses.h"
 #include "support/expect_throw.h"
 #include "distill/teacher/server.h"
@@ -73,8 +73,8 @@ TEST(Losses, AllIgnoredAndLowPrecision) {
               distillLoss(s.z.to(at::kBFloat16).to(at::kDouble), s.labels, s.teacher, o, 5.0).loss.item<double>(),
               1e-5);
   // A teacher that rules tokens out (-inf) leaves forward KL and JSD finite.
-  TeacherOutput masked{s.teacher.logits.clone(), {}, {}, {}, {}};
-  masked.logits.select(1, 0).fill_(-std::numeric_limits<double>::infinity());
+  TeacherOutput masked{LogitsAnswer{s.teacher.logits()->logits.clone()}};
+  masked.logits()->logits.select(1, 0).fill_(-std::numeric_limits<double>::infinity());
   for (const char* kind : {"forward_kl", "jsd"}) {
     o.kind = lossKind(kind);
     at::Tensor zm = s.z.clone().requires_grad_(true);
@@ -92,7 +92,7 @@ TEST(Losses, Errors) {
   auto run = [&](const at::Tensor& z, const at::Tensor& l, const TeacherOutput& t, const LossOptions& opt,
                  double norm = 5.0) { return [=] { distillLoss(z, l, t, opt, norm); }; };
   std::string m = expectThrow<ProtocolError>(
-      run(s.z, s.labels, TeacherOutput{s.teacher.logits.narrow(1, 0, 8), {}, {}, {}, {}}, o));
+      run(s.z, s.labels, TeacherOutput{LogitsAnswer{s.teacher.logits()->logits.narrow(1, 0, 8)}}, o));
   EXPECT_NE(m.find("vocabulary has 8 entries, the student's 9"), std::string::npos) << m;
   EXPECT_NE(m.find("loss.vocab"), std::string::npos) << m;
   m = expectThrow<ProtocolError>(run(s.z, s.labels.narrow(0, 0, 5), s.teacher, o));
@@ -105,19 +105,19 @@ TEST(Losses, Errors) {
   badLabels[0] = 9;
   expectThrow<ProtocolError>(run(s.z, badLabels, s.teacher, o));
   TeacherOutput dup = k.teacher;
-  dup.topkIndices = k.teacher.topkIndices.clone();
-  dup.topkIndices.select(1, 1).copy_(dup.topkIndices.select(1, 0));
+  dup.makeTopk().indices = k.teacher.topk()->indices.clone();
+  dup.topk()->indices.select(1, 1).copy_(dup.topk()->indices.select(1, 0));
   m = expectThrow<ProtocolError>(run(k.z, k.labels, dup, o));
   EXPECT_NE(m.find("repeated"), std::string::npos) << m;
   TeacherOutput oob = k.teacher;
-  oob.topkIndices = k.teacher.topkIndices.clone();
-  oob.topkIndices[0][0] = 9;
+  oob.makeTopk().indices = k.teacher.topk()->indices.clone();
+  oob.topk()->indices[0][0] = 9;
   expectThrow<ProtocolError>(run(k.z, k.labels, oob, o));
   TeacherOutput badIdx = k.teacher;
-  badIdx.topkIndices = k.teacher.topkIndices.narrow(1, 0, 2);
+  badIdx.makeTopk().indices = k.teacher.topk()->indices.narrow(1, 0, 2);
   expectThrow<ProtocolError>(run(k.z, k.labels, badIdx, o));
   TeacherOutput badLse = k.teacher;
-  badLse.logsumexp = at::zeros({5}, at::kDouble);
+  badLse.makeTopk().logsumexp = at::zeros({5}, at::kDouble);
   expectThrow<ProtocolError>(run(k.z, k.labels, badLse, o));
 
   auto with = [&](auto edit) {
@@ -156,14 +156,14 @@ TEST(Losses, JsdStaysFiniteWhereBothDistributionsUnderflow) {
   o.temperature = 0.25;
   o.chunk_tokens = 64;
   TeacherOutput teacher;
-  teacher.logits = t;
+  teacher.makeLogits().logits = t;
   LossResult r = distillLoss(z, labels, teacher, o, double(n));
   r.loss.backward();
   EXPECT_TRUE(std::isfinite(r.loss.item<double>())) << r.loss.item<double>();
   EXPECT_EQ(badRows(z.grad()), 0);
   // The same in float64 (where nothing underflows here): the float32 loss is right, not just finite.
   at::Tensor z64 = z.detach().to(at::kDouble).requires_grad_(true);
-  teacher.logits = t.to(at::kDouble);
+  teacher.makeLogits().logits = t.to(at::kDouble);
   LossResult r64 = distillLoss(z64, labels, teacher, o, double(n));
   r64.loss.backward();
   EXPECT_NEAR(r.loss.item<double>(), r64.loss.item<double>(), 1e-5 * r64.loss.item<double>());
@@ -184,13 +184,13 @@ TEST(Losses, ServerTopkOutputKeepsTheTeacherTail) {
   at::Tensor labels = at::randint(0, v, {n}, gen, at::kLong);
   auto out = topkOutput(t, k, 1.0);
   TeacherOutput sent;
-  sent.topkValues = out.at(protocol::kTopkValues);
-  sent.topkIndices = out.at(protocol::kTopkIndices);
-  sent.logsumexp = out.at(protocol::kLogsumexp);
-  sent.logTail = out.at(protocol::kLogTail);
-  ASSERT_EQ(sent.logTail.scalar_type(), at::kFloat);
+  sent.makeTopk().values = out.at(protocol::kTopkValues);
+  sent.makeTopk().indices = out.at(protocol::kTopkIndices);
+  sent.makeTopk().logsumexp = out.at(protocol::kLogsumexp);
+  sent.makeTopk().logTail = out.at(protocol::kLogTail);
+  ASSERT_EQ(sent.topk()->logTail.scalar_type(), at::kFloat);
   // The cancellation is there: in float32, the top-k mass rounds to 1 on some rows.
-  at::Tensor topMass = (sent.topkValues - sent.logsumexp.unsqueeze(1)).exp().sum(1);
+  at::Tensor topMass = (sent.topk()->values - sent.topk()->logsumexp.unsqueeze(1)).exp().sum(1);
   const int64_t cancelled = (topMass >= 1).sum().item<int64_t>();
   EXPECT_GT(cancelled, 10);
   for (const char* kind : {"reverse_kl", "forward_kl", "jsd"}) {
@@ -203,11 +203,7 @@ TEST(Losses, ServerTopkOutputKeepsTheTeacherTail) {
     r.loss.backward();
     EXPECT_TRUE(std::isfinite(r.loss.item<double>()));
     EXPECT_EQ(badRows(z.grad()), 0);
-    TeacherOutput sent64{{},
-                         sent.topkValues.to(at::kDouble),
-                         sent.topkIndices,
-                         sent.logsumexp.to(at::kDouble),
-                         sent.logTail.to(at::kDouble)};
+    TeacherOutput sent64{TopkAnswer{sent.topk()->values.to(at::kDouble), sent.topk()->indices, sent.topk()->logsumexp.to(at::kDouble), sent.topk()->logTail.to(at::kDouble)}};
     at::Tensor z64 = z0.to(at::kDouble).requires_grad_(true);
     LossResult r64 = distillLoss(z64, labels, sent64, o, double(n));
     r64.loss.backward();
@@ -216,7 +212,7 @@ TEST(Losses, ServerTopkOutputKeepsTheTeacherTail) {
     if (std::string(kind) == "reverse_kl") {
       // Without the log tail (an older teacher): still finite, never NaN.
       TeacherOutput old = sent;
-      old.logTail = at::Tensor();
+      old.makeTopk().logTail = at::Tensor();
       at::Tensor zo = z0.clone().requires_grad_(true);
       LossResult ro = distillLoss(zo, labels, old, o, double(n));
       ro.loss.backward();
@@ -274,12 +270,12 @@ TEST(Losses, ZeroWeightTermIsNotComputed) {
   }
   // alpha = 1 with an infinite CE (the label's logit is -inf, and the teacher rules it out too).
   at::Tensor zl = s.z.clone();
-  TeacherOutput teacher{s.teacher.logits.clone(), {}, {}, {}, {}};
+  TeacherOutput teacher{LogitsAnswer{s.teacher.logits()->logits.clone()}};
   for (int64_t i = 0; i < s.labels.size(0); ++i) {
     const int64_t l = s.labels[i].item<int64_t>();
     if (l < 0) continue;
     zl[i][l] = -kInf;
-    teacher.logits[i][l] = -kInf;
+    teacher.logits()->logits[i][l] = -kInf;
   }
   o.alpha = 0.5;
   EXPECT_FALSE(std::isfinite(distillLoss(zl, s.labels, teacher, o, 5.0).ce.item<double>()));
@@ -348,45 +344,45 @@ TEST(Losses, LogsumexpContradictingTheTopkIsRefused) {
     for (bool withTail : {false, true}) {
       SCOPED_TRACE(std::string(kind) + (withTail ? " with log tail" : ""));
       o.kind = lossKind(kind);
-      TeacherOutput good{{}, vals, idx, at::logsumexp(t, 1), {}};
-      if (withTail) good.logTail = at::logsumexp(t.scatter(1, idx, -kInf), 1);
+      TeacherOutput good{TopkAnswer{vals, idx, at::logsumexp(t, 1), {}}};
+      if (withTail) good.makeTopk().logTail = at::logsumexp(t.scatter(1, idx, -kInf), 1);
       EXPECT_NO_THROW(distillLoss(s.z, s.labels, good, o, 5.0));
       // What the top-k (and tail) say the logsumexp is.
       at::Tensor said = at::logsumexp(vals, 1);
-      if (withTail) said = at::logaddexp(said, good.logTail);
+      if (withTail) said = at::logaddexp(said, good.topk()->logTail);
       // Rounding within the tolerance (1e-4 in log space): accepted, renormalised.
       TeacherOutput close = good;
-      close.logsumexp = said - 0.5e-4;
+      close.makeTopk().logsumexp = said - 0.5e-4;
       EXPECT_NO_THROW(distillLoss(s.z, s.labels, close, o, 5.0));
       // Sent at T = 2 while the loss uses T = 1: the top-k "probabilities" sum above 1.
       TeacherOutput wrongT = good;
-      wrongT.logsumexp = at::logsumexp(t / 2.0, 1);
-      const int64_t first = (said - wrongT.logsumexp > 1e-3).nonzero()[0][0].item<int64_t>();
+      wrongT.makeTopk().logsumexp = at::logsumexp(t / 2.0, 1);
+      const int64_t first = (said - wrongT.topk()->logsumexp > 1e-3).nonzero()[0][0].item<int64_t>();
       std::string m = expectThrow<ProtocolError>([&] { distillLoss(s.z, s.labels, wrongT, o, 5.0); });
       EXPECT_NE(m.find("token row " + std::to_string(first) + " of 6"), std::string::npos) << m;
       std::ostringstream sent;
-      sent << "the sent logsumexp " << wrongT.logsumexp[first].item<double>() << " contradicts";
+      sent << "the sent logsumexp " << wrongT.topk()->logsumexp[first].item<double>() << " contradicts";
       EXPECT_NE(m.find(sent.str()), std::string::npos) << m;
       EXPECT_NE(m.find("another temperature"), std::string::npos) << m;
       // Only just beyond the tolerance, on one valid row.
       TeacherOutput off = good;
-      off.logsumexp = good.logsumexp.clone();
-      off.logsumexp[4] = said[4] - 2e-4;
+      off.makeTopk().logsumexp = good.topk()->logsumexp.clone();
+      off.topk()->logsumexp[4] = said[4] - 2e-4;
       m = expectThrow<ProtocolError>([&] { distillLoss(s.z, s.labels, off, o, 5.0); });
       EXPECT_NE(m.find("token row 4 of 6"), std::string::npos) << m;
       // ... but not on an ignored row (s.labels[2] is ignored), nor a NaN there.
       TeacherOutput ignored = good;
-      ignored.logsumexp = good.logsumexp.clone();
-      ignored.logsumexp[2] = std::nan("");
+      ignored.makeTopk().logsumexp = good.topk()->logsumexp.clone();
+      ignored.topk()->logsumexp[2] = std::nan("");
       EXPECT_NO_THROW(distillLoss(s.z, s.labels, ignored, o, 5.0));
       TeacherOutput nan = good;
-      nan.logsumexp = good.logsumexp.clone();
-      nan.logsumexp[1] = std::nan("");
+      nan.makeTopk().logsumexp = good.topk()->logsumexp.clone();
+      nan.topk()->logsumexp[1] = std::nan("");
       expectThrow<ProtocolError>([&] { distillLoss(s.z, s.labels, nan, o, 5.0); });
       if (withTail) {
         // With the tail the two must agree both ways: a logsumexp too large is refused too.
         TeacherOutput big = good;
-        big.logsumexp = good.logsumexp + 1e-3;
+        big.makeTopk().logsumexp = good.topk()->logsumexp + 1e-3;
         expectThrow<ProtocolError>([&] { distillLoss(s.z, s.labels, big, o, 5.0); });
       }
     }

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "distill/core/errors.h"
-#include "distill/core/protocol.h"
+#include "distill/core/answer_kinds.h"
 #include "distill/loss/losses.h"
 #include "support/expect_throw.h"
 #include "distill/teacher/server.h"
@@ -58,19 +58,19 @@ TEST(Losses, FusedCpuKernelMatchesAtenOps) {
           for (double temp : {1.0, 2.5}) {
             TeacherOutput teacher;
             if (std::string(mode) == "dense") {
-              teacher.logits = t;
+              teacher.makeLogits().logits = t;
             } else if (std::string(mode) == "dense_bf16") {
-              teacher.logits = t.to(at::kBFloat16); // converted chunk by chunk
+              teacher.makeLogits().logits = t.to(at::kBFloat16); // converted chunk by chunk
             } else {
               auto [vals, idx] = t.topk(k, 1);
-              teacher.topkValues = vals;
-              teacher.topkIndices = std::string(mode) == "topk" ? idx.to(at::kInt) : idx;
+              teacher.makeTopk().values = vals;
+              teacher.makeTopk().indices = std::string(mode) == "topk" ? idx.to(at::kInt) : idx;
               at::Tensor st = t.to(at::kDouble) / temp;
               if (std::string(mode) == "topk_lse" || std::string(mode) == "topk_tail") {
-                teacher.logsumexp = at::logsumexp(st, 1).to(dtype);
+                teacher.makeTopk().logsumexp = at::logsumexp(st, 1).to(dtype);
               }
               if (std::string(mode) == "topk_tail" || std::string(mode) == "tail_only") {
-                teacher.logTail = at::logsumexp(st.scatter(1, idx, -kInf), 1).to(dtype);
+                teacher.makeTopk().logTail = at::logsumexp(st.scatter(1, idx, -kInf), 1).to(dtype);
               }
             }
             for (const char* kind : {"forward_kl", "reverse_kl", "jsd"}) {
@@ -159,8 +159,8 @@ TEST(Losses, MemoryIsBoundedByChunks) {
           o.kind = lossKind(kind);
           o.temperature = 2.0;
           o.chunk_tokens = chunk;
-          TeacherOutput teacher = std::string(mode) == "dense" ? TeacherOutput{t, {}, {}, {}, {}}
-                                                               : TeacherOutput{{}, vals, idx.to(at::kInt), lse, {}};
+          TeacherOutput teacher = std::string(mode) == "dense" ? TeacherOutput{LogitsAnswer{t}}
+                                                               : TeacherOutput{TopkAnswer{vals, idx.to(at::kInt), lse, {}}};
           z.mutable_grad() = at::Tensor();
           const int64_t base = counting().live();
           counting().resetPeak();
@@ -218,12 +218,12 @@ TEST(Losses, HalfTeacherPayloadsComputeInFloat32) {
     SCOPED_TRACE(c10::toString(dtype));
     auto out = topkOutput(t, k, o.temperature, dtype);
     TeacherOutput half, up;
-    half.topkValues = out.at(protocol::kTopkValues);
-    ASSERT_EQ(half.topkValues.scalar_type(), dtype);
-    half.topkIndices = up.topkIndices = out.at(protocol::kTopkIndices);
-    half.logsumexp = up.logsumexp = out.at(protocol::kLogsumexp);
-    half.logTail = up.logTail = out.at(protocol::kLogTail);
-    up.topkValues = half.topkValues.to(at::kFloat);
+    half.makeTopk().values = out.at(protocol::kTopkValues);
+    ASSERT_EQ(half.topk()->values.scalar_type(), dtype);
+    half.makeTopk().indices = up.makeTopk().indices = out.at(protocol::kTopkIndices);
+    half.makeTopk().logsumexp = up.makeTopk().logsumexp = out.at(protocol::kLogsumexp);
+    half.makeTopk().logTail = up.makeTopk().logTail = out.at(protocol::kLogTail);
+    up.makeTopk().values = half.topk()->values.to(at::kFloat);
     auto [a, ga] = run(half);
     auto [b, gb] = run(up);
     EXPECT_EQ(a, b);
@@ -231,13 +231,13 @@ TEST(Losses, HalfTeacherPayloadsComputeInFloat32) {
     // And near the float32 answer: values rounded, the k + 1 buckets still sum to 1.
     auto f = topkOutput(t, k, o.temperature);
     TeacherOutput full;
-    full.topkValues = f.at(protocol::kTopkValues), full.topkIndices = f.at(protocol::kTopkIndices);
-    full.logsumexp = f.at(protocol::kLogsumexp), full.logTail = f.at(protocol::kLogTail);
+    full.makeTopk().values = f.at(protocol::kTopkValues), full.makeTopk().indices = f.at(protocol::kTopkIndices);
+    full.makeTopk().logsumexp = f.at(protocol::kLogsumexp), full.makeTopk().logTail = f.at(protocol::kLogTail);
     EXPECT_NEAR(a, run(full).first, 1e-2 * std::abs(a));
     // Dense logits in the same dtype.
     TeacherOutput dense, denseUp;
-    dense.logits = t.to(dtype);
-    denseUp.logits = dense.logits.to(at::kFloat);
+    dense.makeLogits().logits = t.to(dtype);
+    denseUp.makeLogits().logits = dense.logits()->logits.to(at::kFloat);
     auto [c, gc] = run(dense);
     auto [d, gd] = run(denseUp);
     EXPECT_EQ(c, d);

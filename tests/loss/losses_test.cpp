@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "distill/core/errors.h"
-#include "distill/core/protocol.h"
+#include "distill/core/answer_kinds.h"
 #include "distill/loss/losses.h"
 #include "support/expect_throw.h"
 #include "distill/teacher/server.h"
@@ -96,11 +96,11 @@ TeacherOutput teacherOf(const Case& c, at::ScalarType dtype) {
     auto it = c.t.find(n);
     return it == c.t.end() ? at::Tensor() : it->second;
   };
-  if (auto l = get("teacher_logits"); l.defined()) t.logits = l.to(dtype);
-  if (auto v = get("teacher_values"); v.defined()) t.topkValues = v.to(dtype);
-  t.topkIndices = get("teacher_indices");
-  if (auto l = get("teacher_lse"); l.defined()) t.logsumexp = l.to(dtype);
-  if (auto l = get("teacher_log_tail"); l.defined()) t.logTail = l.to(dtype);
+  if (auto l = get("teacher_logits"); l.defined()) t.makeLogits().logits = l.to(dtype);
+  if (auto v = get("teacher_values"); v.defined()) t.makeTopk().values = v.to(dtype);
+  if (auto i = get("teacher_indices"); i.defined()) t.makeTopk().indices = i;
+  if (auto l = get("teacher_lse"); l.defined()) t.makeTopk().logsumexp = l.to(dtype);
+  if (auto l = get("teacher_log_tail"); l.defined()) t.makeTopk().logTail = l.to(dtype);
   return t;
 }
 
@@ -275,12 +275,12 @@ TEST(Losses, GradientAccumulationMatchesOneBatch) {
     auto teacherOf = [&](const at::Tensor& t) {
       TeacherOutput out;
       if (std::string(mode) == "dense") {
-        out.logits = t;
+        out.makeLogits().logits = t;
       } else {
         auto [v, i] = t.topk(4, 1);
-        out.topkValues = v;
-        out.topkIndices = i;
-        out.logsumexp = at::logsumexp(t / o.temperature, 1);
+        out.makeTopk().values = v;
+        out.makeTopk().indices = i;
+        out.makeTopk().logsumexp = at::logsumexp(t / o.temperature, 1);
       }
       return out;
     };

@@ -37,13 +37,13 @@ inline Small smallProblem(const std::string& mode, double temperature, uint64_t 
   s.labels = at::randint(0, v, {n}, gen, at::kLong);
   s.labels[2] = -100;
   if (mode == "dense") {
-    s.teacher.logits = t;
+    s.teacher.makeLogits().logits = t;
   } else {
     auto [vals, idx] = t.topk(k, 1);
-    s.teacher.topkValues = vals;
-    s.teacher.topkIndices = idx.to(at::kInt);
-    if (mode != "topk") s.teacher.logsumexp = at::logsumexp(t / temperature, 1);
-    if (mode == "topk_tail") s.teacher.logTail = at::logsumexp((t / temperature).scatter(1, idx, -kInf), 1);
+    s.teacher.makeTopk().values = vals;
+    s.teacher.makeTopk().indices = idx.to(at::kInt);
+    if (mode != "topk") s.teacher.makeTopk().logsumexp = at::logsumexp(t / temperature, 1);
+    if (mode == "topk_tail") s.teacher.makeTopk().logTail = at::logsumexp((t / temperature).scatter(1, idx, -kInf), 1);
   }
   return s;
 }

@@ -60,9 +60,9 @@ Data makeData(uint64_t seed, bool denseExtra) {
 // with logsumexp ("topk_lse"), or with logsumexp and log tail ("topk_tail").
 TeacherOutput topkOf(const at::Tensor& t, int64_t k, const std::string& mode, double temperature) {
   auto [vals, idx] = t.topk(k, 1);
-  TeacherOutput o{{}, vals, idx.to(at::kInt), {}, {}};
-  if (mode != "topk") o.logsumexp = at::logsumexp(t / temperature, 1);
-  if (mode == "topk_tail") o.logTail = at::logsumexp((t / temperature).scatter(1, idx, -kInf), 1);
+  TeacherOutput o{TopkAnswer{vals, idx.to(at::kInt), {}, {}}};
+  if (mode != "topk") o.makeTopk().logsumexp = at::logsumexp(t / temperature, 1);
+  if (mode == "topk_tail") o.makeTopk().logTail = at::logsumexp((t / temperature).scatter(1, idx, -kInf), 1);
   return o;
 }
 
@@ -101,7 +101,7 @@ Outcome reference(const Data& d, const std::string& mode, const LossOptions& o, 
   const at::Tensor small = d.zt.narrow(1, 0, kVs).contiguous();
   if (mode == "dense") {
     return runLoss(d.zs, [&](const at::Tensor& z) {
-      return distillLoss(z, d.labels, TeacherOutput{small, {}, {}, {}, {}}, plain, norm);
+      return distillLoss(z, d.labels, TeacherOutput{LogitsAnswer{small}}, plain, norm);
     });
   }
   Outcome out;
@@ -138,7 +138,7 @@ at::Tensor closedFormMass(const Data& d, const std::string& mode, double tempera
 }
 
 TeacherOutput bigTeacher(const Data& d, const std::string& mode, double temperature) {
-  TeacherOutput t = mode == "dense" ? TeacherOutput{d.zt, {}, {}, {}, {}} : topkOf(d.zt, kK, mode, temperature);
+  TeacherOutput t = mode == "dense" ? TeacherOutput{LogitsAnswer{d.zt}} : topkOf(d.zt, kK, mode, temperature);
   t.vocab = kVt;
   return t;
 }
@@ -218,7 +218,7 @@ TEST(Vocab, PaddingRowsAreDroppedSilently) {
     EXPECT_EQ(r.massMax, 0.0) << mode;
     EXPECT_EQ(r.massSum, 0.0) << mode;
     // Same vocabularies: nothing truncated, nothing reported.
-    TeacherOutput same = mode == "dense" ? TeacherOutput{d.zt.narrow(1, 0, kVs), {}, {}, {}, {}}
+    TeacherOutput same = mode == "dense" ? TeacherOutput{LogitsAnswer{d.zt.narrow(1, 0, kVs)}}
                                          : topkOf(d.zt.narrow(1, 0, kVs), kK, mode, 1.0);
     LossResult plain = distillLoss(d.zs, d.labels, same, o, 10);
     EXPECT_EQ(plain.truncatedMassMax, -1.0);
@@ -247,7 +247,7 @@ TEST(Vocab, Errors) {
     EXPECT_NE(m.find(mode == "dense" ? "the most at id " : "of its top-"), std::string::npos) << m;
   }
   // A teacher vocabulary smaller than the student's: an error in both modes.
-  const TeacherOutput narrow{d.zt.narrow(1, 0, kVs - 4), {}, {}, {}, {}};
+  const TeacherOutput narrow{LogitsAnswer{d.zt.narrow(1, 0, kVs - 4)}};
   for (LossVocab v : {LossVocab::kError, LossVocab::kTruncate}) {
     LossOptions o = options(LossKind::kForwardKl, 1.0);
     o.vocab = v;
@@ -256,7 +256,7 @@ TEST(Vocab, Errors) {
     EXPECT_NE(m.find("student's 40"), std::string::npos) << m;
   }
   // A stated vocabulary the logits contradict.
-  TeacherOutput lying{d.zt, {}, {}, {}, {}};
+  TeacherOutput lying{LogitsAnswer{d.zt}};
   lying.vocab = kVt + 1;
   std::string m = expectThrow<ProtocolError>([&] { distillLoss(d.zs, d.labels, lying, errorMode, 10); });
   EXPECT_NE(m.find("49"), std::string::npos) << m;

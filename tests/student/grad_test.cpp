@@ -79,7 +79,7 @@ DISTILL_TEST_ROLE(grad_student) {
   for (int a = 0; a < cfg.student.grad_acc_steps; ++a) {
     Batch b = gradBatch(rank, a);
     distill::TeacherOutput t;
-    t.logits = b.teacher;
+    t.makeLogits().logits = b.teacher;
     distill::distillLoss(net->forward(b.ids), b.labels, t, cfg.loss, normalizer).loss.backward();
   }
   distill::allReduceGradients(ctx.group(), net->parameters(), cfg.student.bucket_mb);
@@ -127,7 +127,7 @@ DISTILL_TEST_ROLE(empty_step_student) {
     double loss = 0;
     for (auto& b : batches) {
       distill::TeacherOutput t;
-      t.logits = b.teacher;
+      t.makeLogits().logits = b.teacher;
       distill::LossResult r = distill::distillLoss(net->forward(b.ids), b.labels, t, cfg.loss, tokens);
       r.loss.backward();
       loss += r.loss.item<double>();
@@ -170,7 +170,7 @@ DISTILL_TEST_ROLE(broadcast_student) {
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
   Batch b = gradBatch(ctx.rank(), 0);
   distill::TeacherOutput t;
-  t.logits = b.teacher;
+  t.makeLogits().logits = b.teacher;
   const double tokens = distill::stepTokenCount(group, {b.labels}, cfg.loss.ignore_index);
   distill::distillLoss(net->forward(b.ids), b.labels, t, cfg.loss, tokens).loss.backward();
   distill::allReduceGradients(group, net->parameters(), cfg.student.bucket_mb);
@@ -221,7 +221,7 @@ DISTILL_TEST_ROLE(grad_sync_student) {
     for (int a = 0; a < G; ++a) {
       Batch b = gradBatch(rank, a + 10 * step);
       distill::TeacherOutput t;
-      t.logits = b.teacher;
+      t.makeLogits().logits = b.teacher;
       sync.setSyncing(a + 1 == G);
       const int64_t before = group.sequence();
       distill::distillLoss(overlapped->forward(b.ids), b.labels, t, cfg.loss, tokens).loss.backward();
@@ -297,7 +297,7 @@ TEST(StudentGrad, AccumulatedDataParallelGradientEqualsOneBatch) {
   }
   auto net = makeNet();
   distill::TeacherOutput t;
-  t.logits = at::cat(teacher);
+  t.makeLogits().logits = at::cat(teacher);
   at::Tensor all = at::cat(labels);
   const int64_t tokens = distill::countTokens(all, kIgnore);
   distill::distillLoss(net->forward(at::cat(ids)), all, t, job.config().loss, double(tokens)).loss.backward();

@@ -1,6 +1,6 @@
 // teacher.on_nonfinite's check (teacher/src/answer_check.h): -inf is legal,
 // NaN and +inf are found and described by row, position and count, relative to
-// a request's rows; masked tokens are marked as core/protocol.h says.
+// a request's rows; masked tokens are marked as core/answer_kinds.h says.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -8,7 +8,7 @@
 #include <string>
 
 #include "answer_check.h"
-#include "distill/core/protocol.h"
+#include "distill/core/answer_kinds.h"
 #include "distill/teacher/server.h"
 
 namespace {
@@ -56,11 +56,11 @@ TEST(AnswerCheck, MaskedTokensAreMarkedInFullAndTopkAnswers) {
   EXPECT_TRUE(at::isnan(x[1][2][3]).item<bool>()) << "the model's output is left as it is";
   EXPECT_FALSE(distill::findNonfinite(zeroed).has_value());
   std::map<std::string, at::Tensor> full{{distill::protocol::kLogits, zeroed.clone()}};
-  distill::markMasked(full, *nf);
+  distill::markMasked(full, distill::AnswerKind::kLogits, *nf);
   const at::Tensor rows = at::isnan(full.at(distill::protocol::kLogits)).all(-1);
   EXPECT_TRUE(at::equal(rows, nf->tokens));
   auto topk = distill::topkOutput(zeroed, 4, 1.0, at::kFloat);
-  distill::markMasked(topk, *nf);
+  distill::markMasked(topk, distill::AnswerKind::kTopk, *nf);
   EXPECT_TRUE(at::equal(at::isnan(topk.at(distill::protocol::kLogsumexp)), nf->tokens));
   EXPECT_FALSE(at::isnan(topk.at(distill::protocol::kTopkValues)).any().item<bool>());
 }

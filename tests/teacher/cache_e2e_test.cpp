@@ -60,8 +60,8 @@ DISTILL_TEST_ROLE(cache_student) {
     distill::TeacherReply reply = s.client->get(s.client->submit(rows.index_select(0, idx), step, 0));
     const distill::TeacherOutput o = reply.output();
     std::vector<at::Tensor> parts;
-    for (const at::Tensor& t : {o.logits, o.topkValues, o.topkIndices, o.logsumexp, o.logTail}) {
-      if (t.defined()) parts.push_back(t.cpu().clone());
+    for (const at::Tensor* t : o.tensors()) {
+      if (t->defined()) parts.push_back(t->cpu().clone());
     }
     for (int64_t j = 0; j < per; ++j) {
       for (const at::Tensor& t : parts) answers[size_t(idx[j].item<int64_t>())].push_back(t[j].clone());
@@ -121,8 +121,8 @@ DISTILL_TEST_ROLE(group_student) {
   int64_t step = 0;
   for (std::string g; std::getline(groups, g, ',');) {
     const distill::TeacherOutput o = s.client->get(s.client->submit(groupRows(rank, std::stoi(g)), step++, 0)).output();
-    for (const at::Tensor& t : {o.logits, o.topkValues, o.topkIndices, o.logsumexp, o.logTail}) {
-      if (t.defined()) saved.push_back(t.cpu().clone());
+    for (const at::Tensor* t : o.tensors()) {
+      if (t->defined()) saved.push_back(t->cpu().clone());
     }
   }
   s.client->finish();

@@ -25,7 +25,7 @@
 #include "cache/cache.h"
 #include "cache_store_dir.h"
 #include "distill/core/errors.h"
-#include "distill/core/protocol.h"
+#include "distill/core/answer_kinds.h"
 #include "distill/student/losses.h"
 #include "distill/teacher/server.h"
 #include "support/roles.h"

@@ -12,7 +12,7 @@
 
 #include "cache/cache.h"
 #include "distill/core/errors.h"
-#include "distill/core/protocol.h"
+#include "distill/core/answer_kinds.h"
 #include "distill/teacher/server.h"
 #include "cache_store_dir.h"
 #include "support/process.h"

@@ -25,7 +25,7 @@
 #include "cache/cache.h"
 #include "cache_store_dir.h"
 #include "distill/core/errors.h"
-#include "distill/core/protocol.h"
+#include "distill/core/answer_kinds.h"
 #include "distill/student/losses.h"
 #include "distill/teacher/server.h"
 #include "support/roles.h"
@@ -378,10 +378,10 @@ TEST(TeacherCacheEncoding, Float16ValuesBarelyMoveTheLoss) {
   at::Tensor labels = at::randint(0, 64, {8, 64}, at::make_generator<at::CPUGeneratorImpl>(3), at::kLong);
   auto out = [&](const Answer& a) {
     distill::TeacherOutput o;
-    o.topkValues = a.at("topk_values");
-    o.topkIndices = a.at("topk_indices");
-    o.logsumexp = a.at("logsumexp");
-    o.logTail = a.at("log_tail");
+    o.makeTopk().values = a.at("topk_values");
+    o.makeTopk().indices = a.at("topk_indices");
+    o.makeTopk().logsumexp = a.at("logsumexp");
+    o.makeTopk().logTail = a.at("log_tail");
     return distill::distillLoss(student, labels, o, lo, 8 * 64).loss.item<double>();
   };
   const double l32 = out(exact), l16 = out(rounded);
@@ -425,7 +425,7 @@ TEST(TeacherCacheEncoding, DenseRowsTakeTwoBytesPerLogit) {
   at::Tensor labels = at::randint(0, 64, {8, 64}, at::make_generator<at::CPUGeneratorImpl>(6), at::kLong);
   auto loss = [&](const at::Tensor& logits) {
     distill::TeacherOutput o;
-    o.logits = logits;
+    o.makeLogits().logits = logits;
     return distill::distillLoss(student, labels, o, lo, 8 * 64).loss.item<double>();
   };
   const double l32 = loss(exact), l16 = loss(asStored(exact));

@@ -11,7 +11,7 @@
 
 #include "cache/cache.h"
 #include "cache_store_dir.h"
-#include "distill/core/protocol.h"
+#include "distill/core/answer_kinds.h"
 #include "distill/teacher/server.h"
 
 namespace cache_testing {

@@ -12,7 +12,7 @@
 #include <functional>
 
 #include "distill/core/errors.h"
-#include "distill/core/protocol.h"
+#include "distill/core/answer_kinds.h"
 #include "distill/student/grad.h"
 #include "distill/student/init.h"
 #include "distill/student/losses.h"
@@ -82,14 +82,14 @@ distill::TeacherOutput shapeLikeServer(const at::Tensor& logits, const distill::
   if (cfg.teacher.topk == 0) {
     // teacher.cache stores float32 full logits as float16 and answers every row from the store.
     const bool cached = cfg.teacher.cache.mode != distill::CacheMode::kOff && dtype == at::kFloat;
-    o.logits = cached ? logits.to(at::kHalf).to(at::kFloat) : logits.to(dtype);
+    o.makeLogits().logits = cached ? logits.to(at::kHalf).to(at::kFloat) : logits.to(dtype);
     return o;
   }
   auto out = distill::topkOutput(logits, cfg.teacher.topk, cfg.loss.temperature, dtype);
-  o.topkValues = out.at(distill::protocol::kTopkValues);
-  o.topkIndices = out.at(distill::protocol::kTopkIndices);
-  o.logsumexp = out.at(distill::protocol::kLogsumexp);
-  o.logTail = out.at(distill::protocol::kLogTail);
+  o.makeTopk().values = out.at(distill::protocol::kTopkValues);
+  o.makeTopk().indices = out.at(distill::protocol::kTopkIndices);
+  o.makeTopk().logsumexp = out.at(distill::protocol::kLogsumexp);
+  o.makeTopk().logTail = out.at(distill::protocol::kLogTail);
   return o;
 }
 
@@ -133,10 +133,10 @@ DISTILL_TEST_ROLE(distill_student) {
     }
     ++gets;
     const distill::TeacherOutput sent = reply.output();
-    payload = c10::toString((sent.logits.defined() ? sent.logits : sent.topkValues).scalar_type());
-    if (cfg.teacher.topk > 0 && !(sent.logsumexp.defined() && sent.logTail.defined())) {
+    payload = c10::toString((sent.logits() ? sent.logits()->logits : sent.topk()->values).scalar_type());
+    if (cfg.teacher.topk > 0 && !(sent.topk()->logsumexp.defined() && sent.topk()->logTail.defined())) {
       std::fprintf(stderr, "reply %d: top-k answer without %s\n", k,
-                   sent.logsumexp.defined() ? "log_tail" : "logsumexp"); // the exact tail (losses.h)
+                   sent.topk()->logsumexp.defined() ? "log_tail" : "logsumexp"); // the exact tail (losses.h)
       return 1;
     }
     at::Tensor logits = table.index_select(0, mb.ids.reshape(-1)).view({kBatch, kSeq, kVocab});

@@ -9,14 +9,8 @@
 namespace distill::train_impl {
 
 at::Tensor maskedTokens(const TeacherOutput& teacher, int64_t tokens) {
-  at::Tensor marks;
-  if (teacher.logits.defined() && teacher.logits.dim() >= 1 && teacher.logits.size(-1) > 0) {
-    marks = at::isnan(teacher.logits.select(-1, 0));
-  } else if (teacher.logsumexp.defined()) {
-    marks = at::isnan(teacher.logsumexp);
-  } else {
-    return {};
-  }
+  at::Tensor marks = maskedMarks(teacher); // the answer kind's mark (answers.h)
+  if (!marks.defined()) return {};
   marks = marks.reshape(-1).cpu();
   if (marks.numel() != tokens || !marks.any().item<bool>()) return {};
   return marks;

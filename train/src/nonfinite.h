@@ -21,7 +21,7 @@ using LossFn = std::function<LossResult(const at::Tensor& labels, const TeacherO
 // The student's logits [n, V] of the flat token indices `index` (int64 [n], CPU).
 using RowsFn = std::function<at::Tensor(const at::Tensor& index)>;
 
-// The tokens the teacher marked as masked (core/protocol.h, "Masked tokens"):
+// The tokens the teacher marked as masked (core/answer_kinds.h, "Masked tokens"):
 // flat bool [tokens] on the CPU; undefined when there are none. One
 // synchronisation with the teacher output's device.
 at::Tensor maskedTokens(const TeacherOutput& teacher, int64_t tokens);

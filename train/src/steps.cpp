@@ -238,7 +238,7 @@ namespace {
 // CPU for a CUDA student, or with transport.cuda_ipc off.
 TeacherOutput onDevice(const TeacherOutput& t, const at::Device& d) {
   TeacherOutput o = t;
-  for (at::Tensor* x : {&o.logits, &o.topkValues, &o.topkIndices, &o.logsumexp, &o.logTail}) {
+  for (at::Tensor* x : o.tensors()) {
     if (x->defined() && x->device() != d) *x = x->to(d, /*non_blocking=*/true);
   }
   return o;

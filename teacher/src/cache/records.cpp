@@ -18,7 +18,7 @@
 
 #include "distill/core/checksum.h"
 #include "distill/core/errors.h"
-#include "distill/core/protocol.h"
+#include "distill/core/answer_kinds.h"
 
 namespace distill {
 namespace {

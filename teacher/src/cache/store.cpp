@@ -24,7 +24,7 @@
 
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
-#include "distill/core/protocol.h"
+#include "distill/core/answer_kinds.h"
 #include "distill/core/strings.h"
 #include "distill/core/sys.h"
 #include "files.h"

@@ -7,10 +7,9 @@
 // starts), not a failure at the first large batch.
 //
 // A request holds teacher.inputs, each taken as one int64 per token (token
-// ids [B, T], as teacher.max_batch_tokens counts them). An answer holds, per
-// token, top-k values (teacher.payload_dtype) + int32 indices + float32
-// logsumexp and log tail, or full logits of teacher.vocab_size entries in
-// teacher.payload_dtype. Each tensor starts at a 64-byte boundary of the slot.
+// ids [B, T], as teacher.max_batch_tokens counts them). An answer holds the
+// tensors of the configured answer kind (answer_kinds.h, answerBytes). Each
+// tensor starts at a 64-byte boundary of the slot.
 
 #include <cstdint>
 #include <string>

@@ -33,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "distill/core/answer_kinds.h"
 #include "distill/core/clock.h"
 #include "distill/core/options.h"
 #include "distill/core/tag.h"
@@ -61,6 +62,7 @@ struct OutMessage {
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   std::string errorText; // kind == kError: the message (truncated to 463 bytes)
   int64_t vocab = 0; // kind == kResponse: the teacher's vocabulary size (0 = not stated; < 2^32)
+  AnswerKind answer{}; // kind == kResponse: what its tensors are (core/answer_kinds.h); 0 otherwise
 };
 
 // A tensor to build directly in a (host) slot (in-slot allocation).
@@ -105,8 +107,13 @@ class ReceivedMessage {
   int student() const { return student_; } // local student index of the ring it came from
   const std::string& errorText() const { return errorText_; }
   int64_t vocab() const { return vocab_; } // the teacher's vocabulary size it stated (0: none)
+  // A response's answer kind as sent: a code of core/answer_kinds.h, unchecked here
+  // (findAnswerKind, answerMismatch); 0 for other kinds of message.
+  uint8_t answer() const { return answer_; }
   std::vector<std::string> names() const;
   bool has(const std::string& name) const;
+  // Every tensor's name, dtype and shape, from the header (no tensor is made): answerMismatch's input.
+  std::vector<TensorFacts> facts() const;
 
   // The tensor in place (no copy); valid only while the message is held.
   at::Tensor view(const std::string& name) const;
@@ -144,6 +151,7 @@ class ReceivedMessage {
   int student_ = -1;
   std::string errorText_;
   int64_t vocab_ = 0;
+  uint8_t answer_ = 0;
   std::array<Desc, kMaxTensors> tensors_{};
   int ntensors_ = 0;
 };

@@ -6,8 +6,9 @@
 // bounded in forward AND backward.
 //
 // Shapes. Student logits [..., V] (leading dims are flattened to N tokens),
-// labels [...] with N elements (int64). Teacher: full logits with the student's
-// shape, or top-k: values [N, k] (the teacher's LOGITS of its top-k tokens,
+// labels [...] with N elements (int64). Teacher (TeacherOutput, answers.h: one
+// struct per answer kind): full logits (LogitsAnswer) with the student's
+// shape, or top-k (TopkAnswer): values [N, k] (the teacher's LOGITS of its top-k tokens,
 // not probabilities) and indices [N, k] (int32 or int64, unique per row), with
 // an optional per-token log-sum-exp [N] and log tail mass [N]. Any leading dims
 // may be used as long as they flatten to N. Every tensor must be on the student logits' device.
@@ -76,6 +77,7 @@
 #include <cstdint>
 
 #include "distill/core/options.h"
+#include "distill/loss/answers.h"
 
 namespace distill {
 
@@ -87,20 +89,6 @@ namespace distill {
 // small |logsumexp| and sloppier producers. A logsumexp at another temperature
 // is off by O(max logit * |1/T - 1/T'|), orders of magnitude more.
 constexpr double kLogsumexpTolerance = 1e-4;
-
-// What the teacher sent for one micro-batch: dense when `logits` is defined,
-// top-k otherwise.
-struct TeacherOutput {
-  at::Tensor logits; // [N, V] (or the student's shape): full teacher logits
-  at::Tensor topkValues; // [N, k]: the teacher's logits of its top-k tokens
-  at::Tensor topkIndices; // [N, k] int32 | int64: their token ids, unique per row
-  at::Tensor logsumexp; // optional [N]: logsumexp(teacher logits / T) over the full vocab
-  at::Tensor logTail; // optional [N]: logsumexp(teacher logits / T) over the NON-top-k
-                      // tokens, -inf when k = V: the exact tail mass (see above)
-  int64_t vocab = 0; // the teacher's vocabulary size V_t as it stated it (0: not stated; the width
-                     // of `logits` then for a dense teacher); checked against the student's, see
-                     // "Vocabularies that differ" above
-};
 
 struct LossResult {
   at::Tensor loss; // 0-dim: alpha * kd + (1 - alpha) * ce; the only one with a gradient

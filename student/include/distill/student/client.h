@@ -60,6 +60,8 @@ class TeacherReply {
   TeacherOutput output() const;
   // The teacher's vocabulary size as it stated it (0: not stated).
   int64_t vocab() const { return vocab_; }
+  // The answer's kind (core/answer_kinds.h), as the message said and its tensors match.
+  AnswerKind kind() const { return kind_; }
   // Any named tensor of the answer (hidden states).
   at::Tensor tensor(const std::string& name) const;
   bool has(const std::string& name) const;
@@ -70,6 +72,7 @@ class TeacherReply {
   friend class Client;
   Handle handle_;
   int64_t vocab_ = 0;
+  AnswerKind kind_ = AnswerKind::kLogits;
   std::vector<std::pair<std::string, at::Tensor>> tensors_;
   std::unique_ptr<ipc::ReceivedMessage> held_; // view mode only
 };

@@ -1,0 +1,165 @@
+#include "distill/core/answer_kinds.h"
+
+#include <set>
+#include <sstream>
+
+#include "distill/core/errors.h"
+#include "distill/core/payload.h"
+
+namespace distill {
+namespace {
+
+std::string shapeText(const std::vector<int64_t>& shape) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  os << "]";
+  return os.str();
+}
+
+bool dtypeFits(DtypeRule rule, c10::ScalarType t) {
+  switch (rule) {
+    case DtypeRule::kPayload:
+      return t == c10::kFloat || t == c10::kBFloat16 || t == c10::kHalf;
+    case DtypeRule::kInt32:
+      return t == c10::kInt;
+    case DtypeRule::kFloat32:
+      return t == c10::kFloat;
+  }
+  return false;
+}
+
+const char* dtypeRuleName(DtypeRule rule) {
+  switch (rule) {
+    case DtypeRule::kPayload:
+      return "float32 | bfloat16 | float16 (teacher.payload_dtype)";
+    case DtypeRule::kInt32:
+      return "int32";
+    case DtypeRule::kFloat32:
+      return "float32";
+  }
+  return "?";
+}
+
+} // namespace
+
+const std::vector<AnswerKindSpec>& answerKinds() {
+  static const std::vector<AnswerKindSpec> kinds{
+      {AnswerKind::kLogits,
+       "logits",
+       "full logits",
+       {{protocol::kLogits, DtypeRule::kPayload, ShapeRule::kVocab, false}},
+       protocol::kLogits,
+       true},
+      {AnswerKind::kTopk,
+       "topk",
+       "top-k",
+       {{protocol::kTopkValues, DtypeRule::kPayload, ShapeRule::kTopk, false},
+        {protocol::kTopkIndices, DtypeRule::kInt32, ShapeRule::kTopk, false},
+        {protocol::kLogsumexp, DtypeRule::kFloat32, ShapeRule::kToken, true},
+        {protocol::kLogTail, DtypeRule::kFloat32, ShapeRule::kToken, true}},
+       protocol::kLogsumexp,
+       true},
+  };
+  return kinds;
+}
+
+const AnswerKindSpec* findAnswerKind(uint8_t code) {
+  for (const AnswerKindSpec& k : answerKinds()) {
+    if (static_cast<uint8_t>(k.kind) == code) return &k;
+  }
+  return nullptr;
+}
+
+const AnswerKindSpec& answerKind(AnswerKind kind) {
+  const AnswerKindSpec* k = findAnswerKind(static_cast<uint8_t>(kind));
+  DISTILL_INTERNAL_ASSERT(k != nullptr, "answer kind ", int(kind), " is in no row of answerKinds()");
+  return *k;
+}
+
+AnswerKind answerKindOf(const TeacherOptions& t) { return t.topk > 0 ? AnswerKind::kTopk : AnswerKind::kLogits; }
+
+std::string describeAnswer(const TeacherOptions& t, const char* vocab) {
+  if (answerKindOf(t) == AnswerKind::kTopk) return "top-" + std::to_string(t.topk);
+  return vocab && t.vocab_size > 0 ? "full logits of " + std::string(vocab) + std::to_string(t.vocab_size)
+                                   : "full logits";
+}
+
+int64_t elementsPerToken(const TeacherOptions& t, ShapeRule rule) {
+  switch (rule) {
+    case ShapeRule::kVocab:
+      return t.vocab_size;
+    case ShapeRule::kTopk:
+      return t.topk;
+    case ShapeRule::kToken:
+      return 1;
+  }
+  return 0;
+}
+
+int64_t elementBytes(const TeacherOptions& t, DtypeRule rule) {
+  return rule == DtypeRule::kPayload ? payloadValueBytes(t) : 4;
+}
+
+int64_t answerBytes(const TeacherOptions& t, int64_t tokens, int64_t align) {
+  int64_t total = 0;
+  for (const AnswerTensor& a : answerKind(answerKindOf(t)).tensors) {
+    const int64_t each = elementsPerToken(t, a.shape);
+    if (each <= 0) return 0;
+    total += (tokens * each * elementBytes(t, a.dtype) + align - 1) / align * align;
+  }
+  return total;
+}
+
+double answerBytesPerToken(const TeacherOptions& t) {
+  double total = 0;
+  for (const AnswerTensor& a : answerKind(answerKindOf(t)).tensors) {
+    const int64_t each = elementsPerToken(t, a.shape);
+    if (each <= 0) return 0;
+    total += double(each * elementBytes(t, a.dtype));
+  }
+  return total;
+}
+
+std::string answerMismatch(uint8_t code, const std::vector<TensorFacts>& tensors) {
+  const AnswerKindSpec* kind = findAnswerKind(code);
+  if (!kind) return "an answer of unknown kind " + std::to_string(int(code)) + " (a teacher of another build?)";
+  std::ostringstream why;
+  const std::string of = std::string("a ") + kind->name + " answer: ";
+  std::set<std::string> seen;
+  std::vector<int64_t> lead; // the leading dims, from the first per-token tensor met
+  bool haveLead = false;
+  for (const AnswerTensor& a : kind->tensors) {
+    const TensorFacts* f = nullptr;
+    for (const TensorFacts& t : tensors) {
+      if (t.name == a.name) f = &t;
+    }
+    if (!f) {
+      if (a.optional) continue;
+      why << of << "no tensor '" << a.name << "'; found:";
+      for (const TensorFacts& t : tensors) why << " " << t.name;
+      return why.str();
+    }
+    if (!dtypeFits(a.dtype, f->dtype)) {
+      return of + "'" + a.name + "' is " + c10::toString(f->dtype) + ", expected " + dtypeRuleName(a.dtype);
+    }
+    const size_t trailing = a.shape == ShapeRule::kToken ? 0 : 1;
+    if (f->shape.size() < trailing + 1) return of + "'" + a.name + "' has shape " + shapeText(f->shape);
+    std::vector<int64_t> l(f->shape.begin(), f->shape.end() - trailing);
+    if (haveLead && l != lead) {
+      return of + "'" + a.name + "' has shape " + shapeText(f->shape) + ", its tokens " + shapeText(l) +
+          " are not those of the answer's other tensors " + shapeText(lead);
+    }
+    lead = l;
+    haveLead = true;
+  }
+  for (const TensorFacts& t : tensors) {
+    if (!seen.insert(t.name).second) return of + "tensor '" + t.name + "' twice";
+    bool own = false;
+    for (const AnswerTensor& a : kind->tensors) own = own || t.name == a.name;
+    if (!own && !kind->hiddenStates) return of + "tensor '" + t.name + "' is not one of its kind";
+  }
+  return "";
+}
+
+} // namespace distill

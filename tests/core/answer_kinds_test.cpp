@@ -1,0 +1,68 @@
+// The answer kinds table (core/answer_kinds.h): each kind's bytes per token
+// are what the payload sizes took before the table owned them, and a
+// response's tensors are checked against the kind it says it is.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "distill/core/answer_kinds.h"
+#include "distill/core/payload.h"
+
+namespace {
+
+using distill::AnswerKind;
+using distill::TensorFacts;
+namespace protocol = distill::protocol;
+
+int64_t aligned(int64_t n) { return (n + 63) / 64 * 64; }
+
+TEST(AnswerKinds, BytesPerTokenAreTheKindsTensors) {
+  distill::TeacherOptions t;
+  t.vocab_size = 1000;
+  t.payload_dtype = distill::PayloadDtype::kBFloat16;
+  EXPECT_EQ(distill::answerKindOf(t), AnswerKind::kLogits);
+  EXPECT_EQ(distill::answerBytes(t, 10, 64), aligned(10 * 1000 * 2));
+  EXPECT_EQ(distill::answerBytesPerToken(t), 2000.0);
+  t.topk = 8;
+  EXPECT_EQ(distill::answerKindOf(t), AnswerKind::kTopk);
+  EXPECT_EQ(distill::answerBytes(t, 10, 64), aligned(10 * 8 * 2) + aligned(10 * 8 * 4) + 2 * aligned(10 * 4));
+  EXPECT_EQ(distill::answerBytesPerToken(t), double(8 * (2 + 4) + 8));
+  t.topk = 0;
+  t.vocab_size = 0;
+  EXPECT_EQ(distill::answerBytes(t, 10, 64), 0) << "full logits of an unknown vocabulary";
+}
+
+TEST(AnswerKinds, EveryKindHasARowAndItsMaskedTensor) {
+  for (const auto& k : distill::answerKinds()) {
+    EXPECT_EQ(distill::findAnswerKind(static_cast<uint8_t>(k.kind)), &k);
+    bool masked = false;
+    for (const auto& a : k.tensors) masked = masked || std::string(a.name) == k.masked;
+    EXPECT_TRUE(masked) << k.name;
+  }
+  EXPECT_EQ(distill::findAnswerKind(0), nullptr);
+  EXPECT_EQ(distill::findAnswerKind(99), nullptr);
+}
+
+TEST(AnswerKinds, AResponseMustMatchItsKind) {
+  const uint8_t topk = static_cast<uint8_t>(AnswerKind::kTopk);
+  const uint8_t logits = static_cast<uint8_t>(AnswerKind::kLogits);
+  std::vector<TensorFacts> sent{{protocol::kTopkValues, c10::kHalf, {2, 3, 8}},
+                                {protocol::kTopkIndices, c10::kInt, {2, 3, 8}},
+                                {protocol::kLogsumexp, c10::kFloat, {2, 3}},
+                                {protocol::kLogTail, c10::kFloat, {2, 3}}};
+  EXPECT_EQ(distill::answerMismatch(topk, sent), "");
+  EXPECT_NE(distill::answerMismatch(logits, sent).find("no tensor 'logits'"), std::string::npos);
+  EXPECT_NE(distill::answerMismatch(7, sent).find("unknown kind 7"), std::string::npos);
+  auto wrong = sent;
+  wrong[1].dtype = c10::kLong;
+  EXPECT_NE(distill::answerMismatch(topk, wrong).find("'topk_indices' is Long, expected int32"), std::string::npos)
+      << distill::answerMismatch(topk, wrong);
+  wrong = sent;
+  wrong[2].shape = {2, 4};
+  EXPECT_NE(distill::answerMismatch(topk, wrong).find("'logsumexp' has shape [2, 4]"), std::string::npos);
+  std::vector<TensorFacts> dense{{protocol::kLogits, c10::kFloat, {2, 3, 50}}, {"h", c10::kFloat, {2, 3, 16}}};
+  EXPECT_EQ(distill::answerMismatch(logits, dense), "") << "hidden states ride along";
+}
+
+} // namespace
