@@ -222,7 +222,7 @@ std::vector<std::string> Segment::removeStale(const std::string& prefix) {
       removed.push_back(n + " (creator pid " + std::to_string(pid) + ")");
     removeHeadObjects(n);
   }
-  for (auto& n : removeOrphanHeads(prefix)) removed.push_back(n + " (its segment is gone)");
+  for (auto& n : removeOrphanHeads(prefix)) removed.push_back(n + " (a teacher head whose segment is gone)");
   return removed;
 }
 

@@ -196,7 +196,7 @@ TEST(SharedHead, RemovedWithItsSegmentAndByTheStaleSweep) {
   SharedHead::publish(sn.name, TestHead(64, 32, 1.0f, false).bytes);
   auto removed = Segment::removeStale(sn.name);
   ASSERT_EQ(removed.size(), 1u);
-  EXPECT_EQ(removed[0], headObjectName(sn.name) + " (its segment is gone)");
+  EXPECT_EQ(removed[0], headObjectName(sn.name) + " (a teacher head whose segment is gone)");
   EXPECT_TRUE(shmObjects(sn.name).empty());
   // Waiting for a head nobody publishes ends at the deadline, naming the reader and the object.
   try {
