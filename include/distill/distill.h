@@ -25,6 +25,7 @@
 #include "distill/student/grad.h"
 #include "distill/student/grad_sync.h"
 #include "distill/student/init.h"
+#include "distill/student/teacher_head.h"
 #include "distill/loss/hidden_head.h"
 #include "distill/loss/losses.h"
 #include "distill/teacher/model.h"

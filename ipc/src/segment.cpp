@@ -21,6 +21,7 @@
 
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
+#include "distill/ipc/shared_head.h"
 #include "segment_impl.h"
 #include "sys.h"
 
@@ -121,7 +122,7 @@ std::vector<std::string> Segment::removeStale(const std::string& prefix) {
   if (DIR* d = ::opendir("/dev/shm")) {
     while (const dirent* e = ::readdir(d)) {
       const std::string n = e->d_name;
-      if (n.compare(0, prefix.size(), prefix) == 0) names.push_back(n);
+      if (n.compare(0, prefix.size(), prefix) == 0 && n.find(".head") == std::string::npos) names.push_back(n);
     }
     ::closedir(d);
   }
@@ -141,7 +142,9 @@ std::vector<std::string> Segment::removeStale(const std::string& prefix) {
     if (pid <= 0 || pid == ::getpid() || sys::pidState(pid) != sys::PidState::kGone) continue;
     if (bip::shared_memory_object::remove(n.c_str()))
       removed.push_back(n + " (creator pid " + std::to_string(pid) + ")");
+    removeHeadObjects(n);
   }
+  for (auto& n : removeOrphanHeads(prefix)) removed.push_back(n + " (a teacher head whose segment is gone)");
   return removed;
 }
 
@@ -301,7 +304,10 @@ Segment Segment::attach(const std::string& name, const std::string& jobId, const
   return Segment(makeImpl(name, std::move(m), l));
 }
 
-bool Segment::remove(const std::string& name) { return bip::shared_memory_object::remove(name.c_str()); }
+bool Segment::remove(const std::string& name) {
+  removeHeadObjects(name); // the teacher's head lives and dies with its segment
+  return bip::shared_memory_object::remove(name.c_str());
+}
 
 bool Segment::exists(const std::string& name) {
   try {

@@ -143,4 +143,63 @@ bool validateHeader(const SlotHeader& h, size_t slotCapacity, std::string* why) 
   return true;
 }
 
+uint32_t headHeaderChecksum(const HeadHeader& h) {
+  static_assert(offsetof(HeadHeader, checksum) == 12, "checksum field");
+  return crcSkipping(reinterpret_cast<const unsigned char*>(&h), offsetof(HeadHeader, complete),
+                     offsetof(HeadHeader, checksum));
+}
+
+namespace {
+
+// `count` elements of `item` bytes, false on overflow.
+bool productBytes(int64_t a, int64_t b, int64_t item, uint64_t* out) {
+  uint64_t n = 0;
+  return !__builtin_mul_overflow(uint64_t(a), uint64_t(b), &n) && !__builtin_mul_overflow(n, uint64_t(item), out);
+}
+
+} // namespace
+
+bool validateHeadHeader(const HeadHeader& h, uint64_t fileBytes, std::string* why) {
+  auto fail = [&](auto&&... parts) {
+    if (why) {
+      std::ostringstream os;
+      (os << ... << parts);
+      *why = os.str();
+    }
+    return false;
+  };
+  if (h.magic != kHeadMagic) return fail("bad magic 0x", std::hex, h.magic, " (expected 0x", kHeadMagic, ")");
+  if (h.layoutVersion != kHeadLayoutVersion)
+    return fail("head layout version ", h.layoutVersion, " but this build reads ", kHeadLayoutVersion);
+  if (h.complete.load(std::memory_order_acquire) != 1) return fail("not complete (its writer never finished it)");
+  const uint32_t sum = headHeaderChecksum(h);
+  if (h.checksum != sum) return fail("header checksum 0x", std::hex, h.checksum, " != computed 0x", sum);
+  if (h.totalBytes > fileBytes)
+    return fail("truncated: the header says ", h.totalBytes, " bytes, the object holds ", fileBytes);
+  const auto d = static_cast<DType>(h.dtype);
+  if (d != DType::kFloat32 && d != DType::kFloat16 && d != DType::kBFloat16)
+    return fail("dtype ", dtypeName(h.dtype), " (", h.dtype, ") is not float32, float16 or bfloat16");
+  if (h.vocab < 1 || h.dim < 1) return fail("shape [", h.vocab, ", ", h.dim, "] has a dimension < 1");
+  if (h.hasBias > 1) return fail("hasBias ", h.hasBias, " is not 0 or 1");
+  uint64_t wBytes = 0, bBytes = 0;
+  if (!productBytes(h.vocab, h.dim, itemSize(d), &wBytes) || !productBytes(h.vocab, 1, itemSize(d), &bBytes))
+    return fail("shape [", h.vocab, ", ", h.dim, "] overflows a byte count");
+  if (h.weightBytes != wBytes) return fail("weightBytes ", h.weightBytes, " != ", wBytes, " for its shape");
+  if (h.biasBytes != (h.hasBias ? bBytes : 0)) return fail("biasBytes ", h.biasBytes, " for hasBias ", h.hasBias);
+  auto inBounds = [&](uint64_t off, uint64_t n) {
+    return off % kPayloadAlign == 0 && off >= kHeadHeaderBytes && off <= h.totalBytes && n <= h.totalBytes - off;
+  };
+  if (!inBounds(h.weightOffset, h.weightBytes))
+    return fail("weight [", h.weightOffset, ", +", h.weightBytes, ") misaligned or outside [", kHeadHeaderBytes,
+                ", ", h.totalBytes, ")");
+  if (h.hasBias && !inBounds(h.biasOffset, h.biasBytes))
+    return fail("bias [", h.biasOffset, ", +", h.biasBytes, ") misaligned or outside [", kHeadHeaderBytes, ", ",
+                h.totalBytes, ")");
+  if (h.hasBias && h.biasOffset < h.weightOffset + h.weightBytes && h.weightOffset < h.biasOffset + h.biasBytes)
+    return fail("bias [", h.biasOffset, ", +", h.biasBytes, ") overlaps the weight");
+  if (!(h.softcap >= 0) || h.softcap > 1e300) return fail("softcap ", h.softcap, " is not finite and >= 0");
+  if (!(h.scale > 0) || h.scale > 1e300) return fail("scale ", h.scale, " is not finite and > 0");
+  return true;
+}
+
 } // namespace distill::ipc::wire

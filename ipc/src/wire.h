@@ -366,4 +366,46 @@ static_assert(offsetof(RingHeader, tail) == 64 && offsetof(RingHeader, cudaMem) 
 // After each RingHeader: `slots` event handles (ringEventsBytes), then the slots.
 constexpr size_t ringEventsBytes(int slots) { return alignUp(size_t(slots) * kCudaIpcHandleBytes, kCacheLine); }
 
+// ---- The teacher's head object (shared_head.h; docs/design.md, "The teacher's head") ---------------
+// A POSIX shared-memory object of its own beside the segment, "<segment>.head": this header at
+// byte 0, then the weight [vocab, dim] and the bias [vocab] (if any), row-major, each at a
+// multiple of kPayloadAlign. Written whole under a temporary name and renamed into place, so a
+// visible object is complete; `complete` (stored 1 last, release) and the checksum catch one that
+// is not (another writer, a corrupt file). Not part of the segment: no kLayoutVersion bump;
+// kHeadLayoutVersion versions it.
+
+constexpr uint64_t kHeadMagic = 0x3144414548544944ull; // "DITHEAD1", little endian
+constexpr uint32_t kHeadLayoutVersion = 1;
+constexpr size_t kHeadHeaderBytes = 4096; // the data start after one page
+constexpr int kFingerprintBytes = 32; // SHA-256
+
+struct HeadHeader {
+  uint64_t magic; // kHeadMagic
+  uint32_t layoutVersion; // kHeadLayoutVersion
+  uint32_t checksum; // CRC32C of the bytes before `complete`, this field as 0
+  uint64_t generation; // 1 for the first head published beside a segment, +1 at each republish
+  uint64_t totalBytes; // the object's size; the reader checks the file holds as many
+  uint32_t dtype; // DType: kFloat32, kFloat16 or kBFloat16
+  uint32_t hasBias; // 0 or 1
+  int64_t vocab; // V_t >= 1
+  int64_t dim; // d_t >= 1
+  double softcap; // >= 0, 0 = none
+  double scale; // > 0, 1 = none
+  uint64_t weightOffset, weightBytes; // vocab * dim * itemSize(dtype)
+  uint64_t biasOffset, biasBytes; // vocab * itemSize(dtype), or 0 and 0
+  int32_t publisherPid; // the teacher process that wrote it
+  uint32_t reserved;
+  uint8_t fingerprint[kFingerprintBytes]; // SHA-256 (headFingerprint)
+  std::atomic<uint32_t> complete; // 1 once everything above and the data are written (release)
+};
+static_assert(offsetof(HeadHeader, fingerprint) == 112 && sizeof(HeadHeader) <= kHeadHeaderBytes,
+              "HeadHeader layout");
+uint32_t headHeaderChecksum(const HeadHeader& h);
+
+// Validates a head object's header against the bytes the file holds (`fileBytes`, from fstat):
+// magic, version, complete flag, checksum, dtype, dims, byte counts (overflow-checked), alignment,
+// bounds, no overlap, softcap and scale. False with `why` naming the field and its values.
+// Reads only the header: call it before touching any data byte (a short file would SIGBUS).
+bool validateHeadHeader(const HeadHeader& h, uint64_t fileBytes, std::string* why);
+
 } // namespace distill::ipc::wire

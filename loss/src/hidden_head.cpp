@@ -102,9 +102,7 @@ Problem prepareHidden(const StudentShape& z, const at::Tensor& labels, const Hid
   TeacherOutput standIn;
   standIn.makeLogits().logits = at::empty({1, z.v}, t.w.options()).expand({z.n, z.v});
   Problem pb = prepare(z, labels, standIn, o, normalizer);
-  TeacherOutput stated;
-  stated.vocab = t.vt;
-  pb.vt = teacherVocab(pb, stated, o);
+  pb.vt = teacherVocab(pb, t.vt, -1, o); // the head's vocabulary, as a dense teacher's would be
   pb.tLogits = at::Tensor();
   return pb;
 }

@@ -107,14 +107,17 @@ class Segment {
   static Segment attach(const std::string& name, const std::string& jobId, const std::optional<SegmentLayout>& expected,
                         Deadline deadline);
 
-  // Launcher only. Removes the name (mappings stay valid); false if it did not exist.
+  // Launcher only. Removes the name (mappings stay valid) and the teacher's
+  // head object beside it (shared_head.h); false if the segment did not exist.
   static bool remove(const std::string& name);
   static bool exists(const std::string& name);
   // Launcher only, before it creates its own: removes every segment in
   // /dev/shm whose name starts with `prefix` and whose creator pid is gone
   // (left by a distill-run that was SIGKILLed). Segments not yet initialised,
-  // not ours to open, or whose creator lives are left alone. Returns what it
-  // removed, with the dead creator's pid: "distill-ab12-n0 (creator pid 4242)".
+  // not ours to open, or whose creator lives are left alone. The head objects
+  // of the segments it removes go too, and any head whose segment is gone.
+  // Returns what it removed, with the dead creator's pid: "distill-ab12-n0
+  // (creator pid 4242)", "distill-ab12-n0.head (a teacher head whose segment is gone)".
   static std::vector<std::string> removeStale(const std::string& prefix);
 
   const std::string& name() const;

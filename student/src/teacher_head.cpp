@@ -1,0 +1,89 @@
+#include "distill/student/teacher_head.h"
+
+#include <ATen/ATen.h>
+
+#include "distill/core/errors.h"
+#include "distill/core/logging.h"
+
+namespace distill {
+
+namespace {
+
+at::ScalarType scalarType(ipc::HeadDType d) {
+  switch (d) {
+    case ipc::HeadDType::kFloat32:
+      return at::kFloat;
+    case ipc::HeadDType::kFloat16:
+      return at::kHalf;
+    case ipc::HeadDType::kBFloat16:
+      return at::kBFloat16;
+  }
+  DISTILL_INTERNAL_ASSERT(false, "head dtype ", uint32_t(d), " passed validation");
+}
+
+// A tensor over read-only mapped bytes; its deleter holds the mapping.
+at::Tensor view(const void* data, at::IntArrayRef shape, at::ScalarType type, std::shared_ptr<const void> keep) {
+  // from_blob wants void*: the memory is PROT_READ and only ever read (teacher_head.h).
+  return at::from_blob(
+      const_cast<void*>(data), shape, [keep = std::move(keep)](void*) mutable { keep.reset(); },
+      at::TensorOptions().dtype(type).device(at::kCPU));
+}
+
+} // namespace
+
+TeacherHead teacherHeadView(const ipc::SharedHead& shared) {
+  const at::ScalarType type = scalarType(shared.dtype());
+  TeacherHead h;
+  h.weight = view(shared.weight(), {shared.vocab(), shared.dim()}, type, shared.keepAlive());
+  if (shared.hasBias()) h.bias = view(shared.bias(), {shared.vocab()}, type, shared.keepAlive());
+  h.softcap = shared.softcap();
+  h.scale = shared.scale();
+  validateTeacherHead(h);
+  return h;
+}
+
+MappedTeacherHead::MappedTeacherHead(std::string segmentName, ipc::HeadReader reader, HeadChange onChange,
+                                     ipc::SharedHead shared)
+    : segmentName_(std::move(segmentName)),
+      reader_(std::move(reader)),
+      onChange_(onChange),
+      shared_(std::move(shared)),
+      head_(teacherHeadView(shared_)) {}
+
+MappedTeacherHead MappedTeacherHead::open(const std::string& segmentName, const ipc::HeadReader& reader,
+                                          Deadline deadline, HeadChange onChange) {
+  return MappedTeacherHead(segmentName, reader, onChange, ipc::SharedHead::open(segmentName, reader, deadline));
+}
+
+bool MappedTeacherHead::adopt(ipc::SharedHead next) {
+  const bool changed = next.fingerprint() != shared_.fingerprint();
+  if (changed && onChange_ == HeadChange::kRefuse)
+    DISTILL_THROW(IpcError, reader_.role, " rank ", reader_.rank, ": the teacher's head '/dev/shm/", next.objectName(),
+                  "' changed after a teacher restart: fingerprint ", shared_.fingerprint(), " (generation ",
+                  shared_.generation(), ") became ", next.fingerprint(), " (generation ", next.generation(),
+                  ", published by pid ", next.publisherPid(), "); a student may not change teachers mid-run");
+  if (changed) {
+    DISTILL_LOG(kWarning) << reader_.role << " rank " << reader_.rank << ": the teacher's head changed after a restart: "
+                          << shared_.fingerprint() << " -> " << next.fingerprint() << " (generation "
+                          << next.generation() << "); using the new one";
+  }
+  head_ = teacherHeadView(next);
+  shared_ = std::move(next);
+  return changed;
+}
+
+bool MappedTeacherHead::awaitRepublished(Deadline deadline) {
+  return adopt(ipc::SharedHead::open(segmentName_, reader_, deadline, shared_.generation()));
+}
+
+bool MappedTeacherHead::checkForChange() {
+  if (!shared_.replaced()) return false;
+  try {
+    return adopt(ipc::SharedHead::open(segmentName_, reader_, Deadline::after(Clock::duration::zero()),
+                                       shared_.generation()));
+  } catch (const TimeoutError&) {
+    return false; // removed (the job ends): the head held stays valid
+  }
+}
+
+} // namespace distill
