@@ -44,6 +44,20 @@ TEST(AnswerKinds, EveryKindHasARowAndItsMaskedTensor) {
   EXPECT_EQ(distill::findAnswerKind(99), nullptr);
 }
 
+// The teacher cache stores a position record's tensor names as their index in
+// the table's order (teacher/src/cache/records.cpp): these five keep their
+// codes 1-5 for the stores written so far; a new kind's tensors come after them.
+TEST(AnswerKinds, TheTablesFirstTensorsKeepTheCacheNameCodes) {
+  std::vector<std::string> names;
+  for (const auto& k : distill::answerKinds()) {
+    for (const auto& a : k.tensors) names.push_back(a.name);
+  }
+  const std::vector<std::string> stored = {protocol::kLogits, protocol::kTopkValues, protocol::kTopkIndices,
+                                           protocol::kLogsumexp, protocol::kLogTail};
+  ASSERT_GE(names.size(), stored.size());
+  EXPECT_EQ(std::vector<std::string>(names.begin(), names.begin() + 5), stored);
+}
+
 TEST(AnswerKinds, AResponseMustMatchItsKind) {
   const uint8_t topk = static_cast<uint8_t>(AnswerKind::kTopk);
   const uint8_t logits = static_cast<uint8_t>(AnswerKind::kLogits);

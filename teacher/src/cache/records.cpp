@@ -110,24 +110,53 @@ void roundForStorage(Answer& answer, double temperature) {
 
 namespace {
 
-// A position record's tensor names: one byte for the protocol's, else 0 and the name.
-const char* const kNameCodes[] = {
-    "", protocol::kLogits, protocol::kTopkValues, protocol::kTopkIndices, protocol::kLogsumexp, protocol::kLogTail};
+// The answer kinds table's tensors (answer_kinds.h), in its order: logits, then
+// top-k's values, indices, logsumexp, log tail. A position record names each
+// tensor by its index here + 1 (0: a name written out, e.g. a hidden state);
+// the codes are stored, so a new kind's tensors only ever append to this list
+// (tests/core/answer_kinds_test.cpp holds today's order).
+const std::vector<const AnswerTensor*>& tableTensors() {
+  static const std::vector<const AnswerTensor*> all = [] {
+    std::vector<const AnswerTensor*> v;
+    for (const AnswerKindSpec& k : answerKinds()) {
+      for (const AnswerTensor& t : k.tensors) v.push_back(&t);
+    }
+    return v;
+  }();
+  return all;
+}
+
+const AnswerTensor* tableTensor(const std::string& name) {
+  for (const AnswerTensor* t : tableTensors()) {
+    if (name == t->name) return t;
+  }
+  return nullptr;
+}
+
+// The name of a position record's code; nullptr for a code no table tensor has.
+const char* codeName(uint8_t code) {
+  return code >= 1 && code <= tableTensors().size() ? tableTensors()[code - 1]->name : nullptr;
+}
 
 uint8_t nameCode(const std::string& name) {
-  for (uint8_t c = 1; c < std::size(kNameCodes); ++c) {
-    if (name == kNameCodes[c]) return c;
+  for (size_t c = 0; c < tableTensors().size(); ++c) {
+    if (name == tableTensors()[c]->name) return static_cast<uint8_t>(c + 1);
   }
   return 0;
 }
 
-// How a tensor is stored, and the tensor to store (float16 where it holds the values).
+// How a tensor is stored, and the tensor to store, by what the kinds table says
+// it is: values in the payload dtype (logits, top-k values) in float16 where it
+// holds them, token ids (top-k indices) in the narrowest integer that holds the
+// vocabulary; anything else (float32 statistics, hidden states) as it is.
 std::pair<Encoding, at::Tensor> chooseEncoding(const std::string& name, const at::Tensor& t, int64_t vocab,
                                                CacheDtype dtype) {
-  if ((name == protocol::kTopkValues || name == protocol::kLogits) && t.scalar_type() == at::kFloat) {
+  const AnswerTensor* spec = tableTensor(name);
+  if (spec && spec->dtype == DtypeRule::kPayload && t.scalar_type() == at::kFloat) {
     if (dtype == CacheDtype::kFloat32) return {Encoding::kRaw, t};
     if (auto half = asFloat16(t)) return {Encoding::kFloat16, *half};
-  } else if (name == protocol::kTopkIndices && t.scalar_type() == at::kInt && vocab > 0 && vocab <= 65536) {
+  } else if (spec && spec->dtype == DtypeRule::kInt32 && spec->shape == ShapeRule::kTopk &&
+             t.scalar_type() == at::kInt && vocab > 0 && vocab <= 65536) {
     return {vocab <= 256 ? Encoding::kUInt8 : Encoding::kUInt16, t};
   }
   return {Encoding::kRaw, t};
@@ -234,9 +263,9 @@ at::ScalarType readDtype(Reader& r) {
 std::pair<std::string, at::Tensor> readTensor(Reader& r, bool position) {
   std::string name;
   const uint8_t code = position ? r.value<uint8_t>() : 0;
-  DISTILL_CHECK_T(IpcError, code < std::size(kNameCodes), "teacher cache: record with name code ", int(code));
+  DISTILL_CHECK_T(IpcError, code == 0 || codeName(code), "teacher cache: record with name code ", int(code));
   if (code > 0) {
-    name = kNameCodes[code];
+    name = codeName(code);
   } else {
     const size_t nameLen = r.value<uint8_t>();
     name.assign(r.take(nameLen), nameLen);
