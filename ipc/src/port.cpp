@@ -128,6 +128,7 @@ void Port::checkPeer(int index, const WaitDesc& desc, bool finishedIsLost) const
     if (finishedIsLost)
       DISTILL_THROW(PeerLostError, where, describeSelf(), ": peer ", describeProcess(index),
                     " has finished and detached from segment '", seg_->name, "'");
+    noteStall(index, false, 0, false, where); // it ran again: a stall noted before has ended
     return;
   }
   const auto ps = sys::pidState(pid);
@@ -167,9 +168,22 @@ void Port::noteStall(int index, bool stalled, int64_t ageNs, bool stopped, const
   }
 }
 
+void Port::noteResumed(const std::vector<int>& peers) const {
+  for (int p : peers) {
+    if (size_t(p) >= stalledSince_.size() || stalledSince_[size_t(p)] == 0) continue;
+    const auto& e = seg_->process(p);
+    const int64_t ageNs = monotonicNs() - e.heartbeatNs.load(std::memory_order_relaxed);
+    const bool finished = ProcState(e.state.load(std::memory_order_acquire)) == ProcState::kFinished;
+    if (finished || ageNs <= 2 * int64_t(seg_->layout.heartbeatMs) * 1000000) noteStall(p, false, ageNs, false, {});
+  }
+}
+
 bool Port::waitUntil(const std::function<bool()>& cond, const WaitDesc& desc, const std::vector<int>& peers,
                      bool finishedIsLost, Deadline deadline) {
-  if (cond()) return true;
+  if (cond()) {
+    if (!stalledSince_.empty()) noteResumed(peers);
+    return true;
+  }
   auto& ctl = seg_->control();
   auto checkAll = [&] {
     if (ctl.abort.load(std::memory_order_acquire))
@@ -217,7 +231,10 @@ bool Port::waitUntil(const std::function<bool()>& cond, const WaitDesc& desc, co
       std::atomic<uint32_t>& s;
       ~Leave() { s.fetch_sub(1, std::memory_order_relaxed); }
     } leave{e.sleepers};
-    if (cond()) return true;
+    if (cond()) {
+      if (!stalledSince_.empty()) noteResumed(peers);
+      return true;
+    }
     auto now = Clock::now();
     if (now >= nextCheck) {
       checkAll();

@@ -104,6 +104,10 @@ class Port {
   // Logs once when peer `index` begins to stall (no heartbeat for 2 periods,
   // alive) and once when it resumes.
   void noteStall(int index, bool stalled, int64_t ageNs, bool stopped, const ErrorWhere& where) const;
+  // A wait that ends with its condition met checks no peer: a peer noted as
+  // stalled whose heartbeat is fresh again (or that has finished) is noted as
+  // resumed here, so the resume is logged also when it ended the wait at once.
+  void noteResumed(const std::vector<int>& peers) const;
 
   std::shared_ptr<SegmentImpl> seg_;
   int index_;
