@@ -21,6 +21,7 @@ __all__ = [
     "Section",
     "RunConfig",
     "TeacherCacheConfig",
+    "TeacherHeadConfig",
     "TeacherConfig",
     "StudentConfig",
     "TransportConfig",
@@ -166,6 +167,16 @@ class TeacherCacheConfig(Section):
     dtype: str  # float16 | float32: how float32 logits and top-k values are stored
 
 
+class TeacherHeadConfig(Section):
+    """teacher.head: the teacher's output layer, with teacher.answer hidden (docs/teacher.md)."""
+
+    weight: str  # a parameter or buffer name of the model: [V_t, d_t]
+    bias: str  # "" : none
+    softcap: float  # > 0: logits = softcap * tanh(logits / softcap); 0: none
+    scale: float  # logits *= scale before the softcap; 1: none
+    on_change: str  # refuse | adopt: a restarted teacher publishing another head
+
+
 class TeacherConfig(Section):
     """teacher: the model served by the node's teacher process(es)."""
 
@@ -190,6 +201,9 @@ class TeacherConfig(Section):
     threads: int
     on_nonfinite: str
     cache: TeacherCacheConfig
+    answer: str  # auto | logits | topk | hidden
+    hidden_size: int
+    head: TeacherHeadConfig
 
 
 class StudentConfig(Section):
