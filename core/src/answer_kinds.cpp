@@ -60,6 +60,12 @@ const std::vector<AnswerKindSpec>& answerKinds() {
         {protocol::kLogTail, DtypeRule::kFloat32, ShapeRule::kToken, true}},
        protocol::kLogsumexp,
        true},
+      {AnswerKind::kHidden,
+       "hidden",
+       "hidden states",
+       {{protocol::kHidden, DtypeRule::kPayload, ShapeRule::kHiddenDim, false}},
+       protocol::kHidden,
+       false},
   };
   return kinds;
 }
@@ -77,10 +83,25 @@ const AnswerKindSpec& answerKind(AnswerKind kind) {
   return *k;
 }
 
-AnswerKind answerKindOf(const TeacherOptions& t) { return t.topk > 0 ? AnswerKind::kTopk : AnswerKind::kLogits; }
+AnswerKind answerKindOf(const TeacherOptions& t) {
+  switch (t.answer) {
+    case TeacherAnswer::kLogits:
+      return AnswerKind::kLogits;
+    case TeacherAnswer::kTopk:
+      return AnswerKind::kTopk;
+    case TeacherAnswer::kHidden:
+      return AnswerKind::kHidden;
+    case TeacherAnswer::kAuto:
+      break;
+  }
+  return t.topk > 0 ? AnswerKind::kTopk : AnswerKind::kLogits;
+}
 
 std::string describeAnswer(const TeacherOptions& t, const char* vocab) {
   if (answerKindOf(t) == AnswerKind::kTopk) return "top-" + std::to_string(t.topk);
+  if (answerKindOf(t) == AnswerKind::kHidden) {
+    return t.hidden_size > 0 ? "hidden states of d=" + std::to_string(t.hidden_size) : "hidden states";
+  }
   return vocab && t.vocab_size > 0 ? "full logits of " + std::string(vocab) + std::to_string(t.vocab_size)
                                    : "full logits";
 }
@@ -93,6 +114,8 @@ int64_t elementsPerToken(const TeacherOptions& t, ShapeRule rule) {
       return t.topk;
     case ShapeRule::kToken:
       return 1;
+    case ShapeRule::kHiddenDim:
+      return t.hidden_size;
   }
   return 0;
 }

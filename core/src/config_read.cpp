@@ -234,6 +234,27 @@ void checkTeacherPool(const Config& config, const Ok& ok, const Suffix& suffix, 
   }
 }
 
+// teacher.answer against teacher.topk and teacher.hidden_states.
+template <typename Ok, typename Suffix>
+void checkTeacherAnswer(const Config& config, const Ok& ok, const Suffix& suffix, std::vector<std::string>& problems) {
+  if (!ok("teacher.answer") || !ok("teacher.topk")) return;
+  const TeacherOptions& t = config.teacher;
+  if (t.answer == TeacherAnswer::kTopk && t.topk == 0) {
+    problems.push_back("teacher.answer: topk needs teacher.topk > 0 (the k answered), found 0" +
+                       suffix("teacher.answer"));
+  }
+  if ((t.answer == TeacherAnswer::kLogits || t.answer == TeacherAnswer::kHidden) && t.topk > 0) {
+    problems.push_back("teacher.answer: " + std::string(toString(t.answer)) + " answers no top-k: set teacher.topk: 0 " +
+                       "(found " + std::to_string(t.topk) + ") or teacher.answer: topk" + suffix("teacher.answer"));
+  }
+  // The hidden states are the answer itself: a response carries nothing beside them.
+  if (t.answer == TeacherAnswer::kHidden && ok("teacher.hidden_states") && !t.hidden_states.empty()) {
+    problems.push_back("teacher.hidden_states: cannot be returned with teacher.answer: hidden (the output " +
+                       std::string("teacher.output is the hidden states); set teacher.hidden_states: []") +
+                       suffix("teacher.hidden_states"));
+  }
+}
+
 // The rules between keys, only between values that are valid on their own.
 void checkAcrossFields(const Config& config, const std::vector<std::optional<Setting>>& values,
                        const std::vector<bool>& valid, std::vector<std::string>& problems) {
@@ -273,6 +294,7 @@ void checkAcrossFields(const Config& config, const std::vector<std::optional<Set
                        " fit in a response next to the logits, found " +
                        std::to_string(config.teacher.hidden_states.size()) + suffix("teacher.hidden_states"));
   }
+  checkTeacherAnswer(config, ok, suffix, problems);
   if (ok("student.in_flight") && ok("transport.slots") && config.student.in_flight > config.transport.slots) {
     problems.push_back("student.in_flight: must be <= transport.slots (" + std::to_string(config.transport.slots) +
                        "), found " + std::to_string(config.student.in_flight) + suffix("student.in_flight"));

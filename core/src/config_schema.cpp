@@ -77,6 +77,15 @@ std::vector<KeySpec> runAndTeacherKeys() {
       // Not runtime: float16 rows round what the students train on (a cached run differs from an
       // uncached one); float32 rows do not.
       DISTILL_KEY(teacher, cache.dtype),
+      // The answer kind (core/answer_kinds.h); hidden: the head below, checked across fields.
+      DISTILL_KEY(teacher, answer),
+      // Runtime: it sizes the response slots (and is checked against the head at start-up).
+      DISTILL_KEY(teacher, hidden_size).min(0).runtime(),
+      DISTILL_KEY(teacher, head.weight).nonEmpty(),
+      DISTILL_KEY(teacher, head.bias),
+      DISTILL_KEY(teacher, head.softcap).min(0),
+      DISTILL_KEY(teacher, head.scale).above(0),
+      DISTILL_KEY(teacher, head.on_change),
   };
 }
 

@@ -66,7 +66,8 @@ SlotBytes slotBytesNeeded(const Config& c) {
   s.response = responseBytes(t, s.tokens);
   s.responsePerToken = answerBytesPerToken(t);
   if (s.responsePerToken == 0) {
-    s.unknown = "full logits of an unknown vocabulary (teacher.vocab_size: 0)";
+    s.unknown = answerKindOf(t) == AnswerKind::kHidden ? "hidden states of an unknown width (teacher.hidden_size: 0)"
+                                                       : "full logits of an unknown vocabulary (teacher.vocab_size: 0)";
   } else if (!t.hidden_states.empty()) {
     s.unknown = "teacher.hidden_states, whose size the first answer tells";
   }

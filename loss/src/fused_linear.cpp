@@ -337,6 +337,12 @@ LossResult loss_impl::fusedLinearHidden(const at::Tensor& hidden, const at::Tens
 LossResult fusedLinearLoss(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
                            const at::Tensor& labels, const TeacherOutput& teacher, const LossOptions& options,
                            double normalizer, int64_t chunkTokens) {
+  if (const HiddenAnswer* h = teacher.hidden()) { // the teacher's logits made chunk by chunk beside the student's
+    DISTILL_CHECK_T(UsageError, h->head != nullptr,
+                    "fusedLinearLoss: the teacher answered with its hidden states but no head came with them (a "
+                    "Client attaches the node's mapped head; a caller of the loss sets HiddenAnswer::head)");
+    return fusedLinearLoss(hidden, weight, bias, labels, h->hidden, *h->head, options, normalizer, chunkTokens);
+  }
   return fusedLinear(hidden, weight, bias, labels, &teacher, nullptr, options, normalizer, chunkTokens,
                      /*allowFused=*/true);
 }
@@ -346,6 +352,10 @@ namespace detail {
 LossResult fusedLinearLossAtenOps(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& bias,
                                   const at::Tensor& labels, const TeacherOutput& teacher, const LossOptions& options,
                                   double normalizer, int64_t chunkTokens) {
+  if (const HiddenAnswer* h = teacher.hidden()) {
+    DISTILL_CHECK_T(UsageError, h->head != nullptr, "fusedLinearLoss: a hidden-state answer without its head");
+    return fusedLinearLossAtenOps(hidden, weight, bias, labels, h->hidden, *h->head, options, normalizer, chunkTokens);
+  }
   return fusedLinear(hidden, weight, bias, labels, &teacher, nullptr, options, normalizer, chunkTokens,
                      /*allowFused=*/false);
 }

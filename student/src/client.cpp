@@ -17,6 +17,7 @@
 #include "distill/core/answer_kinds.h"
 #include "distill/core/trace.h"
 #include "distill/ipc/channel.h"
+#include "distill/student/teacher_head.h"
 
 namespace distill {
 namespace {
@@ -47,8 +48,10 @@ at::Tensor TeacherReply::tensor(const std::string& name) const {
 
 TeacherOutput TeacherReply::output() const {
   // The kind the message said, checked against its tensors when it arrived (Client::get).
-  return teacherOutputFrom(
+  TeacherOutput o = teacherOutputFrom(
       kind_, [&](const std::string& name) { return has(name) ? tensor(name) : at::Tensor(); }, vocab_);
+  if (HiddenAnswer* h = o.hidden()) h->head = head_;
+  return o;
 }
 
 void TeacherReply::release() {
@@ -74,6 +77,34 @@ struct Client::Impl {
   Clock::duration waited{0};
   Clock::duration waitedAtPublish{0};
   Clock::time_point lastPublish = Clock::now();
+  std::optional<MappedTeacherHead> mapped; // teacher.answer hidden
+  std::shared_ptr<const TeacherHead> head; // mapped's head, while it is the one held
+
+  // teacher.answer hidden: the head published beside the segment, mapped; logged.
+  void mapHead(Deadline deadline) {
+    const ipc::HeadReader reader{topo.globalRank, "student"};
+    const HeadChange onChange =
+        cfg.teacher.head.on_change == HeadOnChange::kAdopt ? HeadChange::kAdopt : HeadChange::kRefuse;
+    mapped.emplace(MappedTeacherHead::open(topo.segment, reader, deadline, onChange));
+    head = std::make_shared<const TeacherHead>(mapped->head());
+    logHead("mapped");
+  }
+  void logHead(const char* what) const {
+    const ipc::SharedHead& s = mapped->shared();
+    DISTILL_LOG(kInfo) << "student rank " << topo.globalRank << " " << what << " the teacher's head /dev/shm/"
+                       << s.objectName() << " (generation " << s.generation() << ", [" << s.vocab() << ", "
+                       << s.dim() << "] " << ipc::headDTypeName(s.dtype()) << ", fingerprint " << s.fingerprint()
+                       << ")";
+  }
+  // Before an answer is read: a head a restarted teacher published since (refused or adopted, teacher_head.h).
+  void checkHead() {
+    if (!mapped || !mapped->shared().replaced()) return;
+    const uint64_t before = mapped->shared().generation();
+    const bool changed = mapped->checkForChange();
+    if (mapped->shared().generation() == before) return;
+    head = std::make_shared<const TeacherHead>(mapped->head());
+    logHead(changed ? "adopted the changed head, now" : "mapped the republished");
+  }
 
   Deadline responseDeadline() const { return Deadline::afterSeconds(cfg.run.peerWaitS()); }
 
@@ -119,6 +150,7 @@ Client::Client(const Topology& topo, const Config& config) : impl_(std::make_uni
   options.config = configDescription(config); // the teacher compares it with its own before admitting us
   s.endpoint.emplace(*s.segment, topo.studentLocalRank, options);
   s.endpoint->waitAdmission(startup);
+  if (answerKindOf(config.teacher) == AnswerKind::kHidden) s.mapHead(startup);
 }
 
 Client::~Client() {
@@ -162,8 +194,10 @@ TeacherReply Client::get(const Handle& h, ReplyMode mode) {
   }
   auto node = s.received.extract(h.seq);
   ipc::ReceivedMessage& m = node.mapped();
+  s.checkHead(); // after the answer arrived: a restarted teacher published its head before answering
   TeacherReply r;
   r.handle_ = h;
+  r.head_ = s.head;
   r.vocab_ = m.vocab();
   r.kind_ = static_cast<AnswerKind>(m.answer()); // known: receiveOldest checked it
   for (auto& name : m.names()) {
@@ -214,6 +248,7 @@ bool Client::stopRequested() const {
   return impl_->stopAsked.load(std::memory_order_relaxed) || (impl_->segment && impl_->segment->stopRequested());
 }
 void Client::requestStop() { impl_->stopAsked.store(true, std::memory_order_relaxed); }
+std::shared_ptr<const TeacherHead> Client::teacherHead() const { return impl_->head; }
 int64_t Client::outstanding() const { return static_cast<int64_t>(impl_->inFlight.size()); }
 const Config& Client::config() const { return impl_->cfg; }
 

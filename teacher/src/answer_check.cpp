@@ -51,6 +51,13 @@ void checkOutputShape(const TeacherOptions& t, const at::Tensor& logits, const a
 }
 
 void checkVocab(const TeacherOptions& t, const at::Tensor& logits) {
+  if (answerKindOf(t) == AnswerKind::kHidden) { // the hidden states' width, not a vocabulary
+    const int64_t d = t.hidden_size;
+    DISTILL_CHECK_T(ProtocolError, d == 0 || (logits.dim() >= 1 && logits.size(-1) == d), "teacher output '",
+                    t.output, "' (its final hidden states, teacher.answer hidden) has shape ", logits.sizes(),
+                    ": its width is not teacher.hidden_size=", d, " (the response slots were sized by it)");
+    return;
+  }
   const int64_t v = t.vocab_size;
   DISTILL_CHECK_T(ProtocolError, v == 0 || (logits.dim() >= 1 && logits.size(-1) == v), "teacher output '", t.output,
                   "' has shape ", logits.sizes(), ": its vocabulary is not teacher.vocab_size=", v,

@@ -90,6 +90,28 @@ class ScriptTeacher : public TeacherModel {
 
 } // namespace
 
+std::optional<TeacherHead> TeacherModel::head(const TeacherOptions& options) const {
+  const auto st = state();
+  // state() names its tensors "parameter <name>" or "buffer <name>": either, or the bare name, matches.
+  const auto find = [&st](const std::string& name) -> at::Tensor {
+    for (const auto& [key, t] : st) {
+      if (key == name || key == "parameter " + name || key == "buffer " + name) return t;
+    }
+    return {};
+  };
+  TeacherHead h;
+  h.weight = find(options.head.weight);
+  if (!h.weight.defined()) return std::nullopt;
+  if (!options.head.bias.empty()) {
+    h.bias = find(options.head.bias);
+    DISTILL_CHECK_T(ConfigError, h.bias.defined(), "teacher.head.bias: the teacher model has no parameter or buffer '",
+                    options.head.bias, "' (its head's weight '", options.head.weight, "' it has); name its bias, or \"\"");
+  }
+  h.softcap = options.head.softcap;
+  h.scale = options.head.scale;
+  return h;
+}
+
 std::shared_ptr<TeacherModel> teacherFromFunction(std::function<at::Tensor(const std::vector<at::Tensor>&)> fn,
                                                   std::string outputName) {
   return std::make_shared<FunctionTeacher>(std::move(fn), std::move(outputName));

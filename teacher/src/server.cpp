@@ -16,6 +16,7 @@
 #include "answer_check.h"
 #include "autocast_scope.h"
 #include "cache/cache.h"
+#include "head.h"
 #include "pending.h"
 #include "distill/core/clock.h"
 #include "distill/core/config.h"
@@ -95,10 +96,13 @@ class Server {
   // finished while no teacher ran.
   void attachAndAdmit() {
     checkResponseFits(cfg_.teacher);
-    if (cfg_.teacher.cache.mode != CacheMode::kOff) openCache();
     const Topology& topo = ctx_.topology();
     DISTILL_CHECK_T(ConfigError, !topo.segment.empty(),
                     "the teacher has no segment (DISTILL_SEGMENT is not set): start the job with distill-run");
+    // teacher.answer hidden: the head published before any student is admitted (they map it at admission).
+    head_ = serveHead(*model_, cfg_.teacher, topo.segment, topo.teacherIndex);
+    vocab_ = head_.vocab;
+    if (cfg_.teacher.cache.mode != CacheMode::kOff) openCache();
     teacher_ = topo.teacherIndex;
     device_ = teacherDevice(cfg_.teacher, teacher_);
     auto startup = Deadline::afterSeconds(cfg_.run.startup_timeout_s);
@@ -332,7 +336,7 @@ class Server {
   // parameter and buffer of the model once here.
   void openCache() {
     const auto t0 = Clock::now();
-    std::string context = answerContext(cfg_.teacher, cfg_.loss.temperature, *model_);
+    std::string context = answerContext(cfg_.teacher, cfg_.loss.temperature, *model_, head_.fingerprint);
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     cache_ = std::make_unique<TeacherCache>(cfg_.teacher.cache, std::move(context), cfg_.teacher.inputs,
                                             cfg_.loss.temperature);
@@ -377,7 +381,7 @@ class Server {
                     "' (teacher.output)");
     checkOutputShape(cfg_.teacher, it->second, inputs[0]);
     checkVocab(cfg_.teacher, it->second);
-    const int64_t vocab = it->second.dim() >= 1 ? it->second.size(-1) : 0;
+    const int64_t vocab = head_.vocab > 0 ? head_.vocab : it->second.dim() >= 1 ? it->second.size(-1) : 0;
     if (vocab > 0) vocab_ = vocab;
     const bool mask = cfg_.teacher.on_nonfinite == TeacherOnNonfinite::kMask;
     auto nf = findNonfinite(it->second); // one reduction when finite
@@ -468,6 +472,7 @@ class Server {
   std::string device_; // teacherDevice(teacher.*, teacher_)
   InputSignature signature_;
   std::unique_ptr<TeacherCache> cache_; // teacher.cache, mode not off
+  ServedHead head_; // teacher.answer hidden: its head (head.h)
   std::optional<Nonfinite> nonfinite_; // the batch's tokens that are not finite (nonfinite.h), if any
   at::Tensor nonfiniteLogits_; // the output they are in, as the model gave it
   ServeStats stats_;

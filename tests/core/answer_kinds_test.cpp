@@ -80,3 +80,34 @@ TEST(AnswerKinds, AResponseMustMatchItsKind) {
 }
 
 } // namespace
+
+// Issue 43: the hidden-state kind answers d_t payload values per token (the
+// head travels once, beside the segment), its code is 3, and its one tensor
+// has the code after the five stored ones.
+TEST(AnswerKinds, HiddenStatesAreDPayloadValuesPerToken) {
+  distill::TeacherOptions t;
+  t.answer = distill::TeacherAnswer::kHidden;
+  t.hidden_size = 4096;
+  t.vocab_size = 128256;
+  t.payload_dtype = distill::PayloadDtype::kBFloat16;
+  EXPECT_EQ(distill::answerKindOf(t), AnswerKind::kHidden);
+  EXPECT_EQ(static_cast<int>(AnswerKind::kHidden), 3);
+  EXPECT_EQ(distill::answerBytesPerToken(t), 8192.0);
+  EXPECT_EQ(distill::answerBytes(t, 10, 64), aligned(10 * 4096 * 2));
+  t.hidden_size = 0;
+  EXPECT_EQ(distill::answerBytes(t, 10, 64), 0) << "hidden states of an unknown width";
+  const uint8_t hidden = static_cast<uint8_t>(AnswerKind::kHidden);
+  EXPECT_EQ(distill::answerMismatch(hidden, {{protocol::kHidden, c10::kBFloat16, {2, 3, 16}}}), "");
+  EXPECT_NE(distill::answerMismatch(hidden, {{protocol::kHidden, c10::kLong, {2, 3, 16}}}).find("'hidden' is Long"),
+            std::string::npos);
+  EXPECT_NE(distill::answerMismatch(hidden, {{protocol::kHidden, c10::kFloat, {2, 3, 16}}, {"h", c10::kFloat, {2, 3}}})
+                .find("'h' is not one of its kind"),
+            std::string::npos)
+      << "nothing rides along with the hidden states";
+  std::vector<std::string> names;
+  for (const auto& k : distill::answerKinds()) {
+    for (const auto& a : k.tensors) names.push_back(a.name);
+  }
+  ASSERT_GE(names.size(), 6u);
+  EXPECT_EQ(names[5], protocol::kHidden);
+}

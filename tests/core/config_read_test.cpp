@@ -12,6 +12,7 @@
 #include <set>
 #include <sstream>
 
+#include "distill/core/answer_kinds.h"
 #include "distill/core/config.h"
 #include "distill/core/errors.h"
 #include "distill/core/payload.h"
@@ -307,3 +308,50 @@ TEST(Config, NestedCacheKeys) {
 }
 
 } // namespace
+
+// Issue 43: teacher.answer picks the answer kind (auto: the old rule), hidden
+// takes the head's keys; the combinations that cannot be are ConfigErrors
+// naming the keys.
+TEST(Config, TheAnswerKindAndTheHiddenStateHead) {
+  using distill::AnswerKind;
+  const std::string teacher = "teacher:\n  kind: self\n";
+  EXPECT_EQ(distill::answerKindOf(parseConfig(teacher).teacher), AnswerKind::kLogits);
+  EXPECT_EQ(distill::answerKindOf(parseConfig(teacher + "  topk: 8\n").teacher), AnswerKind::kTopk);
+  EXPECT_EQ(distill::answerKindOf(parseConfig(teacher + "  answer: topk\n  topk: 8\n").teacher), AnswerKind::kTopk);
+  EXPECT_EQ(distill::answerKindOf(parseConfig(teacher + "  answer: logits\n").teacher), AnswerKind::kLogits);
+  const Config c = parseConfig(teacher +
+                               "  answer: hidden\n  hidden_size: 32\n  head:\n    weight: fc.weight\n    bias: fc.bias\n"
+                               "    softcap: 30\n    scale: 0.5\n    on_change: adopt\n");
+  EXPECT_EQ(distill::answerKindOf(c.teacher), AnswerKind::kHidden);
+  EXPECT_EQ(c.teacher.head.weight, "fc.weight");
+  EXPECT_EQ(c.teacher.head.bias, "fc.bias");
+  EXPECT_EQ(c.teacher.head.softcap, 30);
+  EXPECT_EQ(c.teacher.head.scale, 0.5);
+  EXPECT_EQ(c.teacher.head.on_change, distill::HeadOnChange::kAdopt);
+  EXPECT_EQ(Config().teacher.head.weight, "lm_head.weight");
+  EXPECT_EQ(Config().teacher.head.on_change, distill::HeadOnChange::kRefuse);
+  EXPECT_EQ(dumpConfig(parseConfig(dumpConfig(c))), dumpConfig(c));
+  EXPECT_NE(configHash(c), configHash(parseConfig(teacher))) << "the answer kind is what is trained on";
+  // Bytes per token: d_t payload values; the slots are sized by teacher.hidden_size.
+  Config sized = c;
+  sized.teacher.payload_dtype = distill::PayloadDtype::kBFloat16;
+  EXPECT_EQ(distill::answerBytesPerToken(sized.teacher), 64.0);
+  sized.teacher.hidden_size = 0;
+  EXPECT_EQ(distill::answerBytesPerToken(sized.teacher), 0.0);
+  EXPECT_EQ(distill::describeAnswer(c.teacher), "hidden states of d=32");
+
+  EXPECT_EQ(problemsOf(teacher + "  answer: topk\n"),
+            (std::vector<std::string>{"teacher.answer: topk needs teacher.topk > 0 (the k answered), found 0"}));
+  EXPECT_EQ(problemsOf(teacher + "  answer: hidden\n  topk: 8\n"),
+            (std::vector<std::string>{"teacher.answer: hidden answers no top-k: set teacher.topk: 0 (found 8) or "
+                                      "teacher.answer: topk"}));
+  EXPECT_EQ(problemsOf(teacher + "  answer: hidden\n  hidden_states: [h]\n"),
+            (std::vector<std::string>{"teacher.hidden_states: cannot be returned with teacher.answer: hidden (the "
+                                      "output teacher.output is the hidden states); set teacher.hidden_states: []"}));
+  EXPECT_EQ(problemsOf(teacher + "  answer: states\n"),
+            (std::vector<std::string>{"teacher.answer: must be one of auto, logits, topk, hidden; found \"states\""}));
+  EXPECT_EQ(problemsOf(teacher + "  head:\n    weight: \"\"\n    scale: 0\n    softcap: -1\n    on_change: keep\n"),
+            (std::vector<std::string>{"teacher.head.weight: must not be empty", "teacher.head.softcap: must be >= 0, found -1",
+                                      "teacher.head.scale: must be > 0, found 0",
+                                      "teacher.head.on_change: must be one of refuse, adopt; found \"keep\""}));
+}

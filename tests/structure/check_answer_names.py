@@ -7,7 +7,7 @@ so that what an answer is stays the table's to say (docs/design.md, "Answer
 kinds"). Fails (exit 1, one line per spelling) when:
 
 1. a C++ string literal of the library ("logits", "topk_values", "topk_indices",
-   "logsumexp", "log_tail", exactly) appears outside the table. Library: the
+   "logsumexp", "log_tail", "hidden", exactly) appears outside the table. Library: the
    module folders (core/, loss/, ipc/, group/, teacher/, student/, ckpt/,
    train/, launcher/, include/) and the binding's C++ (python/src/). Comments
    do not count.
@@ -20,7 +20,9 @@ kinds"). Fails (exit 1, one line per spelling) when:
 it can be one. In C++ a literal "logits" is allowed as the default of a model
 output's name (a line that assigns it to an `output...` variable or parameter:
 options.h's teacher.output, model.h's outputName) and as a pybind argument name
-(`arg("logits")`, the student's logits). In Python it is not checked: there it
+(`arg("logits")`, the student's logits); "logits" and "hidden" as pybind
+argument names and as the spellings of teacher.answer's values (options.h's
+DISTILL_OPTION_ENUM_NAMES(TeacherAnswer, ...): config values, not tensors). In Python it is not checked: there it
 names the model's output (hf.py, teacher.output) and a Hugging Face ModelOutput
 attribute, and the package reads no answer tensor by name (the binding
 converts answers by kind). Tests, benchmarks, examples and docs are not checked:
@@ -35,7 +37,7 @@ import re
 import sys
 import tokenize
 
-NAMES = ("logits", "topk_values", "topk_indices", "logsumexp", "log_tail")
+NAMES = ("logits", "topk_values", "topk_indices", "logsumexp", "log_tail", "hidden")
 TABLE = {"core/include/distill/core/answer_kinds.h", "core/src/answer_kinds.cpp"}
 CPP_FOLDERS = ("core", "loss", "ipc", "group", "teacher", "student", "ckpt", "train", "launcher", "include",
                "python/src")
@@ -44,6 +46,8 @@ CPP_SUFFIXES = (".cpp", ".h", ".cu", ".cuh")
 CPP_TOKEN = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"', re.S)
 # Where "logits" names a model output or an argument, not an answer tensor (see above).
 LOGITS_ALLOWED = re.compile(r'\boutput\w*\s*=\s*"logits"|\barg\("logits"\)', re.IGNORECASE)
+# Where "logits" or "hidden" names an argument or a teacher.answer value (see above).
+WORD_ALLOWED = re.compile(r'\barg\("(logits|hidden)"\)|DISTILL_OPTION_ENUM_NAMES\(TeacherAnswer,')
 
 
 def cpp_problems(root):
@@ -65,6 +69,8 @@ def cpp_problems(root):
                         continue
                     n = text.count("\n", 0, m.start()) + 1
                     if token == '"logits"' and LOGITS_ALLOWED.search(lines[n - 1]):
+                        continue
+                    if token in ('"logits"', '"hidden"') and WORD_ALLOWED.search(lines[n - 1]):
                         continue
                     problems.append(f"{rel}:{n}: spells the answer tensor name {token}; use its constant "
                                     f"(protocol::k..., core/answer_kinds.h) or the kinds table")

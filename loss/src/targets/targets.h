@@ -36,9 +36,11 @@ struct ReadState {
 // The vocabulary width the answer itself shows (-1: it shows none); teacherVocab checks it.
 int64_t answerWidth(const LogitsAnswer& a);
 int64_t answerWidth(const TopkAnswer& a);
+int64_t answerWidth(const HiddenAnswer& a); // its head's rows
 
 void readTarget(Problem& pb, const LogitsAnswer& a, const StudentShape& z, ReadState& s); // targets/logits.cpp
 void readTarget(Problem& pb, const TopkAnswer& a, const StudentShape& z, ReadState& s); // targets/topk.cpp
+void readTarget(Problem& pb, const HiddenAnswer& a, const StudentShape& z, ReadState& s); // targets/hidden.cpp
 
 // Shared by the readers (loss_inputs.cpp).
 double epsOf(at::ScalarType t); // machine epsilon of a floating dtype (the teacher data's rounding)

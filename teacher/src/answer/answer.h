@@ -1,7 +1,8 @@
 #pragma once
 
 // The teacher's shapers, one per answer kind (core/answer_kinds.h): the
-// model's output for a batch (teacher.output, [B, T, V]) made into the
+// model's output for a batch (teacher.output, [B, T, V]; with teacher.answer
+// hidden its final hidden states [B, T, d_t]) made into the
 // tensors of the configured kind, by their protocol names, in the payload
 // dtype (teacher.payload_dtype). shapeAnswer picks the shaper by kind
 // (answerKindOf); the server adds hidden states and moves the answer where it
@@ -32,5 +33,6 @@ Answer shapeAnswer(const at::Tensor& logits, const ShapeContext& c);
 
 Answer shapeLogits(const at::Tensor& logits, const ShapeContext& c); // logits.cpp
 Answer shapeTopk(const at::Tensor& logits, const ShapeContext& c); // topk.cpp (topkOutput, server.h)
+Answer shapeHidden(const at::Tensor& hidden, const ShapeContext& c); // hidden.cpp: `logits` are the hidden states
 
 } // namespace distill

@@ -12,6 +12,8 @@ Answer shapeAnswer(const at::Tensor& logits, const ShapeContext& c) {
       return shapeLogits(logits, c);
     case AnswerKind::kTopk:
       return shapeTopk(logits, c);
+    case AnswerKind::kHidden:
+      return shapeHidden(logits, c);
   }
   DISTILL_THROW(InternalError, "answer kind ", int(kind), " has no shaper (teacher/src/answer/)");
 }

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "distill/core/answer_kinds.h"
 #include "distill/core/errors.h"
 
 namespace distill {
@@ -67,7 +68,8 @@ std::string modelDigest(const TeacherModel& model) {
   return keyHex(h.finish());
 }
 
-std::string answerContext(const TeacherOptions& t, double temperature, const TeacherModel& model) {
+std::string answerContext(const TeacherOptions& t, double temperature, const TeacherModel& model,
+                          const std::string& headFingerprint) {
   std::string weights = modelDigest(model);
   if (weights.empty()) weights = model.fingerprint().empty() ? "" : "fingerprint " + model.fingerprint();
   DISTILL_CHECK_T(ConfigError, !weights.empty(), "teacher.cache: the teacher model (teacher.kind ", t.kind,
@@ -76,7 +78,10 @@ std::string answerContext(const TeacherOptions& t, double temperature, const Tea
   std::ostringstream os;
   os << "distill teacher cache format " << kCacheFormatVersion << "\nweights " << weights << "\nkind " << t.kind
      << "\nmethod " << t.method << "\noutput " << t.output;
-  if (t.topk > 0) {
+  if (answerKindOf(t) == AnswerKind::kHidden) {
+    // Hidden rows mean nothing without their head: another head's never read as this one's.
+    os << "\nhidden states of head " << headFingerprint;
+  } else if (answerKindOf(t) == AnswerKind::kTopk) {
     // logsumexp and log_tail are taken at the loss temperature; full logits do not depend on it.
     char temp[64];
     std::snprintf(temp, sizeof temp, "%a", temperature);

@@ -42,7 +42,10 @@ using CacheKey = std::array<uint8_t, 32>;
 // The digest of everything about the teacher that shapes an answer besides the
 // row's inputs (see above). ConfigError if the model exposes neither its
 // tensors nor a fingerprint: two such teachers could not be kept apart.
-std::string answerContext(const TeacherOptions& teacher, double temperature, const TeacherModel& model);
+// teacher.answer hidden: `headFingerprint` (ipc::headFingerprint of the head
+// published) is in it, so that rows of another head never read as this one's.
+std::string answerContext(const TeacherOptions& teacher, double temperature, const TeacherModel& model,
+                          const std::string& headFingerprint = "");
 
 // SHA-256 over the model's named parameters and buffers (name, dtype, shape,
 // bytes), hex; "" if it exposes none.

@@ -17,6 +17,9 @@
 // | logits  | logits [B, T, V] payload dtype; + teacher.hidden_states         |
 // | topk    | topk_values [B, T, k] payload dtype, topk_indices [B, T, k]     |
 // |         | int32, logsumexp [B, T] float32, log_tail [B, T] float32        |
+// | hidden  | hidden [B, T, d_t] payload dtype: the input of the teacher's     |
+// |         | output layer; the layer itself (its head) is published once per  |
+// |         | node beside the segment (ipc/shared_head.h), never in a response |
 //
 // logsumexp = logsumexp(logits / T) over the vocabulary; log_tail = the same
 // over the NON-top-k tokens (-inf when k = V): the exact tail mass. A producer
@@ -43,7 +46,8 @@
 namespace distill {
 
 // A response's kind, as the slot header carries it (one byte; 0 is never sent).
-enum class AnswerKind : uint8_t { kLogits = 1, kTopk = 2 };
+// Codes 4 and 5 are reserved (ids, sampled).
+enum class AnswerKind : uint8_t { kLogits = 1, kTopk = 2, kHidden = 3 };
 
 // The names answer tensors travel under: spelled here and nowhere else
 // (tests/structure checks it). TeacherReply::tensor(protocol::kLogits) reads one.
@@ -53,6 +57,7 @@ constexpr const char* kTopkValues = "topk_values"; // [B, T, k] teacher logits o
 constexpr const char* kTopkIndices = "topk_indices"; // [B, T, k] int32 token ids
 constexpr const char* kLogsumexp = "logsumexp"; // [B, T] logsumexp(logits / T) over the vocab
 constexpr const char* kLogTail = "log_tail"; // [B, T] logsumexp(logits / T) over the NON-top-k tokens
+constexpr const char* kHidden = "hidden"; // [B, T, d_t] the teacher's final hidden states (its head's input)
 } // namespace protocol
 
 // The dtype an answer tensor travels in.
@@ -67,6 +72,7 @@ enum class ShapeRule : uint8_t {
   kVocab, // V: teacher.vocab_size (0: unknown until the first answer)
   kTopk, // k: teacher.topk
   kToken, // nothing: one value per token
+  kHiddenDim, // d_t: teacher.hidden_size (0: unknown until the first answer)
 };
 
 struct AnswerTensor {
@@ -91,10 +97,12 @@ const std::vector<AnswerKindSpec>& answerKinds();
 const AnswerKindSpec* findAnswerKind(uint8_t code);
 // The kind's row; InternalError for an unknown kind (ours: use findAnswerKind for a peer's byte).
 const AnswerKindSpec& answerKind(AnswerKind kind);
-// The kind a teacher with these options answers in (teacher.topk > 0: top-k).
+// The kind a teacher with these options answers in: teacher.answer, and with
+// auto top-k when teacher.topk > 0, else full logits.
 AnswerKind answerKindOf(const TeacherOptions& t);
-// "top-8", or "full logits of " + `vocab` + "32000" (vocab nullptr, or
-// teacher.vocab_size 0: "full logits"): the configured answer, for messages.
+// "top-8", "hidden states of d=4096", or "full logits of " + `vocab` + "32000"
+// (vocab nullptr, or teacher.vocab_size 0: "full logits"): the configured
+// answer, for messages.
 std::string describeAnswer(const TeacherOptions& t, const char* vocab = "V=");
 
 // Elements per token of a tensor of `rule` (0: unknown, teacher.vocab_size 0).

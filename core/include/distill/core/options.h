@@ -55,6 +55,14 @@ DISTILL_OPTION_ENUM_NAMES(LossVocab, "error", "truncate");
 // answers it with those tokens marked, which then learn from their labels only.
 enum class TeacherOnNonfinite { kError, kMask };
 DISTILL_OPTION_ENUM_NAMES(TeacherOnNonfinite, "error", "mask");
+// teacher.answer: what the teacher answers with (core/answer_kinds.h). auto: top-k when
+// teacher.topk > 0, else full logits; hidden: its final hidden states, its head shared once.
+enum class TeacherAnswer { kAuto, kLogits, kTopk, kHidden };
+DISTILL_OPTION_ENUM_NAMES(TeacherAnswer, "auto", "logits", "topk", "hidden");
+// teacher.head.on_change: what a student does when a restarted teacher publishes
+// another head (student/teacher_head.h, HeadChange).
+enum class HeadOnChange { kRefuse, kAdopt };
+DISTILL_OPTION_ENUM_NAMES(HeadOnChange, "refuse", "adopt");
 // loss.on_nonfinite: a student's loss or gradient that is not finite stops the
 // job (error) or skips that step's update on every student (skip_step).
 enum class LossOnNonfinite { kError, kSkipStep };
@@ -194,6 +202,18 @@ struct TeacherOptions {
     CacheDtype dtype = CacheDtype::kFloat16;
   };
   CacheOptions cache;
+  // auto | logits | topk | hidden (core/answer_kinds.h; docs/teacher.md, "The hidden-state answer").
+  TeacherAnswer answer = TeacherAnswer::kAuto;
+  int64_t hidden_size = 0; // answer hidden: d_t, the width of the hidden states (0: unknown); sizes response slots
+  // answer hidden: the teacher's output layer, published once per node beside the segment.
+  struct HeadOptions {
+    std::string weight = "lm_head.weight"; // its weight [V_t, d_t]: a parameter or buffer name of the model's state
+    std::string bias; // its bias [V_t]: a name of the model's state ("" = no bias)
+    double softcap = 0; // > 0: logits = softcap * tanh(logits / softcap); 0: none
+    double scale = 1; // logits *= scale before the softcap; 1: none
+    HeadOnChange on_change = HeadOnChange::kRefuse; // refuse | adopt: a restarted teacher's other head
+  };
+  HeadOptions head;
 };
 
 // The device teacher `teacher` (0 .. procs-1) of a node runs on: devices[teacher]

@@ -19,6 +19,7 @@
 #include <array>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <variant>
@@ -27,6 +28,8 @@
 #include "distill/core/answer_kinds.h"
 
 namespace distill {
+
+struct TeacherHead; // loss/hidden_head.h
 
 // Full logits (AnswerKind::kLogits).
 struct LogitsAnswer {
@@ -50,7 +53,21 @@ struct TopkAnswer {
   std::array<const at::Tensor*, 4> tensors() const { return {&values, &indices, &logsumexp, &logTail}; }
 };
 
-using AnswerTensors = std::variant<LogitsAnswer, TopkAnswer>;
+// The teacher's final hidden states (AnswerKind::kHidden): its logits are
+// made from them and its head (loss/hidden_head.h), chunk by chunk in the
+// fused loss, materialised by distillLoss. The head does not travel with the
+// answer: the student's Client attaches the node's mapped one
+// (student/teacher_head.h); a caller of the loss sets it itself.
+struct HiddenAnswer {
+  static constexpr AnswerKind kKind = AnswerKind::kHidden;
+  at::Tensor hidden; // [N, d_t] (or [B, T, d_t]): the input of the teacher's output layer
+  std::shared_ptr<const TeacherHead> head; // its output layer; null: the loss refuses the answer
+
+  std::array<at::Tensor*, 1> tensors() { return {&hidden}; }
+  std::array<const at::Tensor*, 1> tensors() const { return {&hidden}; }
+};
+
+using AnswerTensors = std::variant<LogitsAnswer, TopkAnswer, HiddenAnswer>;
 
 // What the teacher sent for one micro-batch: its answer, of one kind, and the
 // vocabulary it stated.
@@ -63,6 +80,7 @@ struct TeacherOutput {
   TeacherOutput() = default;
   TeacherOutput(LogitsAnswer a, int64_t v = 0) : answer(std::move(a)), vocab(v) {}
   TeacherOutput(TopkAnswer a, int64_t v = 0) : answer(std::move(a)), vocab(v) {}
+  TeacherOutput(HiddenAnswer a, int64_t v = 0) : answer(std::move(a)), vocab(v) {}
 
   AnswerKind kind() const {
     return std::visit([](const auto& a) { return std::decay_t<decltype(a)>::kKind; }, answer);
@@ -72,10 +90,13 @@ struct TeacherOutput {
   LogitsAnswer* logits() { return std::get_if<LogitsAnswer>(&answer); }
   const TopkAnswer* topk() const { return std::get_if<TopkAnswer>(&answer); }
   TopkAnswer* topk() { return std::get_if<TopkAnswer>(&answer); }
+  const HiddenAnswer* hidden() const { return std::get_if<HiddenAnswer>(&answer); }
+  HiddenAnswer* hidden() { return std::get_if<HiddenAnswer>(&answer); }
   // The answer as that kind, made so (its tensors undefined) when it holds another: to fill it in place,
   // e.g. `TeacherOutput t; t.makeTopk().values = v;`.
   LogitsAnswer& makeLogits() { return logits() ? *logits() : answer.emplace<LogitsAnswer>(); }
   TopkAnswer& makeTopk() { return topk() ? *topk() : answer.emplace<TopkAnswer>(); }
+  HiddenAnswer& makeHidden() { return hidden() ? *hidden() : answer.emplace<HiddenAnswer>(); }
   // Every tensor of the answer, in the kinds table's order (undefined where left out).
   std::vector<at::Tensor*> tensors();
   std::vector<const at::Tensor*> tensors() const;

@@ -55,8 +55,9 @@ class TeacherReply {
   TeacherReply& operator=(TeacherReply&&) noexcept;
 
   const Handle& handle() const { return handle_; }
-  // The teacher's output for the loss: full logits, or top-k + logsumexp + log
-  // tail, and the teacher's vocabulary size (the loss checks it, loss.vocab).
+  // The teacher's output for the loss: full logits, top-k + logsumexp + log
+  // tail, or hidden states with the node's mapped head attached (HiddenAnswer),
+  // and the teacher's vocabulary size (the loss checks it, loss.vocab).
   TeacherOutput output() const;
   // The teacher's vocabulary size as it stated it (0: not stated).
   int64_t vocab() const { return vocab_; }
@@ -74,6 +75,7 @@ class TeacherReply {
   int64_t vocab_ = 0;
   AnswerKind kind_ = AnswerKind::kLogits;
   std::vector<std::pair<std::string, at::Tensor>> tensors_;
+  std::shared_ptr<const TeacherHead> head_; // hidden-state answers: the head they were made for
   std::unique_ptr<ipc::ReceivedMessage> held_; // view mode only
 };
 
@@ -81,7 +83,9 @@ class Client {
  public:
   // Attaches to this node's segment as local student topo.studentLocalRank and
   // waits (run.startup_timeout_s) until the teacher has admitted every local
-  // student. Call before any collective.
+  // student. Call before any collective. teacher.answer hidden: then maps the
+  // head the node's first teacher published (MappedTeacherHead::open, the same
+  // deadline; student/teacher_head.h): one read-only copy per node.
   Client(const Topology& topo, const Config& config);
   ~Client();
   Client(const Client&) = delete;
@@ -125,6 +129,13 @@ class Client {
   // output cache (teacher.cache) since it started, as it published after its
   // last batch; 0 with the cache off.
   double teacherCacheHitShare() const;
+
+  // teacher.answer hidden: the teacher's head, mapped (CPU tensors over the
+  // node's one copy; null for other answers). get() looks for a head a
+  // restarted teacher published (one stat(2)) before it hands out an answer:
+  // the same fingerprint is mapped anew, another is refused or adopted by
+  // teacher.head.on_change; so the pointer changes then.
+  std::shared_ptr<const TeacherHead> teacherHead() const;
 
   int64_t outstanding() const;
   const Config& config() const;

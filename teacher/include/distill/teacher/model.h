@@ -20,11 +20,13 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "distill/core/options.h"
+#include "distill/loss/hidden_head.h"
 
 namespace distill {
 
@@ -39,6 +41,16 @@ class TeacherModel {
   // The tensors its answers depend on (parameters and buffers), by name: the
   // teacher-output cache (teacher.cache) keys on a digest of them. Empty if unknown.
   virtual std::vector<std::pair<std::string, at::Tensor>> state() const { return {}; }
+  // Its output layer, for teacher.answer hidden (whose forward then returns
+  // the layer's input, its final hidden states, as teacher.output): published
+  // once per node at start-up (docs/teacher.md, "The hidden-state answer").
+  // The default looks teacher.head.weight and teacher.head.bias up in state()
+  // (a parameter or buffer of that name) and takes softcap and scale from
+  // teacher.head; nullopt when state() has no tensor of that weight name. A C++
+  // teacher whose head is not in its state, or that transforms its logits,
+  // overrides it ("declares its head"). The server refuses a head that is not
+  // one (validateTeacherHead) with a ConfigError naming the model and the names.
+  virtual std::optional<TeacherHead> head(const TeacherOptions& options) const;
 };
 
 // A model given as a function of the inputs returning the output tensor.
