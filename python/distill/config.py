@@ -21,6 +21,7 @@ __all__ = [
     "Section",
     "RunConfig",
     "TeacherCacheConfig",
+    "TeacherHeadConfig",
     "TeacherConfig",
     "StudentConfig",
     "TransportConfig",
@@ -166,6 +167,16 @@ class TeacherCacheConfig(Section):
     dtype: str  # float16 | float32: how float32 logits and top-k values are stored
 
 
+class TeacherHeadConfig(Section):
+    """teacher.head: the teacher's output layer, for teacher.answer hidden (docs/teacher.md)."""
+
+    weight: str  # its weight [V, d]: a parameter or buffer name of the model
+    bias: str  # its bias [V]: a name of the model's state ("": none)
+    softcap: float  # > 0: logits = softcap * tanh(logits / softcap)
+    scale: float  # logits *= scale before the softcap
+    on_change: str  # refuse | adopt: a restarted teacher's other head
+
+
 class TeacherConfig(Section):
     """teacher: the model served by the node's teacher process(es)."""
 
@@ -190,6 +201,9 @@ class TeacherConfig(Section):
     threads: int
     on_nonfinite: str
     cache: TeacherCacheConfig
+    answer: str  # auto | logits | topk | hidden
+    hidden_size: int  # answer hidden: d_t (0: unknown)
+    head: TeacherHeadConfig
 
 
 class StudentConfig(Section):

@@ -42,7 +42,7 @@ def _refuse(model: Any, what: str) -> "Exception":
                           "distill.serve(session, model, head=...) with a forward that returns the head's input")
 
 
-def hf_layer(model: torch.nn.Module) -> torch.nn.Module:
+def hf_layer(model: Any) -> torch.nn.Module:
     """The output layer of a PreTrainedModel, model.get_output_embeddings(), whose input (the final
     hidden states, after the final norm) a teacher with teacher.answer hidden sends.
 
@@ -55,7 +55,7 @@ def hf_layer(model: torch.nn.Module) -> torch.nn.Module:
     return layer
 
 
-def hf_head(model: torch.nn.Module) -> TeacherHead:
+def hf_head(model: Any) -> TeacherHead:
     """The head of a PreTrainedModel: its output layer (hf_layer: a torch.nn.Linear, its weight and
     bias) and the final transforms its config declares (final_logit_softcapping: softcap; Cohere's
     logit_scale: scale; Granite's logits_scaling: scale 1 / value).
