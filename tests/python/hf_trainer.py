@@ -97,6 +97,14 @@ def lowlevel(session, out, kind="llama"):
             student = torch.randn(x.shape + (VOCAB,), generator=g)
             a = distill.loss(student, y, reply, float(y.numel()), session).loss.item()
             b = distill.loss(student, y, {"logits": want}, float(y.numel()), session).loss.item()
+            if reply.kind == "hidden":  # a dict of hidden states: the session's mapped head
+                c = distill.loss(student, y, {"hidden": hidden}, float(y.numel()), session).loss.item()
+                a = max(a, c, key=lambda v: abs(v - b))
+                try:
+                    distill.loss(student, y, {"hidden": hidden}, float(y.numel()))
+                    report["no_head_error"] = ""
+                except distill.UsageError as e:
+                    report["no_head_error"] = str(e)
         report["max_loss_diff"] = max(report["max_loss_diff"], abs(a - b))
         report["max_logit_diff"] = max(report["max_logit_diff"], (got - want).abs().max().item())
         # the mask reached the model: the padded row's answer is not the unmasked forward's

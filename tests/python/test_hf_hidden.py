@@ -71,7 +71,8 @@ def test_a_qwen2_teacher_answering_hidden_states_trains_as_full_logits(bin_dir, 
 
 def test_a_student_gets_a_hidden_reply_and_its_loss_with_the_low_level_api(bin_dir, tmp_path):
     # Gemma 2, soft-capped at 2: its logits from the reply's hidden states and the head found in
-    # this process, and distill.loss of the reply (the head the student mapped), equal its own.
+    # this process, and distill.loss of the reply (the head the student mapped) or of a dict of its
+    # hidden states with session= (the same head), equal its own.
     reports, output = run_job(bin_dir, tmp_path, "hidden", "gemma2", mode="lowlevel",
                               inputs="[input_ids, attention_mask]")
     assert "softcap 2" in output, output[-3000:]  # the teacher's log line of the published head
@@ -81,6 +82,8 @@ def test_a_student_gets_a_hidden_reply_and_its_loss_with_the_low_level_api(bin_d
         assert r["max_logit_diff"] < 1e-5, r
         assert r["max_loss_diff"] < LOSS_TOL, r
         assert r["masked_rows_differ"] > 1e-3, r  # the mask reached the model
+        assert ("distill.loss: the teacher's answer is hidden states, and a dict of them brings no head: pass the "
+                "Reply itself, or session=") in r["no_head_error"], r
 
 
 def test_a_head_that_is_not_one_is_refused_at_start_up_naming_the_model_type(bin_dir, tmp_path):
