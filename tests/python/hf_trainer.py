@@ -17,7 +17,9 @@ DIR/rank<r>.json. Modes:
   paths     distill.Steps, float32, rank 0 materialised (backward(model(x))), rank 1 fused
             (backward(hidden, lm_head=model.lm_head)); the losses, the answers' kind, the parameters.
 --teacher picks the teacher (teacher_model): llama (default), qwen2, gemma2 (final_logit_softcapping),
-refused (a Llama whose config declares lm_head_multiplier: teacher.answer hidden refuses it).
+refused (a Llama whose config declares lm_head_multiplier: teacher.answer hidden refuses it),
+qwen2-plain (the qwen2 teacher served as a function returning its base model's last hidden state,
+its head given as distill.serve(..., head=model.lm_head)).
 """
 
 import argparse
@@ -167,10 +169,16 @@ def main():
     p.add_argument("--mode", choices=["lowlevel", "steps", "raw", "paths"], required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--precision", default="float32", choices=["float32", "bf16", "fp16"])
-    p.add_argument("--teacher", default="llama", choices=["llama", "qwen2", "gemma2", "refused"])
+    p.add_argument("--teacher", default="llama", choices=["llama", "qwen2", "gemma2", "refused", "qwen2-plain"])
     args = p.parse_args()
     torch.set_num_threads(1)
     if session.is_teacher:
+        if args.teacher == "qwen2-plain":  # no adapter: a function of the base model, its head declared
+            model = teacher_model("qwen2").eval()
+            stats = distill.serve(session, lambda ids: model.model(input_ids=ids).last_hidden_state,
+                                  fingerprint="qwen2 seed 0", head=model.lm_head)
+            print(f"teacher served {stats['requests']} requests", flush=True)
+            return
         model = teacher_model(args.teacher)
         stats = distill.serve(session, (lambda *t: model(*t)) if args.mode == "raw" else model)
         print(f"teacher served {stats['requests']} requests", flush=True)

@@ -56,17 +56,34 @@ def max_param_diff(params, ref):
     return max((torch.tensor(params[n]) - ref[n]).abs().max().item() for n in ref)
 
 
-def test_a_qwen2_teacher_answering_hidden_states_trains_as_full_logits(bin_dir, tmp_path):
-    hidden, output = run_job(bin_dir, tmp_path, "hidden", "qwen2")
-    assert "published its head" in output, output[-3000:]
-    logits, _ = run_job(bin_dir, tmp_path, "logits", "qwen2")
-    for h, f in zip(hidden, logits):  # rank 0: materialised, rank 1: fused
+@pytest.fixture(scope="module")
+def full_logits_job(bin_dir, tmp_path_factory):
+    """The Qwen2 job with teacher.answer logits: what the hidden-state jobs must equal."""
+    reports, _ = run_job(bin_dir, tmp_path_factory.mktemp("logits"), "logits", "qwen2")
+    return reports
+
+
+def assert_same_training(got, want):
+    for h, f in zip(got, want):  # rank 0: materialised, rank 1: fused
         assert h["steps"] == f["steps"] == ht.STEPS
         diff = max(abs(a - b) for hl, fl in zip(h["losses"], f["losses"]) for a, b in zip(hl, fl))
         assert diff < LOSS_TOL, (h["losses"], f["losses"])
         assert max_param_diff(h["params"], {n: torch.tensor(v) for n, v in f["params"].items()}) < PARAM_TOL
     # the two paths and both students moved together: one summed gradient
-    assert max_param_diff(hidden[0]["params"], {n: torch.tensor(v) for n, v in hidden[1]["params"].items()}) < PARAM_TOL
+    assert max_param_diff(got[0]["params"], {n: torch.tensor(v) for n, v in got[1]["params"].items()}) < PARAM_TOL
+
+
+def test_a_qwen2_teacher_answering_hidden_states_trains_as_full_logits(bin_dir, tmp_path, full_logits_job):
+    hidden, output = run_job(bin_dir, tmp_path, "hidden", "qwen2")
+    assert "published its head" in output, output[-3000:]
+    assert_same_training(hidden, full_logits_job)
+
+
+def test_a_function_teacher_with_its_head_given_trains_as_full_logits(bin_dir, tmp_path, full_logits_job):
+    # distill.serve(session, lambda ids: base(ids).last_hidden_state, head=model.lm_head): no adapter
+    hidden, output = run_job(bin_dir, tmp_path, "hidden", "qwen2-plain")
+    assert "published its head" in output, output[-3000:]
+    assert_same_training(hidden, full_logits_job)
 
 
 def test_a_student_gets_a_hidden_reply_and_its_loss_with_the_low_level_api(bin_dir, tmp_path):
@@ -167,3 +184,42 @@ def test_a_transform_no_config_declares_is_caught_by_the_start_up_probe():
     teacher = HFTeacher(model, ["input_ids"], hidden=True)
     with pytest.raises(distill.ConfigError, match=r"type 'qwen2'.*do not reproduce"):
         teacher.check_head()
+
+
+def fake_session(weight="lm_head.weight", softcap=0.0, scale=1.0):
+    """What _declared_head reads of a session: session.config.teacher.head."""
+    from types import SimpleNamespace as NS
+
+    return NS(config=NS(teacher=NS(head=NS(weight=weight, softcap=softcap, scale=scale))))
+
+
+def test_a_python_teacher_declares_its_head_by_argument_or_by_parameter_name():
+    from distill.head import TeacherHead
+    from distill.teacher import _declared_head
+
+    layer = torch.nn.Linear(8, 16)
+    given = _declared_head(fake_session(), lambda ids: ids, None, layer)
+    assert given.weight is layer.weight and given.bias is layer.bias and (given.softcap, given.scale) == (0.0, 1.0)
+    given = _declared_head(fake_session(), lambda ids: ids, None, TeacherHead(layer.weight, None, 30.0, 0.5))
+    assert given.bias is None and (given.softcap, given.scale) == (30.0, 0.5)
+    module = torch.nn.Module()
+    module.lm_head = layer  # teacher.head.weight's default, lm_head.weight: the config path (C++ looks it up)
+    assert _declared_head(fake_session(), module, None, None) is None
+    with pytest.raises(distill.ConfigError, match=r"the Python teacher \(a function\) has no parameter or buffer "
+                                                  r"'lm_head.weight' \(teacher.head.weight\).*head=\.\.\."):
+        _declared_head(fake_session(), lambda ids: ids, None, None)
+    with pytest.raises(distill.ConfigError, match=r"head must be a distill.TeacherHead, a torch.nn.Linear"):
+        _declared_head(fake_session(), module, None, "lm_head")
+    with pytest.raises(distill.ConfigError, match=r"weight must be \[V, d\] and its bias \[V\]"):
+        _declared_head(fake_session(), module, None, (layer.weight, torch.zeros(3)))
+
+
+def test_config_transforms_that_contradict_a_hugging_face_model_are_refused():
+    from distill.teacher import _declared_head
+
+    model = tiny("gemma2")
+    hf = HFTeacher(model, ["input_ids"], hidden=True)
+    assert _declared_head(fake_session(softcap=3.0), model, hf, None).softcap == 3.0  # the same: fine
+    with pytest.raises(distill.ConfigError, match=r"teacher.head: softcap 30.0 and scale 1.0 differ from what the "
+                                                  r"Hugging Face model \(type 'gemma2'\) declares, softcap 3.0"):
+        _declared_head(fake_session(softcap=30.0), model, hf, None)
