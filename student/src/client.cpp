@@ -87,11 +87,11 @@ struct Client::Impl {
         cfg.teacher.head.on_change == HeadOnChange::kAdopt ? HeadChange::kAdopt : HeadChange::kRefuse;
     mapped.emplace(MappedTeacherHead::open(topo.segment, reader, deadline, onChange));
     head = std::make_shared<const TeacherHead>(mapped->head());
-    logHead("mapped");
+    logHead("mapped the teacher's head");
   }
   void logHead(const char* what) const {
     const ipc::SharedHead& s = mapped->shared();
-    DISTILL_LOG(kInfo) << "student rank " << topo.globalRank << " " << what << " the teacher's head /dev/shm/"
+    DISTILL_LOG(kInfo) << "student rank " << topo.globalRank << " " << what << " /dev/shm/"
                        << s.objectName() << " (generation " << s.generation() << ", [" << s.vocab() << ", "
                        << s.dim() << "] " << ipc::headDTypeName(s.dtype()) << ", fingerprint " << s.fingerprint()
                        << ")";
@@ -103,7 +103,7 @@ struct Client::Impl {
     const bool changed = mapped->checkForChange();
     if (mapped->shared().generation() == before) return;
     head = std::make_shared<const TeacherHead>(mapped->head());
-    logHead(changed ? "adopted the changed head, now" : "mapped the republished");
+    logHead(changed ? "adopted the teacher's changed head" : "mapped the teacher's republished head");
   }
 
   Deadline responseDeadline() const { return Deadline::afterSeconds(cfg.run.peerWaitS()); }
