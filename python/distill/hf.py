@@ -33,13 +33,16 @@ _OTHER_TRANSFORMS = {"logit_scale": 1.0, "logits_scaling": 1.0, "lm_head_multipl
                      "unpadded_vocab_size": None}
 
 
-def _refuse(model: Any, what: str) -> "Exception":
+_DECLARE = "distill.serve(session, model, head=distill.TeacherHead(weight, bias, softcap, scale))"
+
+
+def _refuse(model: Any, what: str, remedy: str = "declare its head: " + _DECLARE) -> "Exception":
+    """The ConfigError of a Hugging Face model whose head distill cannot take, naming its type."""
     from . import _C
 
     kind = getattr(getattr(model, "config", None), "model_type", None) or type(model).__name__
     return _C.ConfigError(f"teacher.answer hidden: the Hugging Face model of type '{kind}' ({type(model).__name__}) "
-                          f"{what}; serve its logits (teacher.answer: logits or topk), or pass its head to "
-                          "distill.serve(session, model, head=...) with a forward that returns the head's input")
+                          f"{what}; serve its logits (teacher.answer: logits or topk), or {remedy}")
 
 
 def hf_layer(model: Any) -> torch.nn.Module:
@@ -51,7 +54,9 @@ def hf_layer(model: Any) -> torch.nn.Module:
     """
     layer = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if not isinstance(layer, torch.nn.Module):
-        raise _refuse(model, "has no output layer (get_output_embeddings() is None)")
+        raise _refuse(model, "has no output layer (get_output_embeddings() is None)",
+                      "serve a function that returns its final hidden states, with distill.serve(session, forward, "
+                      "fingerprint=..., head=...)")
     return layer
 
 

@@ -160,6 +160,10 @@ def test_an_output_layer_that_is_no_linear_is_refused_naming_the_type():
     with pytest.raises(distill.ConfigError, match=r"model of type 'llama' \(LlamaForCausalLM\) has an output layer "
                                                   r"of type Sequential, not a torch.nn.Linear"):
         hf_head(model)
+    model.get_output_embeddings = lambda: None
+    with pytest.raises(distill.ConfigError, match=r"type 'llama' \(LlamaForCausalLM\) has no output layer.*serve a "
+                                                  r"function that returns its final hidden states"):
+        HFTeacher(model, ["input_ids"], hidden=True)
 
 
 def test_a_scale_of_another_model_type_is_refused():
