@@ -239,6 +239,33 @@ TEST(HiddenHead, NoGradientIntoTheTeacherAndLeadingDims) {
   EXPECT_EQ(r.loss.item<double>(), flat.r.loss.item<double>());
 }
 
+// The answer kind (HiddenAnswer in TeacherOutput, as a Client hands it): fusedLinearLoss takes the
+// chunked path, distillLoss the materialised one (a padded head truncated too); both equal the
+// full-logits loss. Without its head the answer is refused.
+TEST(HiddenHead, AHiddenAnswerIsReadWithItsHead) {
+  Student s = makeStudent(true, 31);
+  Teacher t = makeTeacher(kVs + kPad, true, "softcap", 32);
+  const at::Tensor labels = makeLabels(33);
+  const LossOptions o = optionsFor("jsd", 0.5, 2.0, /*padded=*/true);
+  const TeacherOutput dense{LogitsAnswer{referenceLogits(t)}, kVs + kPad};
+  const TeacherOutput hidden{HiddenAnswer{t.h, std::make_shared<const TeacherHead>(t.head)}, kVs + kPad};
+  EXPECT_EQ(hidden.kind(), AnswerKind::kHidden);
+  const Outcome want = run(s, [&] { return fusedLinearLoss(s.h, s.w, s.b, labels, dense, o, 19.0, 5); });
+  const Outcome fused = run(s, [&] { return fusedLinearLoss(s.h, s.w, s.b, labels, hidden, o, 19.0, 5); });
+  EXPECT_LE(worstDiff(fused, want, o), 1e-9);
+  const at::Tensor z = at::addmm(s.b, s.h, s.w.t());
+  const LossResult a = distillLoss(z, labels, dense, o, 19.0), b = distillLoss(z, labels, hidden, o, 19.0);
+  EXPECT_LE(relErr(b.loss, a.loss), 1e-12);
+  EXPECT_LE(relErr(b.loss, want.r.loss), 1e-9);
+  TeacherOutput headless = hidden;
+  headless.hidden()->head = nullptr;
+  EXPECT_NE(expectThrow<UsageError>([&] { distillLoss(z, labels, headless, o, 19.0); }).find("no head came with them"),
+            std::string::npos);
+  EXPECT_NE(expectThrow<UsageError>([&] { fusedLinearLoss(s.h, s.w, s.b, labels, headless, o, 19.0); })
+                .find("no head came with them"),
+            std::string::npos);
+}
+
 // A padded head whose extra rows carry mass above loss.max_truncated_mass, or whose logits are not
 // finite: the materialised path's errors, word for word.
 TEST(HiddenHead, TruncationErrorsAreTheMaterialisedPaths) {

@@ -133,7 +133,9 @@ DISTILL_TEST_ROLE(distill_student) {
     }
     ++gets;
     const distill::TeacherOutput sent = reply.output();
-    payload = c10::toString((sent.logits() ? sent.logits()->logits : sent.topk()->values).scalar_type());
+    const distill::HiddenAnswer* hidden = sent.hidden(); // teacher.answer hidden: the reference is the full logits
+    payload = c10::toString(
+        (sent.logits() ? sent.logits()->logits : hidden ? hidden->hidden : sent.topk()->values).scalar_type());
     if (cfg.teacher.topk > 0 && !(sent.topk()->logsumexp.defined() && sent.topk()->logTail.defined())) {
       std::fprintf(stderr, "reply %d: top-k answer without %s\n", k,
                    sent.topk()->logsumexp.defined() ? "log_tail" : "logsumexp"); // the exact tail (losses.h)

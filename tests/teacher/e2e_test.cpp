@@ -82,6 +82,17 @@ TEST(TeacherEndToEnd, TorchScriptTwoStudentsGradAccFullLogits) { runJob(scriptTe
 
 TEST(TeacherEndToEnd, TorchScriptTwoStudentsGradAccTopK) { runJob(scriptTeacher(8), "script", 2, 25); }
 
+// Issue 43: the TorchScript teacher answers with its final hidden states (method `hidden`) and
+// publishes its head (head.weight, head.bias, scale 3: its forward's logits); each student's loss
+// from them and the mapped head equals the loss from the in-process teacher's full logits.
+TEST(TeacherEndToEnd, TorchScriptHiddenStatesWithItsHead) {
+  const auto r = runJob(scriptTeacher(0) +
+                            "  answer: hidden\n  method: hidden\n  hidden_size: 32\n  head:\n    weight: head.weight\n"
+                            "    bias: head.bias\n    scale: 3\n",
+                        "script", 2, 5, "Float", 1e-5);
+  EXPECT_TRUE(dt::contains(r.teacherLog, "published its head")) << r.teacherLog;
+}
+
 TEST(TeacherEndToEnd, RegisteredCppTeacher) {
   const std::string weights = ::testing::TempDir() + dt::uniqueName("tiny-mlp") + ".pt";
   torch::manual_seed(99);

@@ -1,6 +1,6 @@
 """Build-time: a tiny causal LM as TorchScript, served by distill-teacher in the
 end-to-end tests. Embedding + one causal self-attention block + linear head;
-vocab 64, d 32, fixed seed. Usage: make_teacher.py OUT.pt"""
+vocab 64, d 32, fixed seed; method `hidden` answers the head's input. Usage: make_teacher.py OUT.pt"""
 import math
 import sys
 
@@ -20,6 +20,12 @@ class TinyLM(nn.Module):
         self.head = nn.Linear(d, vocab)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return 3.0 * self.head(self.hidden(input_ids))  # sharper than init: a non-trivial target
+
+    @torch.jit.export
+    def hidden(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The final hidden states, the head's input (teacher.answer hidden, teacher.method hidden:
+        its head is head.weight, head.bias, scale 3)."""
         t = input_ids.size(1)
         x = self.tok(input_ids) + self.pos(torch.arange(t, device=input_ids.device))
         q, k, v = self.qkv(x).chunk(3, dim=-1)
@@ -27,7 +33,7 @@ class TinyLM(nn.Module):
         causal = torch.ones(t, t, dtype=torch.bool, device=input_ids.device).tril()
         att = att.masked_fill(~causal, float("-inf")).softmax(-1)
         x = x + self.proj(att @ v)
-        return 3.0 * self.head(self.norm(x))  # sharper than init: a non-trivial target
+        return self.norm(x)
 
 
 if __name__ == "__main__":
