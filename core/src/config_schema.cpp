@@ -85,7 +85,8 @@ std::vector<KeySpec> runAndTeacherKeys() {
       DISTILL_KEY(teacher, head.bias),
       DISTILL_KEY(teacher, head.softcap).min(0),
       DISTILL_KEY(teacher, head.scale).above(0),
-      DISTILL_KEY(teacher, head.on_change),
+      // Runtime: what a student does if a restarted teacher publishes another head, not what it trains on.
+      DISTILL_KEY(teacher, head.on_change).runtime(),
   };
 }
 

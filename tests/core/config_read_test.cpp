@@ -332,6 +332,9 @@ TEST(Config, TheAnswerKindAndTheHiddenStateHead) {
   EXPECT_EQ(Config().teacher.head.on_change, distill::HeadOnChange::kRefuse);
   EXPECT_EQ(dumpConfig(parseConfig(dumpConfig(c))), dumpConfig(c));
   EXPECT_NE(configHash(c), configHash(parseConfig(teacher))) << "the answer kind is what is trained on";
+  Config refuse = c;
+  refuse.teacher.head.on_change = distill::HeadOnChange::kRefuse;
+  EXPECT_EQ(configHash(refuse), configHash(c)) << "teacher.head.on_change is runtime";
   // Bytes per token: d_t payload values; the slots are sized by teacher.hidden_size.
   Config sized = c;
   sized.teacher.payload_dtype = distill::PayloadDtype::kBFloat16;

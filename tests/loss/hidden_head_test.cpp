@@ -266,6 +266,26 @@ TEST(HiddenHead, AHiddenAnswerIsReadWithItsHead) {
             std::string::npos);
 }
 
+// teacher.on_nonfinite mask marks a token's hidden row all NaN; Steps then ignores its label for the
+// kd term: such rows never reach the loss, on either path.
+TEST(HiddenHead, AMaskedHiddenRowOfAnIgnoredTokenIsNeverRead) {
+  Student s = makeStudent(false, 41);
+  Teacher t = makeTeacher(kVs, false, "none", 42);
+  at::Tensor labels = makeLabels(43);
+  labels[4] = kIgnore;
+  const LossOptions o = optionsFor("forward_kl", 0.5, 1.0, false);
+  const auto head = std::make_shared<const TeacherHead>(t.head);
+  const TeacherOutput clean{HiddenAnswer{t.h, head}, kVs};
+  at::Tensor marked = t.h.clone();
+  marked[4].fill_(std::numeric_limits<double>::quiet_NaN());
+  const TeacherOutput masked{HiddenAnswer{marked, head}, kVs};
+  const Outcome a = run(s, [&] { return fusedLinearLoss(s.h, s.w, s.b, labels, clean, o, 19.0, 5); });
+  const Outcome b = run(s, [&] { return fusedLinearLoss(s.h, s.w, s.b, labels, masked, o, 19.0, 5); });
+  EXPECT_LE(worstDiff(b, a, o), 1e-12);
+  const at::Tensor z = at::mm(s.h, s.w.t());
+  EXPECT_LE(relErr(distillLoss(z, labels, masked, o, 19.0).loss, distillLoss(z, labels, clean, o, 19.0).loss), 1e-12);
+}
+
 // A padded head whose extra rows carry mass above loss.max_truncated_mass, or whose logits are not
 // finite: the materialised path's errors, word for word.
 TEST(HiddenHead, TruncationErrorsAreTheMaterialisedPaths) {
