@@ -154,6 +154,22 @@ def test_the_head_of_each_family_gives_its_logits(family):
     assert (got - want).abs().max().item() < 1e-5
 
 
+def test_an_output_layer_with_a_bias_is_published_with_it():
+    model = tiny("qwen2")
+    with torch.no_grad():
+        model.lm_head = torch.nn.Linear(32, 64, bias=True)
+        model.lm_head.bias.uniform_(-1, 1)
+    teacher = HFTeacher(model, ["input_ids"], hidden=True)
+    assert teacher.head.bias is model.lm_head.bias
+    teacher.check_head()  # the probe: the bias is part of the model's logits and of the head's
+    ids = torch.randint(0, 64, (2, 6), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        got = head_logits(teacher(ids), teacher.head)
+        assert (got - model(input_ids=ids, use_cache=False).logits).abs().max().item() < 1e-5
+        without = teacher.head._replace(bias=None)
+        assert (head_logits(teacher(ids), without) - got).abs().max().item() > 0.1  # the bias mattered
+
+
 def test_an_output_layer_that_is_no_linear_is_refused_naming_the_type():
     model = tiny("llama")
     model.lm_head = torch.nn.Sequential(torch.nn.Linear(32, 64, bias=False))
