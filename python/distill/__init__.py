@@ -35,6 +35,7 @@ from ._C import (  # noqa: F401
     count_tokens,
 )
 from .config import Config  # noqa: F401
+from .head import TeacherHead  # noqa: F401
 from .loss import LossResult, fused_linear_loss, loss  # noqa: F401
 from .session import Session, init  # noqa: F401
 from .steps import StepItem, Steps  # noqa: F401
@@ -50,6 +51,7 @@ __all__ = [
     "Steps",
     "StepItem",
     "serve",
+    "TeacherHead",
     "loss",
     "fused_linear_loss",
     "LossResult",

@@ -232,6 +232,10 @@ class Steps:
         distill.fused_linear_loss (chunk_tokens tokens at a time, 0: automatic): the same value and
         gradients as on lm_head(hidden), without the [N, V] logits in memory.
 
+        A teacher answering with its hidden states (teacher.answer hidden) needs nothing more: its
+        logits are made from them and the head it published, mapped once per node, chunk by chunk
+        beside the student's in the fused loss (so neither [N, V] is held).
+
         Returns:
             The micro-batch's LossResult (unscaled).
 

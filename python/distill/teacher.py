@@ -5,11 +5,12 @@ import contextlib
 import signal
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, Optional, Union
 
 import torch
 
 from . import _C
+from .head import TeacherHead, head_of
 from .hf import HFTeacher, is_hf_model
 
 if TYPE_CHECKING:
@@ -48,8 +49,39 @@ def _sigint_while_serving(session: "Session") -> Iterator[None]:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def _declared_head(session: "Session", model: Any, hf: Optional[HFTeacher], head: Any) -> Optional[TeacherHead]:
+    """teacher.answer hidden: the head serve() publishes. `head` when given; a Hugging Face model's own
+    (HFTeacher, checked on a probe); else None: teacher.head.weight and .bias name parameters or buffers
+    of the module (ConfigError here, in Python's words, when it has none of that name)."""
+    t = session.config.teacher
+    if hf is not None:
+        assert hf.head is not None
+        if head is None:
+            hf.check_head()
+            found = hf.head
+            if (t.head.softcap, t.head.scale) not in ((0.0, 1.0), (found.softcap, found.scale)):
+                raise _C.ConfigError(
+                    f"teacher.head: softcap {t.head.softcap} and scale {t.head.scale} differ from what the Hugging "
+                    f"Face model (type '{getattr(model.config, 'model_type', '?')}') declares, softcap "
+                    f"{found.softcap} and scale {found.scale}: leave them out (its own are used), or pass the "
+                    "head to distill.serve(session, model, head=distill.TeacherHead(...))")
+        return hf.head
+    if head is not None:
+        return head_of(head)
+    names: "set[str]" = set()
+    if isinstance(model, torch.nn.Module):
+        names = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
+    if t.head.weight not in names:
+        raise _C.ConfigError(
+            f"teacher.answer hidden: the Python teacher (a {type(model).__qualname__}) has no parameter or buffer "
+            f"'{t.head.weight}' (teacher.head.weight) to publish as its output layer: pass the head to "
+            "distill.serve(session, model, head=...) (a torch.nn.Linear, its weight, a (weight, bias) pair or a "
+            "distill.TeacherHead), or name it with teacher.head.weight and teacher.head.bias")
+    return None
+
+
 def serve(session: "Session", model: Union[torch.nn.Module, Callable[..., Any]], fingerprint: str = "",
-          share_prefix: int = 16) -> Dict[str, Any]:
+          share_prefix: int = 16, head: Any = None) -> Dict[str, Any]:
     """Answers every request of this teacher's students until they have all finished; returns
     the counts (requests, errors, masked, batches, forward_seconds, wall_seconds, per_student).
 
@@ -70,11 +102,24 @@ def serve(session: "Session", model: Union[torch.nn.Module, Callable[..., Any]],
     (the G samples of a prompt, docs/onpolicy.md) have it computed once (0: never); the counts
     then include teacher_tokens (token positions computed) and teacher_tokens_unshared.
 
+    teacher.answer hidden (docs/teacher.md, "The hidden-state answer"): the teacher answers with the
+    input of its output layer, [B, T, d_t], and publishes the layer (its head) once per node at
+    start-up; the students make its logits from both. A Hugging Face model needs nothing more: the
+    hidden states are what its get_output_embeddings() layer receives (a forward pre-hook, which
+    also gives that layer no positions, so the [B, T, V] logits are not computed), its head is that
+    torch.nn.Linear's weight and bias with the transforms its config declares (Gemma 2's
+    final_logit_softcapping, Cohere's logit_scale, Granite's logits_scaling), checked at start-up
+    against its own logits on a 4-token probe; a head that is none of these is refused, naming the
+    model type. Any other model's forward returns the hidden states itself, and its head is
+    `head` (a torch.nn.Linear, its weight [V, d], a (weight, bias) pair, or a distill.TeacherHead
+    with softcap and scale), or else the parameters teacher.head.weight and teacher.head.bias name.
+
     Args:
         session: the teacher's session (session.is_teacher).
         model: a torch.nn.Module, a PreTrainedModel, or a function of the request's tensors.
         fingerprint: identifies the model in the teacher-output cache (required without parameters).
         share_prefix: a Hugging Face model's shortest shared prefix computed once per group (0: off).
+        head: teacher.answer hidden: the output layer to publish (a Hugging Face model's own when None).
 
     Returns:
         The counts: requests, errors, batches, forward_seconds, wall_seconds, per_student
@@ -82,16 +127,22 @@ def serve(session: "Session", model: Union[torch.nn.Module, Callable[..., Any]],
 
     Raises:
         ConfigError: this process is a student, or a model without parameters and no fingerprint
-            while teacher.cache is on.
+            while teacher.cache is on; teacher.answer hidden with a head refused (naming the model
+            type) or not declared.
         Exception: what the model's forward raised.
     """
     hf = None
-    if isinstance(model, torch.nn.Module) and is_hf_model(model):
-        model = hf = HFTeacher(model, session.config.teacher.inputs, session.config.teacher.output, share_prefix)
+    hidden = session.is_teacher and session.config.teacher.answer == "hidden"
     if isinstance(model, torch.nn.Module):
         model.eval()
+    if isinstance(model, torch.nn.Module) and is_hf_model(model):
+        given = head_of(head) if head is not None else None
+        model = hf = HFTeacher(model, session.config.teacher.inputs, session.config.teacher.output, share_prefix,
+                               hidden=hidden, head=given)
+    declared = _declared_head(session, model if hf is None else hf.model, hf, head) if hidden else None
+    spec = None if declared is None else (declared.weight, declared.bias, declared.softcap, declared.scale)
     with _sigint_while_serving(session):
-        stats = _C._serve(session._c, model, fingerprint)
+        stats = _C._serve(session._c, model, fingerprint, spec)
     if hf is not None:
         stats["teacher_tokens"], stats["teacher_tokens_unshared"] = hf.tokens, hf.tokens_unshared
     return stats

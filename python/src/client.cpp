@@ -49,6 +49,20 @@ TeacherOutput teacherOutputOf(const pyb::object& teacher) {
   return teacherOutputFrom(answerKindNamed(has), get, d.contains("vocab") ? d["vocab"].cast<int64_t>() : 0);
 }
 
+// A dict of hidden states (no head travels with them) gets the session's: the node's mapped head,
+// as a Reply has it. No session, or one whose teacher publishes none: a UsageError saying so.
+void attachHead(TeacherOutput& t, PySession* s, const char* fn) {
+  HiddenAnswer* h = t.hidden();
+  if (h == nullptr || h->head != nullptr) return;
+  DISTILL_CHECK_T(UsageError, s != nullptr, fn,
+                  ": the teacher's answer is hidden states, and a dict of them brings no head: pass the Reply "
+                  "itself, or session= (its teacher's head, mapped)");
+  h->head = s->client().teacherHead();
+  DISTILL_CHECK_T(UsageError, h->head != nullptr, fn,
+                  ": the teacher's answer is hidden states, and this session's teacher publishes no head "
+                  "(teacher.answer is not hidden)");
+}
+
 // The answer kinds table for Python (distill._C.answer_kinds): {kind: [tensor names]}.
 pyb::dict answerKindsDict() {
   pyb::dict d;
@@ -89,7 +103,9 @@ LossOptions lossOptions(const PySession* s, const pyb::dict& overrides) {
 pyb::tuple loss(const at::Tensor& logits, const at::Tensor& labels, const pyb::object& teacher, double normalizer,
                 const pyb::object& session, const pyb::dict& overrides) {
   TeacherOutput t = teacherOutputOf(teacher);
-  LossOptions o = lossOptions(session.is_none() ? nullptr : session.cast<SessionPtr>().get(), overrides);
+  PySession* s = session.is_none() ? nullptr : session.cast<SessionPtr>().get();
+  attachHead(t, s, "distill.loss");
+  LossOptions o = lossOptions(s, overrides);
   LossResult r;
   {
     pyb::gil_scoped_release nogil;
@@ -102,7 +118,9 @@ pyb::tuple fusedLinearLoss(const at::Tensor& hidden, const at::Tensor& weight, c
                            const at::Tensor& labels, const pyb::object& teacher, double normalizer,
                            const pyb::object& session, int64_t chunkTokens, const pyb::dict& overrides) {
   TeacherOutput t = teacherOutputOf(teacher);
-  LossOptions o = lossOptions(session.is_none() ? nullptr : session.cast<SessionPtr>().get(), overrides);
+  PySession* s = session.is_none() ? nullptr : session.cast<SessionPtr>().get();
+  attachHead(t, s, "distill.fused_linear_loss");
+  LossOptions o = lossOptions(s, overrides);
   LossResult r;
   {
     pyb::gil_scoped_release nogil;

@@ -1,5 +1,8 @@
 // distill.serve(model): the teacher's serving loop in C++, the forward in Python.
+#include <optional>
+
 #include "distill/core/errors.h"
+#include "distill/loss/hidden_head.h"
 #include "distill/teacher/model.h"
 #include "distill/teacher/server.h"
 #include "session.h"
@@ -12,8 +15,9 @@ namespace {
 // the server's thread with the GIL released; it takes the GIL for the call.
 class PyTeacher : public TeacherModel {
  public:
-  PyTeacher(pyb::object module, std::string output, std::string fingerprint)
-      : module_(std::move(module)), output_(std::move(output)), fingerprint_(std::move(fingerprint)) {
+  PyTeacher(pyb::object module, std::string output, std::string fingerprint, std::optional<TeacherHead> head)
+      : module_(std::move(module)), output_(std::move(output)), fingerprint_(std::move(fingerprint)),
+        head_(std::move(head)) {
     // The cache keys on the weights: read their names once, here, with the GIL.
     if (pyb::hasattr(module_, "named_parameters")) {
       for (auto item : module_.attr("named_parameters")()) {
@@ -68,6 +72,11 @@ class PyTeacher : public TeacherModel {
     return THPVariable_Unpack(value.ptr());
   }
   std::vector<std::pair<std::string, at::Tensor>> state() const override { return state_; }
+  // teacher.answer hidden: the head distill.serve found (a Hugging Face model's) or was given
+  // (head=); none: teacher.head's names looked up in the module's parameters and buffers.
+  std::optional<TeacherHead> head(const TeacherOptions& options) const override {
+    return head_ ? head_ : TeacherModel::head(options);
+  }
 
  private:
   // `value` as a tensor, or a ProtocolError saying what the forward returned.
@@ -83,14 +92,28 @@ class PyTeacher : public TeacherModel {
   pyb::object module_;
   std::string output_, fingerprint_;
   std::vector<std::pair<std::string, at::Tensor>> state_;
+  std::optional<TeacherHead> head_;
 };
 
-pyb::dict serveModule(const SessionPtr& s, pyb::object module, std::string fingerprint) {
+// distill.serve's head (python/distill/head.py): weight, bias or None, softcap, scale; None: not declared.
+std::optional<TeacherHead> headOf(const pyb::object& head) {
+  if (head.is_none()) return std::nullopt;
+  auto t = head.cast<pyb::tuple>();
+  TeacherHead h;
+  h.weight = t[0].cast<at::Tensor>();
+  if (!t[1].is_none()) h.bias = t[1].cast<at::Tensor>();
+  h.softcap = t[2].cast<double>();
+  h.scale = t[3].cast<double>();
+  return h;
+}
+
+pyb::dict serveModule(const SessionPtr& s, pyb::object module, std::string fingerprint, const pyb::object& head) {
   DISTILL_CHECK_T(UsageError, s->session.teacher,
                   "distill.serve: this process is a student (serve the teacher on the teacher's rank: "
                   "`if session.is_teacher: distill.serve(session, model)`)");
   const bool noFingerprint = fingerprint.empty();
-  auto model = std::make_shared<PyTeacher>(std::move(module), s->session.config.teacher.output, std::move(fingerprint));
+  auto model = std::make_shared<PyTeacher>(std::move(module), s->session.config.teacher.output, std::move(fingerprint),
+                                           headOf(head));
   // The cache keys its answers on the weights: a teacher without parameters
   // (a function, a lambda) must name them. Said here, in Python's words.
   DISTILL_CHECK_T(ConfigError,
@@ -117,7 +140,8 @@ pyb::dict serveModule(const SessionPtr& s, pyb::object module, std::string finge
 } // namespace
 
 void bindTeacher(pyb::module_& m) {
-  m.def("_serve", &serveModule, pyb::arg("session"), pyb::arg("model"), pyb::arg("fingerprint") = "");
+  m.def("_serve", &serveModule, pyb::arg("session"), pyb::arg("model"), pyb::arg("fingerprint") = "",
+        pyb::arg("head") = pyb::none());
 }
 
 } // namespace distill::py

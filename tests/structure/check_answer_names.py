@@ -12,9 +12,10 @@ kinds"). Fails (exit 1, one line per spelling) when:
    train/, launcher/, include/) and the binding's C++ (python/src/). Comments
    do not count.
 2. a Python string literal of the package (python/distill/*.py) is one of
-   "topk_values", "topk_indices", "logsumexp", "log_tail". Docstrings and
+   "topk_values", "topk_indices", "logsumexp", "log_tail", "hidden". Docstrings and
    comments do not count: they document the dict keys a user passes to
-   distill.loss (a public API, docs/python-api.md).
+   distill.loss (a public API, docs/python-api.md). "hidden" compared with
+   teacher.answer (`.answer == "hidden"`) is that key's value, not a tensor.
 
 "logits" is also an ordinary word, so it counts as an answer's name only where
 it can be one. In C++ a literal "logits" is allowed as the default of a model
@@ -48,6 +49,8 @@ CPP_TOKEN = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"', re.S)
 LOGITS_ALLOWED = re.compile(r'\boutput\w*\s*=\s*"logits"|\barg\("logits"\)', re.IGNORECASE)
 # Where "logits" or "hidden" names an argument or a teacher.answer value (see above).
 WORD_ALLOWED = re.compile(r'\barg\("(logits|hidden)"\)|DISTILL_OPTION_ENUM_NAMES\(TeacherAnswer,')
+# Where a Python "hidden" is teacher.answer's value (see above).
+PY_ANSWER_VALUE = re.compile(r'\.answer\s*[!=]=\s*["\']hidden["\']')
 
 
 def cpp_problems(root):
@@ -87,13 +90,15 @@ def python_problems(root):
         with open(os.path.join(root, rel), encoding="utf-8") as f:
             source = f.read()
         previous = None
+        lines = source.splitlines()
         for tok in tokenize.generate_tokens(io.StringIO(source).readline):
             # A string statement on its own (after an indent, a newline or at the start) is a docstring.
             docstring = tok.type == tokenize.STRING and previous in (None, tokenize.INDENT, tokenize.NEWLINE,
                                                                     tokenize.DEDENT)
             if tok.type == tokenize.STRING and not docstring:
                 value = tok.string.strip("rbuRBU").strip("'\"")
-                if value in NAMES and value != "logits":
+                if value in NAMES and value != "logits" and not (
+                        value == "hidden" and PY_ANSWER_VALUE.search(lines[tok.start[0] - 1])):
                     problems.append(f"{rel}:{tok.start[0]}: spells the answer tensor name '{value}'; read it "
                                     f"from distill._C.answer_kinds")
             if tok.type not in (tokenize.COMMENT, tokenize.NL):

@@ -1,0 +1,60 @@
+"""The teacher's head for teacher.answer: hidden (docs/teacher.md, "The hidden-state answer"): the
+teacher sends the input of its output layer, its final hidden states [B, T, d_t], and publishes the
+layer once per node at serve() start; the students make the teacher's logits from both, chunk by
+chunk in the loss, so that the [N, V] logits are never sent nor held."""
+
+from typing import Any, NamedTuple, Optional
+
+import torch
+
+__all__ = ["TeacherHead", "head_of", "head_logits"]
+
+
+class TeacherHead(NamedTuple):
+    """A teacher's output layer, for teacher.answer: hidden (docs/teacher.md, "The hidden-state
+    answer"): its logits are transform(hidden @ weight.T + bias), where transform multiplies by
+    `scale` (1: none), then soft-caps, softcap * tanh(z / softcap) (0: none). Published once per
+    node at serve() start; the students make the teacher's logits from it and the hidden states."""
+
+    weight: torch.Tensor  # [V_t, d_t]
+    bias: Optional[torch.Tensor] = None  # [V_t], or None
+    softcap: float = 0.0
+    scale: float = 1.0
+
+
+def head_of(head: Any) -> TeacherHead:
+    """distill.serve's head= argument as a TeacherHead: a TeacherHead, a torch.nn.Linear (its
+    weight and bias), a weight tensor [V, d], or a (weight, bias) pair.
+
+    Raises:
+        ConfigError: anything else, or a weight that is not [V, d] or a bias that is not [V].
+    """
+    from . import _C
+
+    if isinstance(head, TeacherHead):
+        out = head
+    elif isinstance(head, torch.nn.Linear):
+        out = TeacherHead(head.weight, head.bias)
+    elif isinstance(head, torch.Tensor):
+        out = TeacherHead(head)
+    elif isinstance(head, (tuple, list)) and len(head) == 2 and isinstance(head[0], torch.Tensor):
+        out = TeacherHead(head[0], head[1])
+    else:
+        raise _C.ConfigError("distill.serve: head must be a distill.TeacherHead, a torch.nn.Linear, a weight "
+                             f"tensor [V, d] or a (weight, bias) pair, found {type(head).__name__}")
+    w, b = out.weight, out.bias
+    if w.dim() != 2 or (b is not None and (not isinstance(b, torch.Tensor) or tuple(b.shape) != (w.size(0),))):
+        raise _C.ConfigError(f"distill.serve: the head's weight must be [V, d] and its bias [V] or None; found "
+                             f"weight {list(w.shape)}, bias {None if b is None else list(getattr(b, 'shape', []))}")
+    return out._replace(softcap=float(out.softcap), scale=float(out.scale))
+
+
+def head_logits(hidden: torch.Tensor, head: TeacherHead) -> torch.Tensor:
+    """The teacher's logits from its hidden states and head, in the head's dtype (as the teacher's
+    forward computes them): for the start-up check; the students compute them in C++, chunked."""
+    z = torch.nn.functional.linear(hidden.to(head.weight.dtype), head.weight, head.bias)
+    if head.scale != 1.0:
+        z = z * head.scale
+    if head.softcap > 0:
+        z = torch.tanh(z / head.softcap) * head.softcap
+    return z
