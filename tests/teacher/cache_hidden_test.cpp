@@ -71,8 +71,15 @@ TEST(TeacherCacheHidden, RowsOfAnotherHeadAreNeverRead) {
     EXPECT_TRUE(bitEqual(again[0], first[0])) << "hidden rows read back as stored (float32)";
     EXPECT_TRUE(bitEqual(again[0].at(distill::protocol::kHidden), hiddenRows(x).answer.at(distill::protocol::kHidden)));
   }
-  TeacherCache other(f32, b, kNames, 1.0); // the same store, another head
-  other.answer({{x}}, compute, at::kCPU);
-  EXPECT_EQ(other.stats().hits, 0);
-  EXPECT_EQ(computes, 2);
+  // The same store opened for another head: refused at open, naming both heads' fingerprints.
+  try {
+    TeacherCache other(f32, b, kNames, 1.0);
+    ADD_FAILURE() << "a store of another head opened";
+  } catch (const distill::ConfigError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("it holds answers of [hidden states of head " + headFingerprint(1)), std::string::npos) << m;
+    EXPECT_NE(m.find("where this teacher answers [hidden states of head " + headFingerprint(2)), std::string::npos)
+        << m;
+  }
+  EXPECT_EQ(computes, 1);
 }

@@ -208,10 +208,24 @@ TEST(TeacherCacheStore, ShuffledRebatchedRowsHitBitEqual) {
   writer.answer({{all.narrow(0, 0, 2)}}, compute, at::kCPU);
   EXPECT_EQ(computes, before + 1);
   EXPECT_EQ(writer.stats().hits, 0);
-  // Another context (another teacher) over the same store: no hit.
-  TeacherCache other(options(dir.path, "readwrite"), kContext + " other weights", kNames, 2.0);
-  other.answer({{all}}, compute, at::kCPU);
-  EXPECT_EQ(other.stats().hits, 0);
+  // Another context (another teacher, another signal) over the same store: refused at open in
+  // every mode, naming what the store holds and what this teacher answers; the store is unchanged.
+  for (const char* mode : {"read", "readwrite", "write"}) {
+    try {
+      TeacherCache other(options(dir.path, mode), kContext + "\nweights other", kNames, 2.0);
+      ADD_FAILURE() << "mode " << mode << ": no ConfigError";
+    } catch (const distill::ConfigError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("written by another teacher or for another signal: it holds answers of [(nothing)] where "
+                       "this teacher answers [weights other]"),
+                std::string::npos)
+          << m;
+      EXPECT_NE(m.find(dir.path), std::string::npos) << m;
+    }
+  }
+  TeacherCache again(options(dir.path, "read"), kContext, kNames, 2.0);
+  again.answer({{all.narrow(0, 0, 2)}}, compute, at::kCPU);
+  EXPECT_EQ(again.stats().hits, 2);
 }
 
 TEST(TeacherCacheStore, RefusesWhatItCannotServe) {
@@ -329,7 +343,7 @@ TEST(TeacherCacheStore, SigkillMidWriteLeavesACorrectStore) {
 
   // The store opens (the dead writer's lock and reader slot are recovered) and
   // holds every batch reported committed, each row bit-equal to recomputing it,
-  // and no entry besides those and the header.
+  // and no entry besides those, the header and the signal record.
   TeacherCache cache(options(dir.path, "readwrite"), kContext, kNames);
   int64_t found = 0;
   for (int64_t i = 0; i < committed + 64; ++i) {
@@ -354,9 +368,10 @@ TEST(TeacherCacheStore, SigkillMidWriteLeavesACorrectStore) {
   MDB_stat stat;
   ASSERT_EQ(mdb_env_stat(env, &stat), 0);
   mdb_env_close(env);
-  // Entries: the rows found before this test's own inserts (the first miss), plus the header.
-  EXPECT_GE(int64_t(stat.ms_entries), found + 1);
-  EXPECT_LE(int64_t(stat.ms_entries), found + 1 + 8); // + the batch this check inserted itself
+  // Entries: the rows found before this test's own inserts (the first miss), plus the header and
+  // the signal record.
+  EXPECT_GE(int64_t(stat.ms_entries), found + 2);
+  EXPECT_LE(int64_t(stat.ms_entries), found + 2 + 8); // + the batch this check inserted itself
   std::printf("writer killed after %d reported commits; %lld rows found intact\n", committed,
               static_cast<long long>(found));
 }

@@ -21,6 +21,11 @@
 // writable by no one else (refused at open, naming the path and its mode);
 // they are created 0700 / 0600.
 //
+// Signal: a store holds the answers of one teacher (its weights) of one kind
+// (the answer context, keys.h, stored in the store at its creation). A teacher
+// whose context differs is refused at open (ConfigError naming the store, what
+// it holds and what this teacher answers), never served another's rows.
+//
 // Store: one LMDB environment per path, shared by every teacher of the node
 // (LMDB's lock file; readers of dead processes cleared at open); one write
 // transaction per batch. A process killed mid-write leaves the last committed
@@ -62,6 +67,8 @@
 #include "distill/core/options.h"
 #include "keys.h"
 #include "records.h"
+
+struct MDB_txn; // lmdb.h
 
 namespace distill {
 
@@ -164,6 +171,7 @@ class TeacherCache {
   std::string checkOpened(); // "" or why the opened store is unusable
   void setAside();
   void readHeader();
+  bool checkSignal(MDB_txn* txn);
   std::optional<std::string> lookup(const CacheKey& key);
   void noteCorrupt(const CacheKey& key, const std::string& why);
   void stopInserting(const std::string& why);

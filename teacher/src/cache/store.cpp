@@ -35,6 +35,31 @@ namespace {
 // The header record: its key is no 32-byte digest, so no row key meets it.
 const std::string kHeaderKey = "distill-teacher-cache";
 std::string headerValue(uint32_t version) { return "format " + std::to_string(version); }
+// The signal record: the answer context of the teacher that wrote the store
+// (keys.h: its weights, the answer kind and its parameters, the payload
+// dtype...). A store holds one teacher's one signal; a teacher of another
+// context is refused at open, naming what differs, instead of missing every row.
+const std::string kSignalKey = "distill-teacher-signal";
+
+std::vector<std::string> contextLines(const std::string& context) {
+  std::vector<std::string> out;
+  std::istringstream in(context);
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+// "it holds X where this teacher answers Y" over the lines that differ (by position).
+std::string signalDifference(const std::string& stored, const std::string& mine) {
+  const std::vector<std::string> a = contextLines(stored), b = contextLines(mine);
+  std::string held, wanted;
+  for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+    const std::string x = i < a.size() ? a[i] : "(nothing)", y = i < b.size() ? b[i] : "(nothing)";
+    if (x == y) continue;
+    held += (held.empty() ? "" : "; ") + x;
+    wanted += (wanted.empty() ? "" : "; ") + y;
+  }
+  return "it holds answers of [" + held + "] where this teacher answers [" + wanted + "]";
+}
 
 std::string lmdbError(int rc) { return mdb_strerror(rc); }
 
@@ -250,6 +275,7 @@ void TeacherCache::readHeader() {
   DISTILL_CHECK_T(IpcError, rc == 0, "teacher cache ", path_, ": mdb_dbi_open: ", lmdbError(rc));
   MDB_val key = val(kHeaderKey.data(), kHeaderKey.size()), data;
   const std::string want = headerValue(kCacheFormatVersion);
+  bool dirty = false;
   rc = mdb_get(txn.get(), env_->dbi, &key, &data);
   if (rc == 0) {
     DISTILL_CHECK_T(ConfigError, env_->inFile(data) && data.mv_size < 64, "teacher.cache.path: the store in ", path_,
@@ -264,9 +290,37 @@ void TeacherCache::readHeader() {
     MDB_val v = val(want.data(), want.size());
     rc = mdb_put(txn.get(), env_->dbi, &key, &v, 0);
     DISTILL_CHECK_T(ConfigError, rc == 0, "teacher cache ", path_, ": cannot write its header: ", lmdbError(rc));
-    rc = txn.commit();
-    DISTILL_CHECK_T(ConfigError, rc == 0, "teacher cache ", path_, ": cannot write its header: ", lmdbError(rc));
+    dirty = true;
   }
+  dirty = checkSignal(txn.get()) || dirty;
+  if (!dirty) return;
+  rc = txn.commit();
+  DISTILL_CHECK_T(ConfigError, rc == 0, "teacher cache ", path_, ": cannot write its header: ", lmdbError(rc));
+}
+
+// The store's signal record against this teacher's answer context: another is
+// refused naming what differs; none (a new store, or one of 0.4) gets this
+// teacher's when it writes. True when it put the record.
+bool TeacherCache::checkSignal(MDB_txn* txn) {
+  MDB_val key = val(kSignalKey.data(), kSignalKey.size()), data;
+  int rc = mdb_get(txn, env_->dbi, &key, &data);
+  if (rc == 0) {
+    DISTILL_CHECK_T(ConfigError, env_->inFile(data), "teacher.cache.path: the store in ", path_,
+                    " is damaged: its signal record lies outside data.mdb");
+    const std::string stored(static_cast<const char*>(data.mv_data), data.mv_size);
+    DISTILL_CHECK_T(ConfigError, stored == context_, "teacher.cache.path: the store in ", path_,
+                    " was written by another teacher or for another signal: ", signalDifference(stored, context_),
+                    ". A store holds one teacher's answers of one kind: give this teacher another "
+                    "teacher.cache.path, or remove the store");
+    return false;
+  }
+  DISTILL_CHECK_T(ConfigError, rc == MDB_NOTFOUND, "teacher.cache.path: the store in ", path_,
+                  " is damaged: its signal record cannot be read: ", lmdbError(rc));
+  if (!writes_) return false;
+  MDB_val v = val(context_.data(), context_.size());
+  rc = mdb_put(txn, env_->dbi, &key, &v, 0);
+  DISTILL_CHECK_T(ConfigError, rc == 0, "teacher cache ", path_, ": cannot write its signal record: ", lmdbError(rc));
+  return true;
 }
 
 TeacherCache::~TeacherCache() = default;

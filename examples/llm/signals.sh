@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# examples/llm at equal tokens with each teacher signal: label-only (torchrun) and the students
+# distilled from the teacher's top-64, its full logits and its hidden states with its head
+# (teacher.answer: hidden), over SEEDS (1 2 3 by default). Held-out losses and bytes per token go to
+# $OUT/signals.json (one JSON line, also printed). Makes the tokenizer, tokens and teacher first
+# unless $OUT has them (run.sh's REUSE). docs/llm.md, "Which signal".
+#   bash examples/llm/signals.sh      (STEPS=100 TEACHER_STEPS=200 SEEDS="1 2 3" SIGNALS="label top64 full hidden")
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+build=${DISTILL_BUILD_DIR:-build}
+steps=${STEPS:-100}
+out=${OUT:-logs/llm-signals}
+seeds=(${SEEDS:-1 2 3})
+signals=(${SIGNALS:-label top64 full hidden})
+if ! python3 -c "import distill" 2>/dev/null; then export PYTHONPATH="$PWD/$build/python${PYTHONPATH:+:$PYTHONPATH}"; fi
+run=$(command -v distill-run || echo "$build/bin/distill-run")
+[ -x "$build/bin/distill-run" ] && run="$build/bin/distill-run"
+export OMP_NUM_THREADS=1 RAYON_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error
+ex=examples/llm/train.py
+mkdir -p "$out/results"
+if [ ! -f "$out/tokens.pt" ] || [ ! -f "$out/teacher.json" ] || [ ! -d "$out/teacher" ]; then
+  python3 $ex --mode prepare --out "$out"
+  python3 $ex --mode teacher --out "$out" --teacher-steps "${TEACHER_STEPS:-200}"
+fi
+for seed in "${seeds[@]}"; do
+  for sig in "${signals[@]}"; do
+    echo "== $sig, seed $seed"
+    if [ "$sig" = label ]; then
+      python3 -m torch.distributed.run --standalone --nproc-per-node 2 $ex --mode label --out "$out" --steps "$steps" --seed "$seed"
+      cp "$out/label.json" "$out/results/label-s$seed.json"
+      continue
+    fi
+    case $sig in
+      top64) sets=() ;;   # distill.yaml's teacher.topk: 64
+      # Full float32 logits: 128 000 B a token, so response slots for 1 024 tokens (125 MiB each).
+      full) sets=(--set teacher.topk=0 --set teacher.vocab_size=32000 --set teacher.max_batch_tokens=1024) ;;
+      # The teacher's final hidden states (d = 256) and its head, mapped once by both students.
+      hidden) sets=(--set teacher.topk=0 --set teacher.answer=hidden --set teacher.hidden_size=256) ;;
+      *) echo "unknown signal $sig (label, top64, full, hidden)" >&2; exit 2 ;;
+    esac
+    rm -rf "$out/distill" "$out/distill_steps.jsonl"
+    "$run" --config examples/llm/distill.yaml --master-port 0 --set "run.steps=$steps" --set "run.seed=$seed" \
+      --set "run.log_dir=$out/distill" --set "checkpoint.dir=$out/distill/checkpoints" "${sets[@]}" \
+      -- python3 $ex --mode distill --out "$out" --seed "$seed" 2>&1 | tee "$out/results/$sig-s$seed.log" | grep -E "slots:|val_loss|job finished"
+    cp "$out/distill.json" "$out/results/$sig-s$seed.json"
+  done
+done
+python3 - "$out" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" <<'PY'
+import glob, json, os, re, statistics, sys
+out, commit = sys.argv[1:]
+teacher = json.load(open(f"{out}/teacher.json"))["val_loss"]
+rows = {}
+for f in sorted(glob.glob(f"{out}/results/*-s*.json")):
+    sig, seed = re.match(r"(.*)-s(\d+)\.json", os.path.basename(f)).groups()
+    rows.setdefault(sig, {})[int(seed)] = json.load(open(f))["val_loss"]
+ring = {}
+for sig in rows:
+    logs = glob.glob(f"{out}/results/{sig}-s*.log")
+    m = re.search(r"\(auto; [^)]*?(\d+) B/token", open(logs[0]).read().split("response", 1)[-1]) if logs else None
+    ring[sig] = int(m.group(1)) if m else 0
+res = {"bench": "llm_signals", "teacher_val_loss": teacher, "commit": commit, "signals": {}}
+label = rows.get("label", {})
+for sig, by in rows.items():
+    gap = [(label[s] - v) / (label[s] - teacher) for s, v in by.items() if s in label and sig != "label"]
+    res["signals"][sig] = {"val_loss": by, "mean": statistics.mean(by.values()),
+                           "ring_bytes_per_token": ring[sig],
+                           "gap_closed": statistics.mean(gap) if gap else None}
+print(json.dumps(res))
+json.dump(res, open(f"{out}/signals.json", "w"))
+PY
