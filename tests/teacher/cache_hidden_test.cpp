@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include "cache/cache.h"
+#include "distill/core/errors.h"
 #include "cache/keys.h"
 #include "distill/core/answer_kinds.h"
 #include "distill/ipc/shared_head.h"
