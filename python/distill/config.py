@@ -168,13 +168,13 @@ class TeacherCacheConfig(Section):
 
 
 class TeacherHeadConfig(Section):
-    """teacher.head: the teacher's output layer, for teacher.answer hidden (docs/teacher.md)."""
+    """teacher.head: the teacher's output layer, with teacher.answer hidden (docs/teacher.md)."""
 
-    weight: str  # its weight [V, d]: a parameter or buffer name of the model
-    bias: str  # its bias [V]: a name of the model's state ("": none)
-    softcap: float  # > 0: logits = softcap * tanh(logits / softcap)
-    scale: float  # logits *= scale before the softcap
-    on_change: str  # refuse | adopt: a restarted teacher's other head
+    weight: str  # a parameter or buffer name of the model: [V_t, d_t]
+    bias: str  # "" : none
+    softcap: float  # > 0: logits = softcap * tanh(logits / softcap); 0: none
+    scale: float  # logits *= scale before the softcap; 1: none
+    on_change: str  # refuse | adopt: a restarted teacher publishing another head
 
 
 class TeacherConfig(Section):
