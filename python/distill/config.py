@@ -202,7 +202,7 @@ class TeacherConfig(Section):
     on_nonfinite: str
     cache: TeacherCacheConfig
     answer: str  # auto | logits | topk | hidden
-    hidden_size: int
+    hidden_size: int  # answer hidden: d_t (0: unknown)
     head: TeacherHeadConfig
 
 
