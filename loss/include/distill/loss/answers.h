@@ -50,7 +50,36 @@ struct TopkAnswer {
   std::array<const at::Tensor*, 4> tensors() const { return {&values, &indices, &logsumexp, &logTail}; }
 };
 
-using AnswerTensors = std::variant<LogitsAnswer, TopkAnswer>;
+// The teacher's logits at ids the request named (AnswerKind::kIds): the
+// student's own top-k, or the tokens it sampled (losses.h, "Ids answers").
+// Only values, logsumexp and logTail travel; `ids` and `samplingLogProbs` are
+// the student's, attached where it reads the answer.
+struct IdsAnswer {
+  static constexpr AnswerKind kKind = AnswerKind::kIds;
+  at::Tensor values; // [N, k]: the teacher's logits at `ids`
+  at::Tensor logsumexp; // [N]: logsumexp(teacher logits / T) over the full vocab
+  at::Tensor logTail; // optional [N]: the same over the ids NOT in `ids` (-inf when k = V)
+  at::Tensor ids; // [N, k] int32 | int64, unique per row: the ids the request named (not sent back)
+  at::Tensor samplingLogProbs; // optional [N], loss.kind sampled_token: log-prob of ids[:, 0] under
+                               // the policy that sampled it (importance weight; not sent)
+
+  std::array<at::Tensor*, 3> tensors() { return {&values, &logsumexp, &logTail}; }
+  std::array<const at::Tensor*, 3> tensors() const { return {&values, &logsumexp, &logTail}; }
+};
+
+// K ids drawn from the teacher's distribution at the loss temperature, with
+// replacement (AnswerKind::kSampled): counts / K is an unbiased estimate of it
+// (losses.h, "Sampled targets").
+struct SampledAnswer {
+  static constexpr AnswerKind kKind = AnswerKind::kSampled;
+  at::Tensor ids; // [N, K] int32 | int64: the drawn ids (entries of count 0 are padding)
+  at::Tensor counts; // [N, K] int16 | int32 | int64 | floating: draws of each; a row sums to K
+
+  std::array<at::Tensor*, 2> tensors() { return {&ids, &counts}; }
+  std::array<const at::Tensor*, 2> tensors() const { return {&ids, &counts}; }
+};
+
+using AnswerTensors = std::variant<LogitsAnswer, TopkAnswer, IdsAnswer, SampledAnswer>;
 
 // What the teacher sent for one micro-batch: its answer, of one kind, and the
 // vocabulary it stated.
@@ -63,6 +92,8 @@ struct TeacherOutput {
   TeacherOutput() = default;
   TeacherOutput(LogitsAnswer a, int64_t v = 0) : answer(std::move(a)), vocab(v) {}
   TeacherOutput(TopkAnswer a, int64_t v = 0) : answer(std::move(a)), vocab(v) {}
+  TeacherOutput(IdsAnswer a, int64_t v = 0) : answer(std::move(a)), vocab(v) {}
+  TeacherOutput(SampledAnswer a, int64_t v = 0) : answer(std::move(a)), vocab(v) {}
 
   AnswerKind kind() const {
     return std::visit([](const auto& a) { return std::decay_t<decltype(a)>::kKind; }, answer);
@@ -72,6 +103,10 @@ struct TeacherOutput {
   LogitsAnswer* logits() { return std::get_if<LogitsAnswer>(&answer); }
   const TopkAnswer* topk() const { return std::get_if<TopkAnswer>(&answer); }
   TopkAnswer* topk() { return std::get_if<TopkAnswer>(&answer); }
+  const IdsAnswer* ids() const { return std::get_if<IdsAnswer>(&answer); }
+  IdsAnswer* ids() { return std::get_if<IdsAnswer>(&answer); }
+  const SampledAnswer* sampled() const { return std::get_if<SampledAnswer>(&answer); }
+  SampledAnswer* sampled() { return std::get_if<SampledAnswer>(&answer); }
   // The answer as that kind, made so (its tensors undefined) when it holds another: to fill it in place,
   // e.g. `TeacherOutput t; t.makeTopk().values = v;`.
   LogitsAnswer& makeLogits() { return logits() ? *logits() : answer.emplace<LogitsAnswer>(); }
