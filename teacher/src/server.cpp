@@ -413,7 +413,7 @@ class Server {
   // The configured kind's answer (teacher/src/answer/), plus hidden states.
   std::map<std::string, at::Tensor> shape(std::map<std::string, at::Tensor> raw) {
     std::map<std::string, at::Tensor> out =
-        shapeAnswer(raw.at(cfg_.teacher.output), ShapeContext{cfg_.teacher, cfg_.loss.temperature});
+        shapeAnswer(raw.at(cfg_.teacher.output), ShapeContext{cfg_.teacher, cfg_.loss.temperature, {}});
     for (auto& name : cfg_.teacher.hidden_states) {
       auto h = raw.find(name);
       DISTILL_CHECK_T(ProtocolError, h != raw.end(), "teacher model returned no hidden state '", name,
