@@ -78,7 +78,7 @@ const std::vector<AnswerKindSpec>& answerKinds() {
        {{protocol::kSampledIds, DtypeRule::kInt32, ShapeRule::kSamples, false},
         {protocol::kSampledCounts, DtypeRule::kInt16, ShapeRule::kSamples, false}},
        protocol::kSampledCounts,
-       true},
+       false},
   };
   return kinds;
 }
