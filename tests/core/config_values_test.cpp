@@ -44,8 +44,9 @@ TEST(Config, DumpAndHashAreStableAndSensitive) {
 
 TEST(Config, KeysInSchemaOrder) {
   const auto keys = configKeys();
-  EXPECT_EQ(keys.size(), 70u); // 62 + loss.vocab, loss.max_truncated_mass, teacher.payload_dtype, teacher.vocab_size,
-                               // teacher.cache.keys, teacher.cache.dtype, teacher.on_nonfinite, loss.on_nonfinite
+  EXPECT_EQ(keys.size(), 71u); // 62 + loss.vocab, loss.max_truncated_mass, teacher.payload_dtype, teacher.vocab_size,
+                               // teacher.cache.keys, teacher.cache.dtype, teacher.on_nonfinite, loss.on_nonfinite,
+                               // teacher.samples
   EXPECT_EQ(keys.front(), "run.name");
   EXPECT_EQ(keys.back(), "checkpoint.on_corrupt");
   EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()).size(), keys.size());
