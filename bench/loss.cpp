@@ -9,6 +9,12 @@
 //
 // --double: float64 logits (both losses); --kind: only that kind.
 //
+//   build/bin/bench_loss --signals [--n 128] [--v 32000] [--draws 100] [--reps 5]
+//
+// --signals: bytes per token, CPU time and gradient bias of each teacher signal
+// (full, top-k, the student's top-k, sampled targets, the sampled token;
+// bench/signals.cpp says how).
+//
 //   build/bin/bench_loss --linear [--n 4096] [--d 512] [--v 32000] [--topk 64] [--reps 3] [--threads 1] [--kind K]
 //                                 [--teacher full|top|hidden]
 //
@@ -273,6 +279,8 @@ int linearMain(int argc, char** argv) {
 
 } // namespace
 
+int signalsMain(int argc, char** argv); // signals.cpp
+
 int main(int argc, char** argv) {
   int64_t n = 1024, v = 256;
   int reps = 200;
@@ -280,6 +288,7 @@ int main(int argc, char** argv) {
   std::string only;
   for (int i = 1; i < argc; ++i) {
     if (std::string(argv[i]) == "--linear") return linearMain(argc, argv);
+    if (std::string(argv[i]) == "--signals") return signalsMain(argc, argv);
   }
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];

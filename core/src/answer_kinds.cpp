@@ -25,6 +25,8 @@ bool dtypeFits(DtypeRule rule, c10::ScalarType t) {
       return t == c10::kInt;
     case DtypeRule::kFloat32:
       return t == c10::kFloat;
+    case DtypeRule::kInt16:
+      return t == c10::kShort;
   }
   return false;
 }
@@ -37,6 +39,8 @@ const char* dtypeRuleName(DtypeRule rule) {
       return "int32";
     case DtypeRule::kFloat32:
       return "float32";
+    case DtypeRule::kInt16:
+      return "int16";
   }
   return "?";
 }
@@ -66,6 +70,21 @@ const std::vector<AnswerKindSpec>& answerKinds() {
        {{protocol::kHidden, DtypeRule::kPayload, ShapeRule::kHiddenDim, false}},
        protocol::kHidden,
        false},
+      {AnswerKind::kIds,
+       "ids",
+       "ids",
+       {{protocol::kIdsValues, DtypeRule::kPayload, ShapeRule::kIds, false},
+        {protocol::kLogsumexp, DtypeRule::kFloat32, ShapeRule::kToken, false},
+        {protocol::kLogTail, DtypeRule::kFloat32, ShapeRule::kToken, true}},
+       protocol::kLogsumexp,
+       false},
+      {AnswerKind::kSampled,
+       "sampled",
+       "sampled ids",
+       {{protocol::kSampledIds, DtypeRule::kInt32, ShapeRule::kSamples, false},
+        {protocol::kSampledCounts, DtypeRule::kInt16, ShapeRule::kSamples, false}},
+       protocol::kSampledCounts,
+       false},
   };
   return kinds;
 }
@@ -94,6 +113,7 @@ AnswerKind answerKindOf(const TeacherOptions& t) {
     case TeacherAnswer::kAuto:
       break;
   }
+  if (t.samples > 0) return AnswerKind::kSampled;
   return t.topk > 0 ? AnswerKind::kTopk : AnswerKind::kLogits;
 }
 
@@ -102,6 +122,7 @@ std::string describeAnswer(const TeacherOptions& t, const char* vocab) {
   if (answerKindOf(t) == AnswerKind::kHidden) {
     return t.hidden_size > 0 ? "hidden states of d=" + std::to_string(t.hidden_size) : "hidden states";
   }
+  if (answerKindOf(t) == AnswerKind::kSampled) return "sampled K=" + std::to_string(t.samples);
   return vocab && t.vocab_size > 0 ? "full logits of " + std::string(vocab) + std::to_string(t.vocab_size)
                                    : "full logits";
 }
@@ -116,12 +137,17 @@ int64_t elementsPerToken(const TeacherOptions& t, ShapeRule rule) {
       return 1;
     case ShapeRule::kHiddenDim:
       return t.hidden_size;
+    case ShapeRule::kIds:
+      return 0;
+    case ShapeRule::kSamples:
+      return t.samples;
   }
   return 0;
 }
 
 int64_t elementBytes(const TeacherOptions& t, DtypeRule rule) {
-  return rule == DtypeRule::kPayload ? payloadValueBytes(t) : 4;
+  if (rule == DtypeRule::kPayload) return payloadValueBytes(t);
+  return rule == DtypeRule::kInt16 ? 2 : 4;
 }
 
 int64_t answerBytes(const TeacherOptions& t, int64_t tokens, int64_t align) {

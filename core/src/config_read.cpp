@@ -252,6 +252,30 @@ void checkTeacherAnswer(const Config& config, const Ok& ok, const Suffix& suffix
     problems.push_back("teacher.hidden_states: cannot be returned with teacher.answer: hidden (the output " +
                        std::string("teacher.output is the hidden states); set teacher.hidden_states: []") +
                        suffix("teacher.hidden_states"));
+// teacher.samples (sampled answers, answer_kinds.h) against what cannot take them yet or ever.
+template <typename Ok, typename Suffix>
+void checkSamples(const Config& config, const Ok& ok, const Suffix& suffix, std::vector<std::string>& problems) {
+  if (!ok("teacher.samples") || config.teacher.samples == 0) return;
+  const std::string s = "teacher.samples (" + std::to_string(config.teacher.samples) + ")";
+  const auto add = [&](const std::string& why) { problems.push_back(why + suffix("teacher.samples")); };
+  if (ok("teacher.topk") && config.teacher.topk > 0) add(s + ": one answer kind: set teacher.topk: 0 or teacher.samples: 0");
+  if (ok("teacher.answer") && config.teacher.answer != TeacherAnswer::kAuto) {
+    add(s + ": one answer kind: teacher.answer " + toString(config.teacher.answer) +
+        " answers no samples; set teacher.answer: auto or teacher.samples: 0");
+  }
+  if (ok("loss.kind") && config.loss.kind != LossKind::kForwardKl) {
+    add(s + " with loss.kind " + toString(config.loss.kind) +
+        ": sampled answers give an unbiased forward KL only (docs/losses.md, \"Sampled targets\"); use "
+        "loss.kind: forward_kl");
+  }
+  if (ok("teacher.cache.mode") && config.teacher.cache.mode != CacheMode::kOff) {
+    add(s + ": sampled answers are not cached yet: set teacher.cache.mode: off");
+  }
+  if (ok("teacher.on_nonfinite") && config.teacher.on_nonfinite == TeacherOnNonfinite::kMask) {
+    add(s + ": a sampled answer cannot mark a masked token (integer counts): set teacher.on_nonfinite: error");
+  }
+  if (ok("teacher.hidden_states") && !config.teacher.hidden_states.empty()) {
+    add(s + ": sampled answers carry no hidden states: set teacher.hidden_states: []");
   }
 }
 
@@ -307,6 +331,7 @@ void checkAcrossFields(const Config& config, const std::vector<std::optional<Set
                        std::to_string(config.run.nproc_per_node) + suffix("run.nnodes"));
   }
   checkTeacherPool(config, ok, suffix, problems);
+  checkSamples(config, ok, suffix, problems);
   if (ok("run.node_rank") && ok("run.nnodes") && config.run.node_rank >= config.run.nnodes) {
     problems.push_back("run.node_rank: must be < run.nnodes (" + std::to_string(config.run.nnodes) + "), found " +
                        std::to_string(config.run.node_rank) + suffix("run.node_rank"));

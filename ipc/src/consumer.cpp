@@ -26,6 +26,8 @@ at::ScalarType fromWire(uint32_t d) {
       return at::kBFloat16;
     case wire::DType::kBool:
       return at::kBool;
+    case wire::DType::kInt16:
+      return at::kShort;
   }
   return at::kByte; // unreachable after validateHeader
 }

@@ -27,9 +27,11 @@ wire::DType toWire(at::ScalarType t, const std::string& name) {
       return wire::DType::kBFloat16;
     case at::kBool:
       return wire::DType::kBool;
+    case at::kShort:
+      return wire::DType::kInt16;
     default:
       DISTILL_THROW(IpcError, "tensor '", name, "': dtype ", c10::toString(t),
-                    " cannot be sent (int32, int64, float32, float16, bfloat16, bool)");
+                    " cannot be sent (int32, int64, int16, float32, float16, bfloat16, bool)");
   }
 }
 

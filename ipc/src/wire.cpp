@@ -23,13 +23,15 @@ int64_t itemSize(DType d) {
       return 2;
     case DType::kBool:
       return 1;
+    case DType::kInt16: // sampled answers' counts
+      return 2;
   }
   return 0;
 }
 
 const char* dtypeName(uint32_t d) {
-  static const char* names[] = {"?", "int32", "int64", "float32", "float16", "bfloat16", "bool"};
-  return d < 7 ? names[d] : "?";
+  static const char* names[] = {"?", "int32", "int64", "float32", "float16", "bfloat16", "bool", "int16"};
+  return d < 8 ? names[d] : "?";
 }
 const char* kindName(uint32_t k) {
   static const char* names[] = {"?", "request", "response", "error", "finish"};

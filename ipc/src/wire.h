@@ -69,7 +69,7 @@ constexpr size_t alignUp(size_t n, size_t a) { return (n + a - 1) / a * a; }
 // ---- Enumerations (stored as uint32_t; SlotHeader::kind as uint16_t) ---------------------------
 
 enum class Kind : uint32_t { kRequest = 1, kResponse = 2, kError = 3, kFinish = 4 };
-enum class DType : uint32_t { kInt32 = 1, kInt64 = 2, kFloat32 = 3, kFloat16 = 4, kBFloat16 = 5, kBool = 6 };
+enum class DType : uint32_t { kInt32 = 1, kInt64 = 2, kFloat32 = 3, kFloat16 = 4, kBFloat16 = 5, kBool = 6, kInt16 = 7 };
 enum class Location : uint32_t { kHost = 0, kCuda = 1 };
 enum class ProcState : uint32_t {
   kEmpty = 0, // never attached

@@ -26,8 +26,11 @@ Kind kindOf(LossKind k) {
       return Kind::kReverse;
     case LossKind::kJsd:
       return Kind::kJsd;
+    case LossKind::kSampledToken: // an estimate of the reverse KL (sampled_chunks.cpp computes it)
+      return Kind::kReverse;
   }
-  DISTILL_THROW(ConfigError, "loss.kind: expected forward_kl | reverse_kl | jsd, found value ", static_cast<int>(k));
+  DISTILL_THROW(ConfigError, "loss.kind: expected forward_kl | reverse_kl | jsd | sampled_token, found value ",
+                static_cast<int>(k));
 }
 
 double epsOf(at::ScalarType t) {
@@ -61,6 +64,7 @@ Problem fromOptions(const LossOptions& o, double normalizer, const char* fn) {
                   normalizer);
   Problem pb;
   pb.kind = kindOf(o.kind);
+  pb.sampledToken = o.kind == LossKind::kSampledToken;
   pb.temperature = o.temperature;
   pb.alpha = o.alpha;
   pb.needKd = o.alpha > 0;
@@ -138,6 +142,9 @@ Problem prepare(const StudentShape& z, const at::Tensor& labels, const TeacherOu
                                     ") or ignore_index = ", o.ignore_index);
                     }});
   ReadState read{o, keep, checks, truncate, cpuFused};
+  DISTILL_CHECK_T(ConfigError, !pb.sampledToken || !pb.needKd || teacher.ids(),
+                  "loss.kind sampled_token needs ids answers of the tokens the student sampled (the teacher's logit "
+                  "at each and its logsumexp), found a ", answerKind(teacher.kind()).title, " answer");
   std::visit([&](const auto& answer) { readTarget(pb, answer, z, read); }, teacher.answer);
   cpuFused = read.cpuFused;
   runChecks(checks);
@@ -150,7 +157,7 @@ Problem prepare(const StudentShape& z, const at::Tensor& labels, const TeacherOu
     pb.kernel = cpuRowKernel();
     pb.labels = pb.labels.contiguous();
     if (pb.tIndices.defined()) pb.tIndices = pb.tIndices.contiguous();
-  } else if (z.fusable) {
+  } else if (z.fusable && !pb.tWeights.defined() && !pb.sampledToken) {
     const RowKernel* k = rowKernel(z.device.type());
     if (k && k->adopt(pb)) pb.kernel = k;
   }

@@ -5,6 +5,7 @@
 //   targets/         one reader per answer kind (targets.h), called by loss_inputs.cpp
 //   losses.cpp       the chunks (fused CPU kernel or ATen ops), autograd, distillLoss
 //   fused_linear.cpp fusedLinearLoss: the output projection chunked with the loss
+//   sampled_chunks.cpp  the chunks of sampled targets and of loss.kind sampled_token
 //   hidden_head.cpp  the teacher as hidden states + head (hidden_teacher.h)
 //   loss_vocab.cpp   loss.vocab: a teacher vocabulary that differs from the student's
 //   row_kernel.h     the row kernels by device (cpu/, cuda/) that compute chunks in one pass
@@ -90,6 +91,13 @@ struct Problem {
   // ATen-op path takes them (Problem::fused is false then).
   at::Tensor tNull; // [N, k] bool
   double massMax = -1, massSum = -1; // the dropped teacher mass over the valid rows (-1: none dropped)
+  // Sampled targets (targets/sampled.cpp): tIndices [N, K] the drawn ids, tWeights [N, K] their
+  // counts / K in the arithmetic dtype (the estimated teacher distribution).
+  at::Tensor tWeights;
+  // loss.kind sampled_token (targets/ids.cpp): tIndices [N, 1] the sampled ids, tValues [N, 1] the
+  // teacher's logits of them, tLse [N]; tSamplingLogp [N] the sampling policy's log-probs or undefined.
+  bool sampledToken = false;
+  at::Tensor tSamplingLogp;
 };
 
 // Checks the inputs of one distillLoss call (shapes, dtypes, devices, label
@@ -128,6 +136,22 @@ struct Sums {
   at::Tensor kd, ce;
 };
 Sums runChunks(const Problem& pb, const at::Tensor& z2, at::Tensor grad2);
+
+// The hard-label CE of rows `rows` whose logits x [C, V] are given (losses.cpp):
+// adds its sum to ceSum; lse1 the logsumexp of x, gce the gradient of
+// (1 - alpha) ce / normalizer w.r.t. x (when needGrad). Undefined both when
+// the term is not computed.
+struct HardLabel {
+  at::Tensor lse1, gce;
+};
+HardLabel hardLabelTerm(const Problem& pb, const at::Tensor& x, const at::Tensor& rows, bool needGrad,
+                        at::Tensor& ceSum);
+// A chunk of sampled targets or of loss.kind sampled_token (sampled_chunks.cpp):
+// x [C, V] the rows' logits (our own copy, overwritten), lse1 and gce from
+// hardLabelTerm; adds the kd sum and writes the rows' gradient into `grad`
+// (when defined).
+void sampledChunk(const Problem& pb, at::Tensor& x, const at::Tensor& rows, const at::Tensor& lse1,
+                  const at::Tensor& gce, at::Tensor& grad, at::Tensor& kdSum);
 LossResult finish(const Problem& pb, const Sums& s);
 
 } // namespace distill::loss_impl

@@ -173,6 +173,29 @@ at::Tensor teacherBuckets(const Problem& pb, const at::Tensor& rows, const at::T
   return at::cat({vals, logqTail.sub_(norm).unsqueeze(1)}, 1);
 }
 
+} // namespace
+
+namespace loss_impl {
+
+HardLabel hardLabelTerm(const Problem& pb, const at::Tensor& x, const at::Tensor& rows, bool needGrad,
+                        at::Tensor& ceSum) {
+  HardLabel h;
+  if (!pb.needCe) return h;
+  at::Tensor lab = pb.labels.index_select(0, rows).unsqueeze(1); // [C, 1]
+  h.lse1 = at::logsumexp(x, 1);
+  ceSum.add_((h.lse1 - x.gather(1, lab).squeeze(1)).sum().to(at::kDouble));
+  if (needGrad) {
+    h.gce = (x - h.lse1.unsqueeze(1)).exp_();
+    h.gce.scatter_add_(1, lab, at::full({lab.size(0), 1}, -1.0, h.gce.options()));
+    h.gce.mul_((1 - pb.alpha) / pb.normalizer);
+  }
+  return h;
+}
+
+} // namespace loss_impl
+
+namespace {
+
 // One chunk of valid rows: adds the kd and ce sums to the accumulators and, when
 // `grad` is defined, writes the gradient of loss w.r.t. those rows into it.
 // `grad` may be z itself: every read of z comes before the gradient is written.
@@ -186,17 +209,8 @@ void lossChunk(const Problem& pb, const at::Tensor& z, const Rows& chunk, at::Te
 
   // Hard-label CE at temperature 1; its gradient first, while x still holds z.
   at::Tensor x = z.index_select(0, rows).to(pb.compute); // our own [C, V] copy
-  at::Tensor lse1, gce;
-  if (pb.needCe) {
-    at::Tensor lab = pb.labels.index_select(0, rows).unsqueeze(1); // [C, 1]
-    lse1 = at::logsumexp(x, 1);
-    ceSum.add_((lse1 - x.gather(1, lab).squeeze(1)).sum().to(at::kDouble));
-    if (needGrad) {
-      gce = (x - lse1.unsqueeze(1)).exp_();
-      gce.scatter_add_(1, lab, at::full({lab.size(0), 1}, -1.0, gce.options()));
-      gce.mul_((1 - pb.alpha) / pb.normalizer);
-    }
-  }
+  auto [lse1, gce] = hardLabelTerm(pb, x, rows, needGrad, ceSum);
+  if (pb.tWeights.defined() || pb.sampledToken) return sampledChunk(pb, x, rows, lse1, gce, grad, kdSum);
   if (!pb.needKd) {
     if (needGrad) grad.index_copy_(0, rows, gce.to(grad.scalar_type()));
     return;

@@ -195,6 +195,7 @@ class TeacherConfig(Section):
     autocast: str
     max_batch_tokens: int
     topk: int
+    samples: int
     payload_dtype: str
     vocab_size: int
     max_restarts: int

@@ -290,6 +290,7 @@ class Server {
       // process dies in forward, the next incarnation finds them still in the
       // ring and serves them (elastic teacher). With student.in_flight <=
       // transport.slots this never makes a student wait for a slot.
+      rowKeys_ = sampleKeys(batch);
       for (auto& p : batch) {
         sizes.push_back(p.inputs[0].size(0));
         p.inputs.clear();
@@ -414,10 +415,22 @@ class Server {
     return true;
   }
 
+  // Sampled answers: the key of each row of the batch (sampleKey: seed, student, tag, row); else undefined.
+  at::Tensor sampleKeys(const std::vector<Pending>& batch) const {
+    if (answerKindOf(cfg_.teacher) != AnswerKind::kSampled) return {};
+    std::vector<int64_t> keys;
+    for (const Pending& p : batch) {
+      for (int64_t r = 0; r < p.inputs[0].size(0); ++r) {
+        keys.push_back(static_cast<int64_t>(sampleKey(cfg_.run.seed, p.student, p.msg.tag(), r)));
+      }
+    }
+    return at::tensor(keys, at::kLong);
+  }
+
   // The configured kind's answer (teacher/src/answer/), plus hidden states.
   std::map<std::string, at::Tensor> shape(std::map<std::string, at::Tensor> raw) {
     std::map<std::string, at::Tensor> out =
-        shapeAnswer(raw.at(cfg_.teacher.output), ShapeContext{cfg_.teacher, cfg_.loss.temperature});
+        shapeAnswer(raw.at(cfg_.teacher.output), ShapeContext{cfg_.teacher, cfg_.loss.temperature, rowKeys_});
     for (auto& name : cfg_.teacher.hidden_states) {
       auto h = raw.find(name);
       DISTILL_CHECK_T(ProtocolError, h != raw.end(), "teacher model returned no hidden state '", name,
@@ -462,6 +475,7 @@ class Server {
   std::optional<ipc::Segment> segment_;
   std::optional<ipc::TeacherEndpoint> endpoint_;
   std::deque<Pending> pending_;
+  at::Tensor rowKeys_; // the batch being computed: sampleKeys
   std::vector<std::optional<Tag>> last_;
   std::vector<bool> finished_; // by local student index (only those in mine_ are used)
   std::vector<int> mine_; // the local students this teacher serves (teacher i % K)

@@ -28,6 +28,12 @@ TEST(AnswerKinds, BytesPerTokenAreTheKindsTensors) {
   EXPECT_EQ(distill::answerKindOf(t), AnswerKind::kTopk);
   EXPECT_EQ(distill::answerBytes(t, 10, 64), aligned(10 * 8 * 2) + aligned(10 * 8 * 4) + 2 * aligned(10 * 4));
   EXPECT_EQ(distill::answerBytesPerToken(t), double(8 * (2 + 4) + 8));
+  t.samples = 8; // sampled: K int32 ids + K int16 counts, whatever teacher.topk says
+  EXPECT_EQ(distill::answerKindOf(t), AnswerKind::kSampled);
+  EXPECT_EQ(distill::answerBytesPerToken(t), double(8 * 6));
+  EXPECT_EQ(distill::answerBytes(t, 10, 64), aligned(10 * 8 * 4) + aligned(10 * 8 * 2));
+  EXPECT_EQ(distill::describeAnswer(t), "sampled K=8");
+  t.samples = 0;
   t.topk = 0;
   t.vocab_size = 0;
   EXPECT_EQ(distill::answerBytes(t, 10, 64), 0) << "full logits of an unknown vocabulary";
@@ -75,6 +81,18 @@ TEST(AnswerKinds, AResponseMustMatchItsKind) {
   wrong = sent;
   wrong[2].shape = {2, 4};
   EXPECT_NE(distill::answerMismatch(topk, wrong).find("'logsumexp' has shape [2, 4]"), std::string::npos);
+  const uint8_t sampled = static_cast<uint8_t>(AnswerKind::kSampled);
+  std::vector<TensorFacts> draws{{protocol::kSampledIds, c10::kInt, {2, 3, 8}},
+                                 {protocol::kSampledCounts, c10::kShort, {2, 3, 8}}};
+  EXPECT_EQ(distill::answerMismatch(sampled, draws), "");
+  draws[1].dtype = c10::kInt;
+  EXPECT_NE(distill::answerMismatch(sampled, draws).find("expected int16"), std::string::npos);
+  const uint8_t ids = static_cast<uint8_t>(AnswerKind::kIds);
+  std::vector<TensorFacts> atIds{{protocol::kIdsValues, c10::kBFloat16, {2, 3, 1}},
+                                 {protocol::kLogsumexp, c10::kFloat, {2, 3}}};
+  EXPECT_EQ(distill::answerMismatch(ids, atIds), "") << "the log tail is optional";
+  atIds.pop_back();
+  EXPECT_NE(distill::answerMismatch(ids, atIds).find("no tensor 'logsumexp'"), std::string::npos);
   std::vector<TensorFacts> dense{{protocol::kLogits, c10::kFloat, {2, 3, 50}}, {"h", c10::kFloat, {2, 3, 16}}};
   EXPECT_EQ(distill::answerMismatch(logits, dense), "") << "hidden states ride along";
 }

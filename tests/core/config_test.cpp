@@ -109,7 +109,7 @@ const std::vector<BadCase>& badCases() {
       {kSelf + "run:\n  name: \"\"\n", "run.name: must not be empty"},
       {"teacher:\n  kind: self\n  inputs: []\n", "teacher.inputs: must not be empty"},
       // enumerations
-      {kSelf + "loss:\n  kind: kl\n", "loss.kind: must be one of forward_kl, reverse_kl, jsd; found \"kl\""},
+      {kSelf + "loss:\n  kind: kl\n", "loss.kind: must be one of forward_kl, reverse_kl, jsd, sampled_token; found \"kl\""},
       {kSelf + "loss:\n  vocab: pad\n", "loss.vocab: must be one of error, truncate; found \"pad\""},
       {kSelf + "loss:\n  on_nonfinite: skip\n", "loss.on_nonfinite: must be one of error, skip_step; found \"skip\""},
       {"teacher:\n  kind: self\n  on_nonfinite: drop\n",

@@ -40,6 +40,7 @@ std::vector<std::pair<std::string, at::Tensor>> everyDtype(int64_t seed) {
       {"f16", at::randn({1, 9}).to(at::kHalf)},
       {"bf16", at::randn({2, 2, 2, 2}).to(at::kBFloat16)},
       {"bool", at::rand({11}) > 0.5},
+      {"i16", at::randint(-30000, 30000, {2, 6}, at::kShort)}, // sampled answers' counts
       {"scalar", at::scalar_tensor(3.25)},
       {"empty", at::empty({0, 4})},
   };

@@ -5,7 +5,7 @@
 // and puts them into the Problem (loss_problem.h); its data checks join the
 // call's, evaluated with one device sync. prepare() (loss_inputs.cpp) picks
 // the reader by the answer's type (std::visit). A new kind is one more
-// overload here and its file beside logits.cpp and topk.cpp.
+// overload here and its file beside logits.cpp and topk.cpp (ids.cpp, sampled.cpp).
 //
 // Internal to loss/src. Not thread-safe beyond what a Problem is (one call's).
 
@@ -41,6 +41,13 @@ int64_t answerWidth(const HiddenAnswer& a); // its head's rows
 void readTarget(Problem& pb, const LogitsAnswer& a, const StudentShape& z, ReadState& s); // targets/logits.cpp
 void readTarget(Problem& pb, const TopkAnswer& a, const StudentShape& z, ReadState& s); // targets/topk.cpp
 void readTarget(Problem& pb, const HiddenAnswer& a, const StudentShape& z, ReadState& s); // targets/hidden.cpp
+int64_t answerWidth(const IdsAnswer& a);
+int64_t answerWidth(const SampledAnswer& a);
+
+void readTarget(Problem& pb, const LogitsAnswer& a, const StudentShape& z, ReadState& s); // targets/logits.cpp
+void readTarget(Problem& pb, const TopkAnswer& a, const StudentShape& z, ReadState& s); // targets/topk.cpp
+void readTarget(Problem& pb, const IdsAnswer& a, const StudentShape& z, ReadState& s); // targets/ids.cpp
+void readTarget(Problem& pb, const SampledAnswer& a, const StudentShape& z, ReadState& s); // targets/sampled.cpp
 
 // Shared by the readers (loss_inputs.cpp).
 double epsOf(at::ScalarType t); // machine epsilon of a floating dtype (the teacher data's rounding)

@@ -14,6 +14,10 @@ Answer shapeAnswer(const at::Tensor& logits, const ShapeContext& c) {
       return shapeTopk(logits, c);
     case AnswerKind::kHidden:
       return shapeHidden(logits, c);
+    case AnswerKind::kSampled:
+      return shapeSampled(logits, c);
+    case AnswerKind::kIds: // per request: the server calls shapeIds with the request's ids
+      break;
   }
   DISTILL_THROW(InternalError, "answer kind ", int(kind), " has no shaper (teacher/src/answer/)");
 }

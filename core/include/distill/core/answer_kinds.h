@@ -20,16 +20,25 @@
 // | hidden  | hidden [B, T, d_t] payload dtype: the input of the teacher's     |
 // |         | output layer; the layer itself (its head) is published once per  |
 // |         | node beside the segment (ipc/shared_head.h), never in a response |
+// | ids     | ids_values [B, T, k] payload dtype, logsumexp [B, T] float32,   |
+// |         | log_tail [B, T] float32: the logits at the REQUEST's ids         |
+// |         | [B, T, k] (which the request carries and the answer does not)  |
+// | sampled | sampled_ids [B, T, K] int32, sampled_counts [B, T, K] int16:    |
+// |         | K = teacher.samples draws from softmax(logits / T), with        |
+// |         | replacement; each drawn id once with its count, padded with     |
+// |         | count 0 (6 K bytes per token)                                   |
 //
 // logsumexp = logsumexp(logits / T) over the vocabulary; log_tail = the same
-// over the NON-top-k tokens (-inf when k = V): the exact tail mass. A producer
+// over the NON-top-k tokens (-inf when k = V): the exact tail mass; for ids,
+// over the ids not requested. A producer
 // other than the teacher server may leave the optional tensors out
 // (loss/losses.h says what the loss makes of that); the server sends them all.
 //
 // Masked tokens (teacher.on_nonfinite: mask): a token whose teacher output held
 // NaN or +inf is answered marked, in the tensors it already has (the kind's
-// `masked` tensor): full logits, its row all NaN; top-k, its logsumexp NaN (its
-// values and indices those of a row of zeros). A teacher sends NaN nowhere else
+// `masked` tensor): full logits, its row all NaN; top-k and ids, its logsumexp
+// NaN (its values and indices those of a row of zeros). Sampled answers cannot
+// mark a token (integer counts): teacher.on_nonfinite mask does not apply to them. A teacher sends NaN nowhere else
 // (it checks every answer), so a student's Steps reads the mark as "learn this
 // token from its label only".
 //
@@ -46,8 +55,7 @@
 namespace distill {
 
 // A response's kind, as the slot header carries it (one byte; 0 is never sent).
-// Codes 4 and 5 are reserved (ids, sampled).
-enum class AnswerKind : uint8_t { kLogits = 1, kTopk = 2, kHidden = 3 };
+enum class AnswerKind : uint8_t { kLogits = 1, kTopk = 2, kHidden = 3, kIds = 4, kSampled = 5 };
 
 // The names answer tensors travel under: spelled here and nowhere else
 // (tests/structure checks it). TeacherReply::tensor(protocol::kLogits) reads one.
@@ -58,6 +66,9 @@ constexpr const char* kTopkIndices = "topk_indices"; // [B, T, k] int32 token id
 constexpr const char* kLogsumexp = "logsumexp"; // [B, T] logsumexp(logits / T) over the vocab
 constexpr const char* kLogTail = "log_tail"; // [B, T] logsumexp(logits / T) over the NON-top-k tokens
 constexpr const char* kHidden = "hidden"; // [B, T, d_t] the teacher's final hidden states (its head's input)
+constexpr const char* kIdsValues = "ids_values"; // [B, T, k] teacher logits at the request's ids
+constexpr const char* kSampledIds = "sampled_ids"; // [B, T, K] int32 ids drawn from the teacher
+constexpr const char* kSampledCounts = "sampled_counts"; // [B, T, K] int16: how often each was drawn
 } // namespace protocol
 
 // The dtype an answer tensor travels in.
@@ -65,6 +76,7 @@ enum class DtypeRule : uint8_t {
   kPayload, // teacher.payload_dtype (float32, bfloat16 or float16; payloadValueBytes)
   kInt32,
   kFloat32,
+  kInt16,
 };
 
 // Its shape: the request's leading dims [B, T] and then
@@ -73,6 +85,8 @@ enum class ShapeRule : uint8_t {
   kTopk, // k: teacher.topk
   kToken, // nothing: one value per token
   kHiddenDim, // d_t: teacher.hidden_size (0: unknown until the first answer)
+  kIds, // k: the request's ids (unknown from the options: elementsPerToken 0)
+  kSamples, // K: teacher.samples
 };
 
 struct AnswerTensor {
@@ -98,7 +112,8 @@ const AnswerKindSpec* findAnswerKind(uint8_t code);
 // The kind's row; InternalError for an unknown kind (ours: use findAnswerKind for a peer's byte).
 const AnswerKindSpec& answerKind(AnswerKind kind);
 // The kind a teacher with these options answers in: teacher.answer, and with
-// auto top-k when teacher.topk > 0, else full logits.
+// auto sampled when teacher.samples > 0, top-k when teacher.topk > 0, else
+// full logits. A request that carries ids is answered in ids whatever this says.
 AnswerKind answerKindOf(const TeacherOptions& t);
 // "top-8", "hidden states of d=4096", or "full logits of " + `vocab` + "32000"
 // (vocab nullptr, or teacher.vocab_size 0: "full logits"): the configured

@@ -41,8 +41,8 @@ enum class GroupBackend { kAuto, kGloo, kNccl };
 DISTILL_OPTION_ENUM_NAMES(GroupBackend, "auto", "gloo", "nccl");
 enum class CudaIpc { kAuto, kOn, kOff };
 DISTILL_OPTION_ENUM_NAMES(CudaIpc, "auto", "on", "off");
-enum class LossKind { kForwardKl, kReverseKl, kJsd };
-DISTILL_OPTION_ENUM_NAMES(LossKind, "forward_kl", "reverse_kl", "jsd");
+enum class LossKind { kForwardKl, kReverseKl, kJsd, kSampledToken };
+DISTILL_OPTION_ENUM_NAMES(LossKind, "forward_kl", "reverse_kl", "jsd", "sampled_token");
 enum class OnSaveError { kStop, kContinue };
 DISTILL_OPTION_ENUM_NAMES(OnSaveError, "stop", "continue");
 // What the loss does when the teacher's vocabulary differs from the student's
@@ -174,6 +174,9 @@ struct TeacherOptions {
   Autocast autocast = Autocast::kNone; // none | float16 | bfloat16: the forward under torch autocast (cpu or cuda)
   int64_t max_batch_tokens = 16384; // batch requests of several students up to this many tokens
   int64_t topk = 0; // 0: full logits; k > 0: top-k values + int32 indices
+  // K > 0: sampled answers, K ids drawn per position from softmax(logits / loss.temperature) with
+  // replacement, sent as unique ids and counts (answer_kinds.h); reproducible from run.seed.
+  int64_t samples = 0;
   // auto | float32 | bfloat16 | float16: the dtype of the logits or top-k values
   // sent (logsumexp and log tail stay float32). auto: teacher.autocast's dtype
   // when set, else the output's (float16 and bfloat16 kept, anything else float32).
@@ -246,7 +249,7 @@ struct TransportOptions {
 
 // loss: the distillation loss.
 struct LossOptions {
-  LossKind kind = LossKind::kForwardKl; // forward_kl | reverse_kl | jsd
+  LossKind kind = LossKind::kForwardKl; // forward_kl | reverse_kl | jsd | sampled_token (ids answers, losses.h)
   double temperature = 1.0; // softmax temperature T (> 0); KL is scaled by T^2
   double alpha = 0.5; // weight of the distillation term; 1-alpha on hard-label CE
   double jsd_beta = 0.5; // JSD mixture weight, in (0, 1)

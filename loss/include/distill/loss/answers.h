@@ -67,7 +67,36 @@ struct HiddenAnswer {
   std::array<const at::Tensor*, 1> tensors() const { return {&hidden}; }
 };
 
-using AnswerTensors = std::variant<LogitsAnswer, TopkAnswer, HiddenAnswer>;
+// The teacher's logits at ids the request named (AnswerKind::kIds): the
+// student's own top-k, or the tokens it sampled (losses.h, "Ids answers").
+// Only values, logsumexp and logTail travel; `ids` and `samplingLogProbs` are
+// the student's, attached where it reads the answer.
+struct IdsAnswer {
+  static constexpr AnswerKind kKind = AnswerKind::kIds;
+  at::Tensor values; // [N, k]: the teacher's logits at `ids`
+  at::Tensor logsumexp; // [N]: logsumexp(teacher logits / T) over the full vocab
+  at::Tensor logTail; // optional [N]: the same over the ids NOT in `ids` (-inf when k = V)
+  at::Tensor ids; // [N, k] int32 | int64, unique per row: the ids the request named (not sent back)
+  at::Tensor samplingLogProbs; // optional [N], loss.kind sampled_token: log-prob of ids[:, 0] under
+                               // the policy that sampled it (importance weight; not sent)
+
+  std::array<at::Tensor*, 3> tensors() { return {&values, &logsumexp, &logTail}; }
+  std::array<const at::Tensor*, 3> tensors() const { return {&values, &logsumexp, &logTail}; }
+};
+
+// K ids drawn from the teacher's distribution at the loss temperature, with
+// replacement (AnswerKind::kSampled): counts / K is an unbiased estimate of it
+// (losses.h, "Sampled targets").
+struct SampledAnswer {
+  static constexpr AnswerKind kKind = AnswerKind::kSampled;
+  at::Tensor ids; // [N, K] int32 | int64: the drawn ids (entries of count 0 are padding)
+  at::Tensor counts; // [N, K] int16 | int32 | int64 | floating: draws of each; a row sums to K
+
+  std::array<at::Tensor*, 2> tensors() { return {&ids, &counts}; }
+  std::array<const at::Tensor*, 2> tensors() const { return {&ids, &counts}; }
+};
+
+using AnswerTensors = std::variant<LogitsAnswer, TopkAnswer, HiddenAnswer, IdsAnswer, SampledAnswer>;
 
 // What the teacher sent for one micro-batch: its answer, of one kind, and the
 // vocabulary it stated.
@@ -81,6 +110,8 @@ struct TeacherOutput {
   TeacherOutput(LogitsAnswer a, int64_t v = 0) : answer(std::move(a)), vocab(v) {}
   TeacherOutput(TopkAnswer a, int64_t v = 0) : answer(std::move(a)), vocab(v) {}
   TeacherOutput(HiddenAnswer a, int64_t v = 0) : answer(std::move(a)), vocab(v) {}
+  TeacherOutput(IdsAnswer a, int64_t v = 0) : answer(std::move(a)), vocab(v) {}
+  TeacherOutput(SampledAnswer a, int64_t v = 0) : answer(std::move(a)), vocab(v) {}
 
   AnswerKind kind() const {
     return std::visit([](const auto& a) { return std::decay_t<decltype(a)>::kKind; }, answer);
@@ -92,6 +123,10 @@ struct TeacherOutput {
   TopkAnswer* topk() { return std::get_if<TopkAnswer>(&answer); }
   const HiddenAnswer* hidden() const { return std::get_if<HiddenAnswer>(&answer); }
   HiddenAnswer* hidden() { return std::get_if<HiddenAnswer>(&answer); }
+  const IdsAnswer* ids() const { return std::get_if<IdsAnswer>(&answer); }
+  IdsAnswer* ids() { return std::get_if<IdsAnswer>(&answer); }
+  const SampledAnswer* sampled() const { return std::get_if<SampledAnswer>(&answer); }
+  SampledAnswer* sampled() { return std::get_if<SampledAnswer>(&answer); }
   // The answer as that kind, made so (its tensors undefined) when it holds another: to fill it in place,
   // e.g. `TeacherOutput t; t.makeTopk().values = v;`.
   LogitsAnswer& makeLogits() { return logits() ? *logits() : answer.emplace<LogitsAnswer>(); }

@@ -41,6 +41,28 @@
 // ConfigError); a `logsumexp` that the top-k values contradict beyond
 // kLogsumexpTolerance is a ProtocolError.
 //
+// Ids answers (IdsAnswer; docs/losses.md, "Ids answers"): the teacher's logits
+// at ids the request named (e.g. the student's own top-k), its logsumexp and
+// log tail. forward_kl, reverse_kl and jsd take them as top-k output over those
+// ids (k + 1 buckets): the student's tail bucket is its mass outside the ids,
+// the teacher's exp(log_tail - logsumexp). On the student's top-k that reverse
+// KL is exact up to P_tail KL(p_S|tail || p_T|tail) >= 0, the part inside the
+// tail: exact where the student's mass is.
+//
+// loss.kind sampled_token (docs/losses.md, "The sampled-token recipe"): ids [N, 1]
+// the tokens x the student sampled. Per token d = log p_S(x) - log p_T(x) (at
+// T), r = min(p_S(x) / p_sample(x), kSampledTokenMaxRatio) from
+// IdsAnswer::samplingLogProbs (r = 1 without), kd = r d, and the gradient that
+// of the policy-gradient loss -A r log p_S(x) with advantage A = -d, A and r
+// detached: r d (onehot(x) - p_S) w.r.t. z / T (T^2-scaled like the others).
+//
+// Sampled targets (SampledAnswer; docs/losses.md, "Sampled targets"): ids drawn
+// from p_T with replacement and their counts; forward_kl only (reverse_kl,
+// jsd and sampled_token are a ConfigError: no unbiased estimator). kd is the
+// cross-entropy -sum (counts/K) log p_S (the forward KL + the teacher's
+// entropy, which samples do not give), its gradient p_S - counts/K w.r.t. z / T,
+// unbiased for the full forward KL's p_S - p_T.
+//
 // Vocabularies that differ (docs/losses.md, "Vocabularies that differ";
 // docs/vocab.md): V_t (TeacherOutput::vocab) > V_s is loss.vocab's choice
 // (error, or truncate with the dropped mass measured); V_t < V_s is a
@@ -89,6 +111,11 @@ namespace distill {
 // small |logsumexp| and sloppier producers. A logsumexp at another temperature
 // is off by O(max logit * |1/T - 1/T'|), orders of magnitude more.
 constexpr double kLogsumexpTolerance = 1e-4;
+
+// loss.kind sampled_token: the importance weight p_S(x) / p_sample(x) is
+// truncated here (truncated importance sampling: variance bounded, biased only
+// where the student moved far from the policy that sampled).
+constexpr double kSampledTokenMaxRatio = 2.0;
 
 struct LossResult {
   at::Tensor loss; // 0-dim: alpha * kd + (1 - alpha) * ce; the only one with a gradient
