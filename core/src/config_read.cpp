@@ -252,6 +252,9 @@ void checkTeacherAnswer(const Config& config, const Ok& ok, const Suffix& suffix
     problems.push_back("teacher.hidden_states: cannot be returned with teacher.answer: hidden (the output " +
                        std::string("teacher.output is the hidden states); set teacher.hidden_states: []") +
                        suffix("teacher.hidden_states"));
+  }
+}
+
 // teacher.samples (sampled answers, answer_kinds.h) against what cannot take them yet or ever.
 template <typename Ok, typename Suffix>
 void checkSamples(const Config& config, const Ok& ok, const Suffix& suffix, std::vector<std::string>& problems) {

@@ -1,10 +1,13 @@
 #include "pending.h"
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 
 #include "distill/core/logging.h"
 #include "distill/core/strings.h"
 #include "distill/core/tag.h"
+#include "answer/answer.h"
 
 namespace distill {
 
@@ -35,6 +38,16 @@ void giveUpIfRepeated(std::vector<Pending>& batch, const std::string& what, int 
       "): " + exceptionLine(what);
   DISTILL_LOG(kError) << why;
   segment.noteTeacherGaveUp(teacher, why);
+}
+
+at::Tensor sampleKeys(const std::vector<Pending>& batch, int64_t seed) {
+  std::vector<int64_t> keys;
+  for (const Pending& p : batch) {
+    for (int64_t r = 0; r < p.inputs[0].size(0); ++r) {
+      keys.push_back(static_cast<int64_t>(sampleKey(seed, p.student, p.msg.tag(), r)));
+    }
+  }
+  return at::tensor(keys, at::kLong);
 }
 
 } // namespace distill

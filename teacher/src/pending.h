@@ -49,6 +49,10 @@ class AbandonOnFailure {
 // first line, without C++ source locations.
 std::string exceptionLine(const std::string& text);
 
+// Sampled answers: the key of each row of the batch (answer/answer.h's sampleKey of run.seed, the
+// student, the tag and the row), int64 [rows of the whole batch], CPU.
+at::Tensor sampleKeys(const std::vector<Pending>& batch, int64_t seed);
+
 // Notes in the rings which requests the failed batch held: the oldest of
 // each student's (the one that student awaits, first in its ring again after
 // a restart). One already noted failed in an earlier incarnation too: a

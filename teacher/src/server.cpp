@@ -290,7 +290,7 @@ class Server {
       // process dies in forward, the next incarnation finds them still in the
       // ring and serves them (elastic teacher). With student.in_flight <=
       // transport.slots this never makes a student wait for a slot.
-      rowKeys_ = sampleKeys(batch);
+      rowKeys_ = answerKindOf(cfg_.teacher) == AnswerKind::kSampled ? sampleKeys(batch, cfg_.run.seed) : at::Tensor();
       for (auto& p : batch) {
         sizes.push_back(p.inputs[0].size(0));
         p.inputs.clear();
@@ -413,18 +413,6 @@ class Server {
                                cfg_.teacher.output, describeNonfinite(nonfiniteLogits_, *nonfinite_, offset, rows)));
     p.msg.release();
     return true;
-  }
-
-  // Sampled answers: the key of each row of the batch (sampleKey: seed, student, tag, row); else undefined.
-  at::Tensor sampleKeys(const std::vector<Pending>& batch) const {
-    if (answerKindOf(cfg_.teacher) != AnswerKind::kSampled) return {};
-    std::vector<int64_t> keys;
-    for (const Pending& p : batch) {
-      for (int64_t r = 0; r < p.inputs[0].size(0); ++r) {
-        keys.push_back(static_cast<int64_t>(sampleKey(cfg_.run.seed, p.student, p.msg.tag(), r)));
-      }
-    }
-    return at::tensor(keys, at::kLong);
   }
 
   // The configured kind's answer (teacher/src/answer/), plus hidden states.
