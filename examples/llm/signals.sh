@@ -4,7 +4,8 @@
 # (teacher.answer: hidden), over SEEDS (1 2 3 by default). Held-out losses and bytes per token go to
 # $OUT/signals.json (one JSON line, also printed). Makes the tokenizer, tokens and teacher first
 # unless $OUT has them (run.sh's REUSE). docs/llm.md, "Which signal".
-#   bash examples/llm/signals.sh      (STEPS=100 TEACHER_STEPS=200 SEEDS="1 2 3" SIGNALS="label top64 full hidden")
+#   bash examples/llm/signals.sh      (STEPS=100 TEACHER_STEPS=200 SEEDS="1 2 3" SIGNALS="label top64 full hidden";
+#                                      ARGS= adds train.py options to every phase, e.g. "--vocab 1000 --max-files 30")
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${DISTILL_BUILD_DIR:-build}
@@ -12,6 +13,7 @@ steps=${STEPS:-100}
 out=${OUT:-logs/llm-signals}
 seeds=(${SEEDS:-1 2 3})
 signals=(${SIGNALS:-label top64 full hidden})
+args=(${ARGS:-})
 if ! python3 -c "import distill" 2>/dev/null; then export PYTHONPATH="$PWD/$build/python${PYTHONPATH:+:$PYTHONPATH}"; fi
 run=$(command -v distill-run || echo "$build/bin/distill-run")
 [ -x "$build/bin/distill-run" ] && run="$build/bin/distill-run"
@@ -19,29 +21,32 @@ export OMP_NUM_THREADS=1 RAYON_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_HUB_DISABLE_PRO
 ex=examples/llm/train.py
 mkdir -p "$out/results"
 if [ ! -f "$out/tokens.pt" ] || [ ! -f "$out/teacher.json" ] || [ ! -d "$out/teacher" ]; then
-  python3 $ex --mode prepare --out "$out"
-  python3 $ex --mode teacher --out "$out" --teacher-steps "${TEACHER_STEPS:-200}"
+  python3 $ex --mode prepare --out "$out" "${args[@]}"
+  python3 $ex --mode teacher --out "$out" --teacher-steps "${TEACHER_STEPS:-200}" "${args[@]}"
 fi
+# The teacher's vocabulary and width, for the full logits' and the hidden states' response slots.
+vocab=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['vocab_size'])" "$out/teacher/config.json")
+dim=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['hidden_size'])" "$out/teacher/config.json")
 for seed in "${seeds[@]}"; do
   for sig in "${signals[@]}"; do
     echo "== $sig, seed $seed"
     if [ "$sig" = label ]; then
-      python3 -m torch.distributed.run --standalone --nproc-per-node 2 $ex --mode label --out "$out" --steps "$steps" --seed "$seed"
+      python3 -m torch.distributed.run --standalone --nproc-per-node 2 $ex --mode label --out "$out" --steps "$steps" --seed "$seed" "${args[@]}"
       cp "$out/label.json" "$out/results/label-s$seed.json"
       continue
     fi
     case $sig in
       top64) sets=() ;;   # distill.yaml's teacher.topk: 64
-      # Full float32 logits: 128 000 B a token, so response slots for 1 024 tokens (125 MiB each).
-      full) sets=(--set teacher.topk=0 --set teacher.vocab_size=32000 --set teacher.max_batch_tokens=1024) ;;
+      # Full float32 logits: 128 000 B a token at V = 32 000, so response slots for 1 024 tokens (125 MiB each).
+      full) sets=(--set teacher.topk=0 --set "teacher.vocab_size=$vocab" --set teacher.max_batch_tokens=1024) ;;
       # The teacher's final hidden states (d = 256) and its head, mapped once by both students.
-      hidden) sets=(--set teacher.topk=0 --set teacher.answer=hidden --set teacher.hidden_size=256) ;;
+      hidden) sets=(--set teacher.topk=0 --set teacher.answer=hidden --set "teacher.hidden_size=$dim") ;;
       *) echo "unknown signal $sig (label, top64, full, hidden)" >&2; exit 2 ;;
     esac
     rm -rf "$out/distill" "$out/distill_steps.jsonl"
     "$run" --config examples/llm/distill.yaml --master-port 0 --set "run.steps=$steps" --set "run.seed=$seed" \
       --set "run.log_dir=$out/distill" --set "checkpoint.dir=$out/distill/checkpoints" "${sets[@]}" \
-      -- python3 $ex --mode distill --out "$out" --seed "$seed" 2>&1 | tee "$out/results/$sig-s$seed.log" | grep -E "slots:|val_loss|job finished"
+      -- python3 $ex --mode distill --out "$out" --seed "$seed" "${args[@]}" 2>&1 | tee "$out/results/$sig-s$seed.log" | grep -E "slots:|val_loss|job finished"
     cp "$out/distill.json" "$out/results/$sig-s$seed.json"
   done
 done
