@@ -84,13 +84,6 @@ echo "== build: $(( $(date +%s) - start )) s"
 case "$what" in
   test)
     start=$(date +%s)
-    # test_package's pip install of a fresh clone (about 500 CPU seconds) builds at nice 19 in the
-    # cycles ctest's jobs leave idle; pytest adopts it through this pipe (tests/python/pip_build.py).
-    pip_fd=
-    if [ -z "${DISTILL_PIP_BUILD_FD:-}" ] && [ -d .git ]; then
-      exec {pip_fd}< <(cd tests/python && DISTILL_JOBS="$JOBS" exec nice -n 19 python3 pip_build.py)
-      export DISTILL_PIP_BUILD_FD=$pip_fd
-    fi
     # -j1: the multi-process tests measure detection times; keep the 2 cores for them.
     status=0
     ctest --test-dir "$BUILD" --output-on-failure --timeout 600 || status=$?
@@ -102,7 +95,6 @@ case "$what" in
     PYTHONPATH="$bdir/python" DISTILL_BIN_DIR="$bdir/bin" DISTILL_JOBS="$JOBS" OMP_NUM_THREADS=1 \
       python3 -m pytest tests/python -q -rs -p no:cacheprovider || status=$?
     echo "== Python tests (pytest): $(( $(date +%s) - pstart )) s"
-    [ -n "$pip_fd" ] && exec {pip_fd}<&-
     echo "== tests: $(( $(date +%s) - start )) s"
     exit $status
     ;;
