@@ -6,8 +6,8 @@
 # to OUT_DIR: results.jsonl (one JSON object per step), one log per step, and the
 # benches' JSON lines.
 #
-#   bash cmake/gpu-check.sh OUT_DIR [--steps build,cuda,sanitize,ring,fused,demo,bench,test,loss,llm | issue41 | issue42]
-#                               [--jobs N] [--step-timeout S] [--rehearse]
+#   bash cmake/gpu-check.sh OUT_DIR [--steps build,cuda,sanitize,ring,fused,demo,bench,test,loss,llm | issue41 | issue42 | loan]
+#                               [--jobs N] [--step-timeout S] [--deadline S] [--rehearse]
 #
 # --steps issue41 (the fused loss on CUDA, issue 41): build,loss,fused,llm, each bounded by its own
 # limit (configure 60 s, build 240 s, loss 90 s, fused 150 s, llm 180 s: 12 min at worst, so that it
@@ -19,6 +19,13 @@
 # cuda, sanitize, ring (bench_ring_cuda up to 64 MiB on the stream-memory-operation path, then the
 # event path up to 16 MiB for comparison), each command bounded by its own limit (700 s in all);
 # its lines go to the same ledger, with the ring bench's.
+#
+# --steps loan (both GPU issues in one device call of at most 10 minutes): build, cuda, sanitize, ring
+# (issue 42's), loss, fused, llm, each with the limit its issue gives it, and --deadline 540 unless
+# given: a step starts with at most the seconds left before the deadline and none starts in its last
+# 20 s (recorded "ok":false, "error":"deadline"). Run it as
+#   timeout 580 bash cmake/gpu-check.sh /tmp/gc --steps loan; tar czf $OUT/gc.tgz -C /tmp gc
+# (the device tool brings back 8 files at most; the tarball holds every log).
 #
 # Steps, in the order they run (the default: all of them):
 #   build     configure and build with CUDA (unity build, -O2 -g1) against python3's torch
@@ -33,8 +40,8 @@
 #   loss      the loss tests on the CUDA build: losses_test, fused_linear_test, vocab_test, cuda_loss_test
 #             (a cuda_loss_test that skips on a GPU machine fails the step)
 #   llm       examples/llm shortened, its on-policy phase included, the teacher on the GPU (bf16
-#             autocast): LLM_STEPS (20) steps, LLM_FILES (300) source files; LLM_SETS adds --set
-#             options (the students stay where train.py puts them: on the CPU, for now)
+#             autocast) and the students too (train.py --device cuda): LLM_STEPS (20) steps, LLM_FILES
+#             (300) source files; LLM_SETS adds --set options
 # Each step is bounded by --step-timeout seconds (default 900); a step cut off is a failure.
 #
 # --rehearse runs the steps on a machine without a GPU (to check the CPU-side
@@ -51,8 +58,10 @@ REPO=$(pwd)
 ALL=build,cuda,sanitize,ring,fused,demo,bench,test,loss,llm
 ISSUE41=build,loss,fused,llm
 ISSUE42=build,cuda,sanitize,ring
+LOAN=build,cuda,sanitize,ring,loss,fused,llm
 # ... and the targets issue 42's build step builds (not the whole tree).
 ISSUE42_TARGETS="distill-run distill_python distill_python_files ipc_cuda_test ipc_flag_page_test student_group_test bench_ring_cuda"
+LOAN_TARGETS="$ISSUE42_TARGETS distill-teacher losses_test fused_linear_test vocab_test cuda_loss_test"
 
 usage() { echo "usage: $0 OUT_DIR [--steps $ALL] [--jobs N] [--step-timeout S] [--rehearse]" >&2; exit 2; }
 [ $# -ge 1 ] || usage
@@ -60,6 +69,7 @@ OUT=$1; shift
 case "$OUT" in -*|"") usage ;; esac
 STEPS=$ALL
 STEP_TIMEOUT=
+DEADLINE=
 JOBS=$(nproc)
 REHEARSE=0
 while [ $# -gt 0 ]; do
@@ -67,16 +77,20 @@ while [ $# -gt 0 ]; do
     --steps) [ $# -ge 2 ] || usage; STEPS=$2; shift 2 ;;
     --jobs) [ $# -ge 2 ] || usage; JOBS=$2; shift 2 ;;
     --step-timeout) [ $# -ge 2 ] || usage; STEP_TIMEOUT=$2; shift 2 ;;
+    --deadline) [ $# -ge 2 ] || usage; DEADLINE=$2; shift 2 ;;
     --rehearse) REHEARSE=1; shift ;;
     *) echo "gpu-check: unknown argument '$1'" >&2; usage ;;
   esac
 done
 SET=""
-case "$STEPS" in issue41) SET=issue41; STEPS=$ISSUE41 ;; issue42) SET=issue42; STEPS=$ISSUE42 ;; esac
+case "$STEPS" in issue41) SET=issue41; STEPS=$ISSUE41 ;; issue42) SET=issue42; STEPS=$ISSUE42 ;;
+  loan) SET=loan; STEPS=$LOAN; DEADLINE=${DEADLINE:-540} ;; esac
 for s in ${STEPS//,/ }; do
   case ",$ALL," in *",$s,"*) ;; *) echo "gpu-check: unknown step '$s' ($ALL)" >&2; exit 2 ;; esac
 done
 case "${STEP_TIMEOUT:-900}" in ''|*[!0-9]*|0) echo "gpu-check: --step-timeout needs a positive number of seconds, got '$STEP_TIMEOUT'" >&2; exit 2 ;; esac
+case "${DEADLINE:-1}" in ''|*[!0-9]*|0) echo "gpu-check: --deadline needs a positive number of seconds, got '$DEADLINE'" >&2; exit 2 ;; esac
+T_START=$(date +%s)
 case "$JOBS" in ''|*[!0-9]*|0) echo "gpu-check: --jobs needs a positive number, got '$JOBS'" >&2; exit 2 ;; esac
 mkdir -p "$OUT" || { echo "gpu-check: cannot create OUT_DIR '$OUT'" >&2; exit 2; }
 OUT=$(cd "$OUT" && pwd)
@@ -86,7 +100,7 @@ want() { case ",$STEPS," in *",$1,"*) return 0 ;; esac; return 1; }
 # Each step's limit: --step-timeout where given, else the step's own (issue41's steps), else 900 s.
 limit_of() {
   [ -n "$STEP_TIMEOUT" ] && { echo "$STEP_TIMEOUT"; return; }
-  if [ "$SET" = issue42 ]; then
+  if [ "$SET" = issue42 ] || { [ "$SET" = loan ] && case "$1" in cuda-*|sanitize-*|bench_ring*) true ;; *) false ;; esac; }; then
     case "$1" in configure) echo 60 ;; build) echo 290 ;; cuda-ctest) echo 90 ;; cuda-pytest) echo 120 ;;
       sanitize-*) echo 60 ;; bench_ring_cuda) echo 50 ;; bench_ring_cuda_events) echo 30 ;; *) echo 900 ;; esac
     return
@@ -107,6 +121,11 @@ run_step() {  # run_step NAME COMMAND...: logs to OUT/NAME.log, bounded by its l
   local name=$1; shift
   local t0=$(date +%s) rc=0 lim
   lim=$(limit_of "$name")
+  if [ -n "$DEADLINE" ]; then  # never past the deadline: the step gets what is left, none starts in the last 20 s
+    local left=$(( DEADLINE - (t0 - T_START) ))
+    if [ "$left" -le 20 ]; then record "$name" false 0 "\"error\":\"deadline\",\"deadline_s\":$DEADLINE"; FAILED=1; return; fi
+    [ "$left" -lt "$lim" ] && lim=$left
+  fi
   timeout -k 10 "$lim" "$@" > "$OUT/$name.log" 2>&1 || rc=$?
   if [ $rc = 0 ]; then record "$name" true $(( $(date +%s) - t0 )) "\"limit_s\":$lim"
   else record "$name" false $(( $(date +%s) - t0 )) "\"rc\":$rc,\"limit_s\":$lim,\"log\":\"$name.log\""; FAILED=1; fi
@@ -154,9 +173,10 @@ if want build; then
   run_step configure cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" -DDISTILL_UNITY_BUILD=ON -DDISTILL_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 -DDISTILL_BUILD_FUZZ=OFF -DDISTILL_PYTHON=python3
-  if [ "$SET" = issue42 ]; then
+  if [ "$SET" = issue42 ] || [ "$SET" = loan ]; then
+    targets=$ISSUE42_TARGETS; [ "$SET" = loan ] && targets=$LOAN_TARGETS
     # shellcheck disable=SC2086 # the target list splits on spaces
-    run_step build ${LOCK[@]+"${LOCK[@]}"} cmake --build "$BUILD" -j "$JOBS" --target $ISSUE42_TARGETS -- -k 0
+    run_step build ${LOCK[@]+"${LOCK[@]}"} cmake --build "$BUILD" -j "$JOBS" --target $targets -- -k 0
   else
     run_step build ${LOCK[@]+"${LOCK[@]}"} cmake --build "$BUILD" -j "$JOBS" -- -k 0  # -k 0: build all that builds, list every error
   fi
@@ -193,7 +213,7 @@ if want sanitize; then
 fi
 
 if want ring; then
-  if [ "$SET" = issue42 ]; then  # up to 64 MiB (the >= 16 MiB ratio), then the event path for comparison
+  if [ "$SET" = issue42 ] || [ "$SET" = loan ]; then  # up to 64 MiB (the >= 16 MiB ratio), then the event path for comparison
     # DISTILL_CUDA_IPC_TIMES=1: each ring end logs its CUDA calls' host times when it closes (in the .log).
     run_step bench_ring_cuda env DISTILL_CUDA_IPC_TIMES=1 "$BUILD/bin/bench_ring_cuda" --max-mib 64
     run_step bench_ring_cuda_events env DISTILL_CUDA_IPC_TIMES=1 "$BUILD/bin/bench_ring_cuda" --max-mib 16 --signal events
@@ -223,7 +243,7 @@ fi
 if want llm; then
   # Teacher and students on the GPU, shortened: LLM_STEPS steps of 2 students, the on-policy phase too.
   run_step llm env STEPS="${LLM_STEPS:-20}" TEACHER_STEPS="${LLM_STEPS:-20}" ONPOLICY=1 OUT="$OUT/llm" \
-    DISTILL_BUILD_DIR="$BUILD" ARGS="--max-files ${LLM_FILES:-300} --eval-tokens 4096" \
+    DISTILL_BUILD_DIR="$BUILD" ARGS="--max-files ${LLM_FILES:-300} --eval-tokens 4096 --device cuda" \
     SETS="--set teacher.device=cuda --set teacher.autocast=bfloat16 ${LLM_SETS:-}" \
     bash examples/llm/run.sh
   [ -f "$OUT/llm/llm.json" ] && { printf '{"step":"llm-result","result":'; cat "$OUT/llm/llm.json"; echo '}'; } >> "$LEDGER"

@@ -96,7 +96,8 @@ class Stream:
         model.eval()
         n = min(max_tokens, len(self.tokens) - 1) // self.context
         w = self.tokens[: n * self.context + 1]
-        x, y = w[:-1].view(n, self.context), w[1:].view(n, self.context)
+        device = next(model.parameters()).device
+        x, y = w[:-1].view(n, self.context).to(device), w[1:].view(n, self.context).to(device)
         total = 0.0
         for i in range(0, n, batch):
             logits = model(x[i : i + batch], use_cache=False).logits
@@ -121,7 +122,7 @@ def sample_loglik(student, teacher, val: Stream, prompt: int, response: int, cou
     from distill.onpolicy import sample
 
     g = torch.Generator().manual_seed(seed)
-    x = val.batch(count, g)[0][:, :prompt]
+    x = val.batch(count, g)[0][:, :prompt].to(next(student.parameters()).device)
     s = sample(student, x, response, eos_token_id=eos, generator=g)
     was = teacher.training
     teacher.eval()

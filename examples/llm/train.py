@@ -57,6 +57,9 @@ def options(argv):
     p.add_argument("--lam", type=float, default=1.0, help="onpolicy: the fraction of on-policy micro-batches")
     p.add_argument("--temperature", type=float, default=1.0, help="onpolicy: sampling temperature")
     p.add_argument("--eval-samples", type=int, default=16, help="held-out prompts for sample_teacher_ll")
+    p.add_argument("--device", default="cpu",
+                   help="where the teacher's training and the students run: cpu or cuda (then bf16 autocast; "
+                        "the distilled runs' teacher goes where teacher.device says)")
     p.add_argument("--stop-after", type=int, default=0,
                    help="distill: stop after this step (a checkpoint; the next run resumes), 0: never")
     return p.parse_args(argv)
@@ -66,6 +69,11 @@ def save_result(args, name: str, **fields):
     with open(os.path.join(args.out, f"{name}.json"), "w") as f:
         json.dump(fields, f)
     print(f"{name}: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in fields.items()))
+
+
+def autocast(args):
+    """bf16 autocast on a GPU (the forward's matrix products in bf16, the parameters float32); nothing on the CPU."""
+    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.device.startswith("cuda"))
 
 
 def prepare(args):
@@ -89,15 +97,17 @@ def streams(args):
 def train_teacher(args):
     train, val, vocab = streams(args)
     torch.manual_seed(args.seed)
-    model = llama(args.teacher, vocab, args.context)
+    model = llama(args.teacher, vocab, args.context).to(args.device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.teacher_lr, weight_decay=0.0)
     g = torch.Generator().manual_seed(args.seed + 7)
     start = time.time()
     for step in range(1, args.teacher_steps + 1):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.teacher_lr, args.warmup, args.teacher_steps)
-        x, y = train.batch(args.teacher_batch, g)
-        F.cross_entropy(model(x, use_cache=False).logits.flatten(0, 1), y.flatten()).backward()
+        x, y = (t.to(args.device) for t in train.batch(args.teacher_batch, g))
+        with autocast(args):
+            logits = model(x, use_cache=False).logits
+        F.cross_entropy(logits.flatten(0, 1).float(), y.flatten()).backward()
         opt.step()
         opt.zero_grad()
     seconds = time.time() - start
@@ -120,7 +130,7 @@ def teacher_ll(args, model, val: Stream) -> float:
     """sample_teacher_ll: the saved teacher's mean log-likelihood of this student's samples."""
     from transformers import LlamaForCausalLM
 
-    teacher = LlamaForCausalLM.from_pretrained(os.path.join(args.out, "teacher"))
+    teacher = LlamaForCausalLM.from_pretrained(os.path.join(args.out, "teacher")).to(args.device)
     prompt = min(args.prompt, args.context // 2)
     return sample_loglik(model, teacher, val, prompt, min(args.response, args.context - prompt), args.eval_samples,
                          eos_id(args), args.seed)
@@ -132,14 +142,14 @@ class Batches:
     run sees the batches the uninterrupted one would have."""
 
     def __init__(self, train: Stream, args, rank: int):
-        self.train, self.size = train, args.batch
+        self.train, self.size, self.device = train, args.batch, args.device
         self.g = torch.Generator().manual_seed(args.seed * 1000 + rank)  # this student's shard of the data
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        return self.train.batch(self.size, self.g)
+        return tuple(t.to(self.device) for t in self.train.batch(self.size, self.g))
 
     def state_dict(self):
         return {"generator": self.g.get_state()}
@@ -162,7 +172,7 @@ class Body(torch.nn.Module):
 
 def student(args, vocab: int, body: bool = False):
     torch.manual_seed(args.seed)
-    lm = llama(args.student, vocab, args.context)
+    lm = llama(args.student, vocab, args.context).to(args.device)
     model = DDP(Body(lm) if body else lm)
     return model, torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0), lm
 
@@ -176,7 +186,9 @@ def train_label(args):
     for step, (x, y) in zip(range(1, args.steps + 1), Batches(train, args, rank)):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.lr, args.warmup, args.steps)
-        F.cross_entropy(model(x, use_cache=False).logits.flatten(0, 1), y.flatten()).backward()
+        with autocast(args):
+            logits = model(x, use_cache=False).logits
+        F.cross_entropy(logits.flatten(0, 1).float(), y.flatten()).backward()
         opt.step()
         opt.zero_grad()
     seconds = time.time() - start
@@ -203,10 +215,14 @@ def train_distill(args, session: "distill.Session") -> None:
     for mb in steps.run(loader):  # distill: the same micro-batches, through the teacher
         for group in opt.param_groups:
             group["lr"] = lr_at(mb.step, args.lr, args.warmup, args.steps)
+        with autocast(args):  # the forward only: the loss casts what it needs (docs/gpu.md)
+            out = model(mb.inputs) if fused else model(mb.inputs, use_cache=False)
         if fused:  # distill: the hidden states and lm_head; the [tokens, V] logits are never held
-            steps.backward(model(mb.inputs), lm_head=lm.lm_head)
+            # (under autocast the final norm's float32 weight makes them float32: as bf16, the fused
+            # loss multiplies by lm_head in bf16, as autocast's own linear would)
+            steps.backward(out.to(torch.bfloat16) if args.device.startswith("cuda") else out, lm_head=lm.lm_head)
         else:  # distill: the ModelOutput's logits, the loss, backward
-            steps.backward(model(mb.inputs, use_cache=False))
+            steps.backward(out)
         if steps.step_ends():  # distill: the step's last micro-batch
             opt.step()
             opt.zero_grad()
@@ -242,8 +258,9 @@ def train_onpolicy(args, session):
     rank = torch.distributed.get_rank()
     model, opt, _ = student(args, vocab)
     prompts = max(1, args.batch * args.context // (args.group * args.response))
-    mix = distill.onpolicy.Mixer(model, lambda g: train.batch(prompts, g)[0][:, : args.prompt],  # distill: prompts
-                                 lambda g: train.batch(args.batch, g), lam=args.lam, max_new_tokens=args.response,
+    dev = args.device
+    mix = distill.onpolicy.Mixer(model, lambda g: train.batch(prompts, g)[0][:, : args.prompt].to(dev),  # distill: prompts
+                                 lambda g: tuple(t.to(dev) for t in train.batch(args.batch, g)), lam=args.lam, max_new_tokens=args.response,
                                  group_size=args.group, temperature=args.temperature, eos_token_id=eos_id(args),
                                  seed=args.seed * 1000 + rank)
     start = time.time()
@@ -252,7 +269,9 @@ def train_onpolicy(args, session):
     for mb in steps.run(mix):  # distill: the students' samples (and dataset windows), through the teacher
         for group in opt.param_groups:
             group["lr"] = lr_at(mb.step, args.lr, args.warmup, args.steps)
-        steps.backward(model(mb.inputs, use_cache=False))  # distill: the response tokens only
+        with autocast(args):
+            out = model(mb.inputs, use_cache=False)
+        steps.backward(out)  # distill: the response tokens only
         trained += int((mb.labels != -100).sum())
         if steps.step_ends():
             opt.step()

@@ -43,6 +43,10 @@ def _pick(logits: torch.Tensor, temperature: float, top_p: float, g: Optional[to
         drop = sorted_p.cumsum(-1) - sorted_p > top_p  # the smallest prefix whose mass reaches top_p stays
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+    if g is not None and g.device != probs.device:
+        # A CPU generator (Mixer's, whose state a checkpoint keeps) and a model on a GPU: the GPU draws
+        # from a generator seeded by it, so the CPU generator still decides every sample.
+        g = torch.Generator(device=probs.device).manual_seed(int(torch.randint(0, 2**62, (), generator=g)))
     return torch.multinomial(probs, 1, generator=g).squeeze(-1)
 
 
