@@ -14,6 +14,8 @@ Variants (the same hidden [N, d], weight [V, d] and labels in each, --dtype; 1/1
   distill_fused_full  the same against the teacher's full logits [N, V] (an input, in --dtype)
   distill_fused_rkl   reverse KL + CE on the top-k (+ logsumexp)
   distill_fused_jsd   JSD + CE on the top-k (+ logsumexp)
+  gemm_floor        the three matrix products alone (logits, then the hidden's and the weight's
+                    gradients from them, unchunked): the floor of any fused linear loss
 Each line: the median milliseconds of forward + backward (CUDA events, after warm-up) and the peak
 memory the step allocated above its inputs (torch.cuda.max_memory_allocated). A last line gives the
 loss and gradient agreement of distill_fused with eager_distill, each variant's time and memory
@@ -95,6 +97,13 @@ def main() -> int:
 
     distill_fused = fused("forward_kl", teacher)
 
+    def gemm_floor():
+        with torch.no_grad():
+            logits = hidden @ weight.T
+            gx, gw = logits @ weight, logits.T @ hidden
+            out = gx[0, 0].float() + gw[0, 0].float()
+        return out.requires_grad_()  # a leaf: backward() does nothing
+
     variants = [("eager_ce", eager_ce)]
     try:
         from liger_kernel.transformers.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyLoss
@@ -105,7 +114,8 @@ def main() -> int:
         print(json.dumps({"bench": "fused_linear_gpu", "variant": "liger_flce", "skipped": repr(e)[:300]}))
     variants += [("distill_ce_fused", distill_ce_fused), ("eager_distill", eager_distill),
                  ("distill_fused", distill_fused), ("distill_fused_full", fused("forward_kl", teacher_full)),
-                 ("distill_fused_rkl", fused("reverse_kl", teacher)), ("distill_fused_jsd", fused("jsd", teacher))]
+                 ("distill_fused_rkl", fused("reverse_kl", teacher)), ("distill_fused_jsd", fused("jsd", teacher)),
+                 ("gemm_floor", gemm_floor)]
     if want:
         variants = [v for v in variants if v[0] in want]
 

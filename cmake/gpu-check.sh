@@ -10,7 +10,7 @@
 #                               [--jobs N] [--step-timeout S] [--deadline S] [--rehearse]
 #
 # --steps issue41 (the fused loss on CUDA, issue 41): build,loss,fused,llm, each bounded by its own
-# limit (configure 60 s, build 240 s, loss 90 s, fused 150 s, llm 180 s: 12 min at worst, so that it
+# limit (configure 60 s, build 240 s, loss 90 s, fused 150 s, llm 240 s: 13 min at worst, so that it
 # fits the 15 minutes of a GPU loan with the machine's start; --step-timeout S replaces every limit). Every record line is also appended to
 # bench/results/gpu-<device>-<date>.jsonl (tracked; bench/results/gpu-rehearsal-<date>.jsonl under
 # --rehearse, not to be committed), with the fused bench's lines.
@@ -32,6 +32,11 @@
 #   cuda      the CUDA tests alone: ipc_cuda_test, student_group_test, tests/python/test_cuda.py
 #   sanitize  the IPC tests under compute-sanitizer (memcheck)
 #   ring      bench_ring_cuda: CUDA IPC slot bandwidth against cudaMemcpy device to device
+#   mps       bench_ring_cuda (up to 64 MiB) with both processes clients of one MPS server
+#             (nvidia-cuda-mps-control -d with its own pipe folder, quit after): one context on
+#             the GPU instead of two time-sliced ones
+#   sweep     bench/fused_linear_gpu.py at chunk_tokens SWEEP_CHUNKS ("512 1024 2048"), with the
+#             matrix products alone (gemm_floor): which chunk the CUDA default should take
 #   fused     bench/fused_linear_gpu.py: the fused linear loss against materialised logits and
 #             Liger-Kernel's fused linear cross-entropy (N 8192, V 128256, bf16)
 #   demo      the GPU demo (configs/demo-gpu.yaml), shortened (DEMO_SETS adds --set options)
@@ -55,7 +60,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
-ALL=build,cuda,sanitize,ring,fused,demo,bench,test,loss,llm
+ALL=build,cuda,sanitize,ring,mps,fused,sweep,demo,bench,test,loss,llm
 ISSUE41=build,loss,fused,llm
 ISSUE42=build,cuda,sanitize,ring
 LOAN=build,cuda,sanitize,ring,loss,fused,llm
@@ -106,7 +111,7 @@ limit_of() {
     return
   fi
   case "$1" in configure) echo 60 ;; build) echo 240 ;; loss) echo 90 ;; fused_linear_gpu) echo 150 ;;
-    llm) echo 180 ;; *) echo 900 ;; esac
+    llm) echo 240 ;; fused_chunk*) echo 90 ;; bench_ring_cuda_mps) echo 60 ;; *) echo 900 ;; esac
 }
 LEDGER=  # bench/results/gpu-<device>-<date>.jsonl, set once the device is known
 record() {  # record STEP OK SECONDS [extra JSON fields]
@@ -177,6 +182,9 @@ if want build; then
     targets=$ISSUE42_TARGETS; [ "$SET" = loan ] && targets=$LOAN_TARGETS
     # shellcheck disable=SC2086 # the target list splits on spaces
     run_step build ${LOCK[@]+"${LOCK[@]}"} cmake --build "$BUILD" -j "$JOBS" --target $targets -- -k 0
+  elif ! want test && ! want demo && ! want bench; then  # the device steps alone: the loan's targets
+    # shellcheck disable=SC2086 # the target list splits on spaces
+    run_step build ${LOCK[@]+"${LOCK[@]}"} cmake --build "$BUILD" -j "$JOBS" --target $LOAN_TARGETS -- -k 0
   else
     run_step build ${LOCK[@]+"${LOCK[@]}"} cmake --build "$BUILD" -j "$JOBS" -- -k 0  # -k 0: build all that builds, list every error
   fi
@@ -225,6 +233,29 @@ if want ring; then
   done
 fi
 
+if want mps; then
+  MPSCTL=$(command -v nvidia-cuda-mps-control || ls /usr/local/nvidia/bin/nvidia-cuda-mps-control \
+    /usr/bin/nvidia-cuda-mps-control 2>/dev/null | head -1)
+  if [ -n "$MPSCTL" ]; then
+    # A pipe folder of its own: only the processes given it (this step's) are the server's clients.
+    mkdir -p /tmp/distill-mps/pipe /tmp/distill-mps/log
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/distill-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/distill-mps/log
+    if "$MPSCTL" -d; then
+      run_step bench_ring_cuda_mps env DISTILL_CUDA_IPC_TIMES=1 "$BUILD/bin/bench_ring_cuda" --max-mib 64
+      echo quit | timeout 20 "$MPSCTL" || true
+      [ -f "$OUT/bench_ring_cuda_mps.log" ] && grep '^{' "$OUT/bench_ring_cuda_mps.log" |
+        sed 's/^{"bench":"ring_cuda"/{"bench":"ring_cuda","mps":true/' > "$OUT/bench_ring_cuda_mps.jsonl" &&
+        cat "$OUT/bench_ring_cuda_mps.jsonl" >> "$LEDGER"
+    else
+      record mps false 0 '"error":"nvidia-cuda-mps-control -d failed"'; FAILED=1
+    fi
+    cp /tmp/distill-mps/log/*.log "$OUT/" 2>/dev/null
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+  else
+    record mps false 0 '"error":"nvidia-cuda-mps-control not found"'; FAILED=1
+  fi
+fi
+
 if want loss; then
   run_step loss ctest --test-dir "$BUILD" -V --timeout 85 -j 4 \
     -R "^(losses_test|fused_linear_test|vocab_test|cuda_loss_test)$"
@@ -240,11 +271,20 @@ if want fused; then
   [ -f "$OUT/fused_linear_gpu.jsonl" ] && cat "$OUT/fused_linear_gpu.jsonl" >> "$LEDGER"
 fi
 
+if want sweep; then
+  for c in ${SWEEP_CHUNKS:-512 1024 2048}; do
+    run_step "fused_chunk$c" python3 bench/fused_linear_gpu.py --reps 3 --chunk-tokens "$c" \
+      --variants eager_ce,liger_flce,distill_fused,distill_fused_full,distill_fused_jsd,gemm_floor \
+      --out "$OUT/fused_chunk$c.jsonl"
+    [ -f "$OUT/fused_chunk$c.jsonl" ] && sed "s/^{/{\"chunk_tokens\":$c,/" "$OUT/fused_chunk$c.jsonl" >> "$LEDGER"
+  done
+fi
+
 if want llm; then
   # Teacher and students on the GPU, shortened: LLM_STEPS steps of 2 students, the on-policy phase too.
   run_step llm env STEPS="${LLM_STEPS:-20}" TEACHER_STEPS="${LLM_STEPS:-20}" ONPOLICY=1 OUT="$OUT/llm" \
     DISTILL_BUILD_DIR="$BUILD" ARGS="--max-files ${LLM_FILES:-300} --eval-tokens 4096 --device cuda" \
-    SETS="--set teacher.device=cuda --set teacher.autocast=bfloat16 ${LLM_SETS:-}" \
+    SETS="--set teacher.device=cuda --set teacher.autocast=bfloat16 --set student.device=cuda ${LLM_SETS:-}" \
     bash examples/llm/run.sh
   [ -f "$OUT/llm/llm.json" ] && { printf '{"step":"llm-result","result":'; cat "$OUT/llm/llm.json"; echo '}'; } >> "$LEDGER"
 fi
