@@ -286,7 +286,8 @@ if want llm; then
     DISTILL_BUILD_DIR="$BUILD" ARGS="--max-files ${LLM_FILES:-300} --eval-tokens 4096 --device cuda" \
     SETS="--set teacher.device=cuda --set teacher.autocast=bfloat16 --set student.device=cuda ${LLM_SETS:-}" \
     bash examples/llm/run.sh
-  [ -f "$OUT/llm/llm.json" ] && { printf '{"step":"llm-result","result":'; cat "$OUT/llm/llm.json"; echo '}'; } >> "$LEDGER"
+  [ -f "$OUT/llm/llm.json" ] && python3 -c 'import json, sys; print(json.dumps({"step": "llm-result", "result": json.load(open(sys.argv[1]))}))' \
+    "$OUT/llm/llm.json" >> "$LEDGER"  # one line (llm.json is indented)
 fi
 
 if want demo; then

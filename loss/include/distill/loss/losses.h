@@ -153,8 +153,9 @@ LossResult distillLoss(const at::Tensor& studentLogits, const at::Tensor& labels
 // Teacher, labels, options and normalizer are distillLoss's (top of this file).
 // The valid tokens go in chunks of `chunkTokens` rows (0: automatic; on CPU
 // max(256, 2^23 / V), i.e. a chunk's logits hold ~8 M elements; on CUDA
-// Liger's rule, next_pow2(N / ceil(V / d)) within [256, 2048], i.e. a chunk
-// buffer near N d elements; LossOptions::chunk_tokens is not used here): each
+// next_pow2(4 N / ceil(V / d)) within [256, 2048], i.e. a chunk buffer near
+// 4 N d elements, four times Liger's rule, measured faster on an H200 for a
+// quarter GiB more at N 8192, V 128256; LossOptions::chunk_tokens is not used here): each
 // chunk's logits are computed (mm_out / addmm_out into one buffer reused by
 // every chunk, in hidden's dtype), its loss and d loss / d logits formed (the
 // row kernel of the device, else the ATen-op path) and written over that
