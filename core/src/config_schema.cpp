@@ -107,6 +107,7 @@ std::vector<KeySpec> trainingKeys() {
       DISTILL_KEY(transport, stall_timeout_s).min(kMinTimeoutS).max(kMaxTimeoutS).runtime(),
       DISTILL_KEY(transport, spin_us).min(0).max(1000000).runtime(),
       DISTILL_KEY(transport, cuda_ipc).runtime(),
+      DISTILL_KEY(transport, cuda_mps).runtime(),
 
       DISTILL_KEY(loss, kind),
       DISTILL_KEY(loss, temperature).above(0),

@@ -59,6 +59,7 @@ int Supervisor::run() {
   rendezvousEnv(run.nnodes);
   if (a_.dryRun) return printPlan(segment);
 
+  mps_.emplace(cfg_, jobId); // before any socket or segment exists: the server inherits none of them
   if (node_ == 0) bindStore(); // before anything starts: a port in use fails here, at once
   std::string at;
   if (const int err = makeDirs(run.log_dir, &at, {}, dirModeBits(run.file_mode)))
@@ -75,6 +76,7 @@ int Supervisor::run() {
     throw;
   }
   removeSegment();
+  mps_.reset(); // every rank has exited: the server's clients are gone
   return rc;
 }
 

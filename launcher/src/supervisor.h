@@ -25,6 +25,8 @@
 //   slowest student's step, the mean loss, the summed tokens/s and how busy the
 //   teacher is (its share of time in forward, published in the segment);
 //   otherwise a plain status line every run.status_every_s and one at the end.
+// - transport.cuda_mps: on: an MPS server of its own for the node's ranks,
+//   started before them and stopped after them (mps.h).
 // - The watchdog's verdict (watchdog.h): the hang table to the console and
 //   <log_dir>/hang_report.txt, then per run.on_hang a teardown or nothing.
 //   SIGUSR1 prints the same table at any time and changes nothing.
@@ -49,6 +51,7 @@
 #include "distill/core/config.h"
 #include "distill/core/sys.h"
 #include "distill/ipc/segment.h"
+#include "mps.h"
 #include "ranks.h"
 #include "watchdog.h"
 
@@ -131,6 +134,7 @@ class Supervisor {
   Deadline nextSample_;
   bool statusSeen_ = false; // a student published a status (Client::publishStatus)
   bool teacherAttached_ = false; // from then on its busy share (published by serve()) is shown
+  std::optional<MpsServer> mps_; // transport.cuda_mps: on: stopped once the ranks have exited
 };
 
 } // namespace distill::launcher

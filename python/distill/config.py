@@ -227,6 +227,7 @@ class TransportConfig(Section):
     stall_timeout_s: float
     spin_us: int
     cuda_ipc: str
+    cuda_mps: str
 
 
 class LossConfig(Section):

@@ -122,6 +122,7 @@ const std::vector<BadCase>& badCases() {
       {kSelf + "student:\n  device: cuda:x\n", "student.device: must be one of cpu, cuda, cuda:N; found \"cuda:x\""},
       {kSelf + "student:\n  backend: mpi\n", "student.backend: must be one of auto, gloo, nccl; found \"mpi\""},
       {kSelf + "transport:\n  cuda_ipc: maybe\n", "transport.cuda_ipc: must be one of auto, on, off; found \"maybe\""},
+      {kSelf + "transport:\n  cuda_mps: auto\n", "transport.cuda_mps: must be one of off, on; found \"auto\""},
       {kSelf + "checkpoint:\n  on_error: retry\n",
        "checkpoint.on_error: must be one of stop, continue; found \"retry\""},
       {kSelf + "checkpoint:\n  on_corrupt: skip\n",
@@ -242,7 +243,7 @@ TEST(Config, EnumOptionsParseIntoEnumsAndDumpTheirSpelling) {
       "run: {on_hang: wait}\n"
       "teacher: {kind: registered, library: l, module: m, autocast: float16}\n"
       "student: {backend: gloo}\n"
-      "transport: {cuda_ipc: on}\n"
+      "transport: {cuda_ipc: on, cuda_mps: on}\n"
       "loss: {kind: reverse_kl}\n"
       "checkpoint: {on_error: continue, on_corrupt: restart}\n");
   EXPECT_EQ(c.run.on_hang, distill::OnHang::kWait);
@@ -250,6 +251,7 @@ TEST(Config, EnumOptionsParseIntoEnumsAndDumpTheirSpelling) {
   EXPECT_EQ(c.teacher.autocast, distill::Autocast::kFloat16);
   EXPECT_EQ(c.student.backend, distill::GroupBackend::kGloo);
   EXPECT_EQ(c.transport.cuda_ipc, distill::CudaIpc::kOn);
+  EXPECT_EQ(c.transport.cuda_mps, distill::CudaMps::kOn);
   EXPECT_EQ(c.loss.kind, distill::LossKind::kReverseKl);
   EXPECT_EQ(c.checkpoint.on_error, distill::OnSaveError::kContinue);
   EXPECT_EQ(c.checkpoint.on_corrupt, distill::OnCorrupt::kRestart);

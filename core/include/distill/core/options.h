@@ -41,6 +41,8 @@ enum class GroupBackend { kAuto, kGloo, kNccl };
 DISTILL_OPTION_ENUM_NAMES(GroupBackend, "auto", "gloo", "nccl");
 enum class CudaIpc { kAuto, kOn, kOff };
 DISTILL_OPTION_ENUM_NAMES(CudaIpc, "auto", "on", "off");
+enum class CudaMps { kOff, kOn };
+DISTILL_OPTION_ENUM_NAMES(CudaMps, "off", "on");
 enum class LossKind { kForwardKl, kReverseKl, kJsd, kSampledToken };
 DISTILL_OPTION_ENUM_NAMES(LossKind, "forward_kl", "reverse_kl", "jsd", "sampled_token");
 enum class OnSaveError { kStop, kContinue };
@@ -245,6 +247,9 @@ struct TransportOptions {
   double stall_timeout_s = 60; // (0.001 .. 2592000)
   int spin_us = 20; // spin this long before sleeping on the futex (0: never; .. 1000000)
   CudaIpc cuda_ipc = CudaIpc::kAuto; // auto | on | off: GPU tensors as CUDA IPC buffers
+  // on: distill-run starts an MPS server of its own for the node's ranks (one GPU context
+  // instead of time-sliced ones; docs/gpu.md) and stops it when the job ends.
+  CudaMps cuda_mps = CudaMps::kOff;
 };
 
 // loss: the distillation loss.
