@@ -19,16 +19,23 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 
-def test_llm_example_runs_its_phases(tmp_path, bin_dir):
-    args = ("--vocab 1000 --max-files 30 --teacher 1,64 --student 1,64 --context 32 --batch 2 "
-            "--teacher-batch 2 --warmup 1 --eval-tokens 512")
-    env = dict(os.environ, STEPS="3", TEACHER_STEPS="3", OUT=str(tmp_path / "out"), ARGS=args,
+@pytest.fixture(scope="module")
+def example(tmp_path_factory, bin_dir):
+    """run.sh once for the module: its output folder and what it printed (the resume test reuses its
+    tokenizer, token streams and teacher)."""
+    out = tmp_path_factory.mktemp("llm") / "out"
+    env = dict(os.environ, STEPS="3", TEACHER_STEPS="3", OUT=str(out), ARGS=" ".join(_TINY),
                DISTILL_BUILD_DIR=os.path.dirname(bin_dir), ONPOLICY="1",
                ONPOLICY_ARGS="--prompt 8 --response 8 --group 2 --lam 0.5")
     p = subprocess.run(["bash", os.path.join(ROOT, "examples", "llm", "run.sh")], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    r = json.load(open(tmp_path / "out" / "llm.json"))
+    return out, p
+
+
+def test_llm_example_runs_its_phases(example):
+    out, p = example
+    r = json.load(open(out / "llm.json"))
     assert r["vocab"] == 1000
     for k in ("teacher_val_loss", "label_val_loss", "distill_val_loss", "onpolicy_val_loss"):
         assert math.isfinite(r[k]) and r[k] < math.log(1000) + 1.0, r
@@ -42,14 +49,7 @@ def test_llm_example_runs_its_phases(tmp_path, bin_dir):
     assert "held-out loss (nats/token, V=1000)" in p.stdout
     assert "teacher: 6 requests" in p.stdout + p.stderr  # 2 students x 3 steps, served by distill.serve
     assert re.search(r"teacher: 6 requests .* (\d+) of (\d+) tokens computed", p.stdout + p.stderr)
-    assert f"results: {tmp_path / 'out'}/llm.json" in p.stdout
-
-
-def _llm(out, *args, timeout=300):
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "llm", "train.py"), *args, "--out", str(out),
-                        *_TINY], cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"),
-                       capture_output=True, text=True, timeout=timeout)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert f"results: {out}/llm.json" in p.stdout
 
 
 def _llm_distill(bin_dir, out, steps, *extra):
@@ -69,17 +69,19 @@ _TINY = ("--vocab", "1000", "--max-files", "30", "--teacher", "1,64", "--student
          "--batch", "2", "--teacher-batch", "2", "--warmup", "1", "--eval-tokens", "512")
 
 
-def test_llm_example_resumes_exactly(tmp_path, bin_dir):
+def test_llm_example_resumes_exactly(tmp_path, bin_dir, example):
     """Issue 39 item 5: the distill mode passed no loader_state, so a resumed run drew its batches
     from the generator's start. Stopped after step 2 and resumed, it now ends as the uninterrupted
-    run: the same losses at every step and the same held-out loss, bit for bit."""
-    made = tmp_path / "made"
-    _llm(made, "--mode", "prepare")
-    _llm(made, "--mode", "teacher", "--teacher-steps", "2")
+    run: the same losses at every step and the same held-out loss, bit for bit. (The tokenizer,
+    token streams and teacher are run.sh's, from the module's example run.)"""
+    made = example[0]
     steps = 5
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     for d in (whole, parts):
-        shutil.copytree(made, d)
+        d.mkdir()
+        for f in ("tokenizer.json", "tokens.pt", "teacher.json"):
+            shutil.copy(made / f, d / f)
+        shutil.copytree(made / "teacher", d / "teacher")
     uninterrupted = _llm_distill(bin_dir, whole, steps)
     assert [r["step"] for r in uninterrupted] == list(range(1, steps + 1))
     first = _llm_distill(bin_dir, parts, steps, "--stop-after", "2")  # stops after step 2 (or 3), checkpointed

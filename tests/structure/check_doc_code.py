@@ -7,12 +7,12 @@ How: `cmake --install BUILD --prefix TMP` (what a user gets), then an outside CM
 finds it with find_package(distill) and compiles the blocks (compile only: nothing is linked or
 run). A block is a ```cpp (or ```c++) fence. Two kinds:
 
-- a program (it has an #include line or a `main(`): its own translation unit, its lines as they
-  are, after its own #include lines the stand-ins below (a program may use the reader's own model
+- a program (it has an #include line or a `main(`): its lines as they are, its #include lines
+  first in the one translation unit of all blocks, then the stand-ins below (a program may use the reader's own model
   and data types: Net, Batch, data), the rest inside a namespace of its own;
 - a fragment (anything else: statements of a trainer's main()): wrapped in
-  `int fragment(int argc, char** argv) { ... return 0; }`, in a namespace of its own, in one
-  translation unit for all fragments that includes <distill/distill.h> and <torch/torch.h> and
+  `int fragment(int argc, char** argv) { ... return 0; }`, in a namespace of its own, in that
+  translation unit, which includes <distill/distill.h> and <torch/torch.h> and
   declares the names the docs leave to the reader (below: STANDINS and FRAGMENT_NAMES). A
   fragment's own declarations hide them.
 
@@ -154,16 +154,23 @@ def main():
                     for h in installed_headers(prefix) if h not in table_headers(root)]
         src = os.path.join(work, "project")
         os.makedirs(src)
-        sources = []
-        for n, (rel, line, text) in enumerate(programs):
-            name = f"program_{n}.cpp"
-            with open(os.path.join(src, name), "w") as f:
-                f.write(program_unit(root, rel, line, text, n))
-            sources.append(name)
+        # One translation unit: torch's headers are parsed once, not once per block (each block keeps
+        # its namespace and its #line, so its errors still name its file and line).
+        units = [program_unit(root, rel, line, text, n) for n, (rel, line, text) in enumerate(programs)]
         if fragments:
-            with open(os.path.join(src, "fragments.cpp"), "w") as f:
-                f.write(fragment_unit(root, fragments))
-            sources.append("fragments.cpp")
+            units.append(fragment_unit(root, fragments))
+        includes, bodies = [], []
+        for unit in units:
+            body = []
+            for l in unit.splitlines():
+                if not l.startswith("#include"):
+                    body.append(l)
+                elif l not in includes:
+                    includes.append(l)
+            bodies.append("\n".join(body))
+        with open(os.path.join(src, "doc_code.cpp"), "w") as f:
+            f.write("\n".join(includes) + "\n" + "\n".join(bodies) + "\n")
+        sources = ["doc_code.cpp"]
         with open(os.path.join(src, "CMakeLists.txt"), "w") as f:
             f.write("cmake_minimum_required(VERSION 3.22)\nproject(distill_doc_code CXX)\n"
                     "set(CMAKE_CXX_STANDARD 17)\nfind_package(distill REQUIRED)\n"
