@@ -1,7 +1,10 @@
 """Python students and a Python teacher on a GPU, in real distill-run jobs: the teacher's answers
 reach the students on the GPU (CUDA IPC through the rings) equal to a CPU forward, and distill.Steps
 trains a DDP student on cuda (2 students sharing one GPU: the student group reduces through gloo)
-to the same first-step gradients as the same job on the CPU. Skipped where no GPU is visible."""
+to the same first-step gradients as the same job on the CPU, and a job under transport.cuda_mps: on
+answers as without it. Skipped where no GPU is visible."""
+
+import shutil
 
 import pytest
 import torch
@@ -51,3 +54,19 @@ def test_steps_on_cuda_match_the_same_job_on_cpu(job, tmp_path):
             want = torch.tensor(want)
             assert (got - want).abs().max().item() <= 1e-4 * max(1.0, want.abs().max().item()), name
         assert abs(g["weights_after"] - c["weights_after"]) <= 1e-3 * max(1.0, abs(c["weights_after"]))
+
+
+@pytest.mark.skipif(shutil.which("nvidia-cuda-mps-control") is None, reason="no nvidia-cuda-mps-control on PATH")
+def test_a_job_under_transport_cuda_mps_answers_as_without_it(job):
+    """transport.cuda_mps: on (docs/gpu.md): distill-run runs an MPS server of its own, every rank a
+    client of it; the answers reach the CUDA students as they do without it, and the server stops."""
+    rc = job.run("lowlevel", config(job, "cuda") + "transport: {cuda_mps: on}\n")
+    assert rc == 0, job.output
+    for rank in (0, 1):
+        r = job.report(rank)
+        assert r["logits_device"].startswith("cuda"), r
+        assert len(r["tags"]) == 6
+        assert r["max_logit_diff"] < 1e-3, r["max_logit_diff"]
+        assert r["max_loss_diff"] < 1e-4, r["max_loss_diff"]
+    assert "transport.cuda_mps: an MPS server for this node's ranks" in job.output, job.output
+    assert "transport.cuda_mps: the MPS server stopped" in job.output, job.output
