@@ -83,7 +83,8 @@ int runBounded(const std::string& program, const std::string& arg, const std::st
   // What it reads: written at once (a few bytes fit any pipe), then EOF.
   if (!input.empty()) (void)retryEintr([&] { return ::write(writeEnd.get(), input.data(), input.size()); });
   writeEnd.reset();
-  // The deadline is kept by poll() on a pidfd: readable when the process has exited.
+  // The deadline is kept by poll() on a pidfd: readable when the process has exited. (A kernel
+  // without pidfd_open, before Linux 5.3, waits for the exit without a deadline.)
   Fd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
   if (pidfd.valid()) {
     pollfd p{pidfd.get(), POLLIN, 0};
