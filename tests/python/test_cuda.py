@@ -26,16 +26,20 @@ def config(job, device, kind="self"):
     return JOB.format(kind=kind, device=device, path=path)
 
 
-@pytest.mark.parametrize("kind", ["self", "torchscript"])
-def test_answers_reach_cuda_students_equal_to_a_cpu_forward(job, kind):
-    rc = job.run("lowlevel", config(job, "cuda", kind))
-    assert rc == 0, job.output
+def expect_cuda_answers_equal_to_a_cpu_forward(job):
     for rank in (0, 1):
         r = job.report(rank)
         assert r["logits_device"].startswith("cuda"), r
         assert len(r["tags"]) == 6
         assert r["max_logit_diff"] < 1e-3, r["max_logit_diff"]
         assert r["max_loss_diff"] < 1e-4, r["max_loss_diff"]
+
+
+@pytest.mark.parametrize("kind", ["self", "torchscript"])
+def test_answers_reach_cuda_students_equal_to_a_cpu_forward(job, kind):
+    rc = job.run("lowlevel", config(job, "cuda", kind))
+    assert rc == 0, job.output
+    expect_cuda_answers_equal_to_a_cpu_forward(job)
     if kind == "self":
         assert "teacher module on cuda" in job.output, job.output
 
@@ -62,11 +66,6 @@ def test_a_job_under_transport_cuda_mps_answers_as_without_it(job):
     client of it; the answers reach the CUDA students as they do without it, and the server stops."""
     rc = job.run("lowlevel", config(job, "cuda") + "transport: {cuda_mps: on}\n")
     assert rc == 0, job.output
-    for rank in (0, 1):
-        r = job.report(rank)
-        assert r["logits_device"].startswith("cuda"), r
-        assert len(r["tags"]) == 6
-        assert r["max_logit_diff"] < 1e-3, r["max_logit_diff"]
-        assert r["max_loss_diff"] < 1e-4, r["max_loss_diff"]
+    expect_cuda_answers_equal_to_a_cpu_forward(job)
     assert "transport.cuda_mps: an MPS server for this node's ranks" in job.output, job.output
     assert "transport.cuda_mps: the MPS server stopped" in job.output, job.output
