@@ -1,5 +1,6 @@
 #include "distill/core/answer_kinds.h"
 
+#include <algorithm>
 #include <set>
 #include <sstream>
 
@@ -138,7 +139,7 @@ int64_t elementsPerToken(const TeacherOptions& t, ShapeRule rule) {
     case ShapeRule::kHiddenDim:
       return t.hidden_size;
     case ShapeRule::kIds:
-      return 0;
+      return t.request_ids;
     case ShapeRule::kSamples:
       return t.samples;
   }
@@ -150,25 +151,34 @@ int64_t elementBytes(const TeacherOptions& t, DtypeRule rule) {
   return rule == DtypeRule::kInt16 ? 2 : 4;
 }
 
-int64_t answerBytes(const TeacherOptions& t, int64_t tokens, int64_t align) {
-  int64_t total = 0;
-  for (const AnswerTensor& a : answerKind(answerKindOf(t)).tensors) {
+namespace {
+
+// `tokens` tokens of `kind` (per token, unaligned, with `align` 0); 0 when a size is unknown.
+double kindBytes(const TeacherOptions& t, AnswerKind kind, int64_t tokens, int64_t align) {
+  double total = 0;
+  for (const AnswerTensor& a : answerKind(kind).tensors) {
     const int64_t each = elementsPerToken(t, a.shape);
     if (each <= 0) return 0;
-    total += (tokens * each * elementBytes(t, a.dtype) + align - 1) / align * align;
+    const int64_t bytes = tokens * each * elementBytes(t, a.dtype);
+    total += align > 0 ? double((bytes + align - 1) / align * align) : double(bytes);
   }
   return total;
 }
 
-double answerBytesPerToken(const TeacherOptions& t) {
-  double total = 0;
-  for (const AnswerTensor& a : answerKind(answerKindOf(t)).tensors) {
-    const int64_t each = elementsPerToken(t, a.shape);
-    if (each <= 0) return 0;
-    total += double(each * elementBytes(t, a.dtype));
-  }
-  return total;
+// The configured kind's bytes, or an ids answer's where requests may carry more (teacher.request_ids).
+double mostBytes(const TeacherOptions& t, int64_t tokens, int64_t align) {
+  const double configured = kindBytes(t, answerKindOf(t), tokens, align);
+  if (t.request_ids <= 0 || configured == 0) return configured;
+  return std::max(configured, kindBytes(t, AnswerKind::kIds, tokens, align));
 }
+
+} // namespace
+
+int64_t answerBytes(const TeacherOptions& t, int64_t tokens, int64_t align) {
+  return static_cast<int64_t>(mostBytes(t, tokens, align));
+}
+
+double answerBytesPerToken(const TeacherOptions& t) { return mostBytes(t, 1, 0); }
 
 std::string answerMismatch(uint8_t code, const std::vector<TensorFacts>& tensors) {
   const AnswerKindSpec* kind = findAnswerKind(code);

@@ -282,6 +282,25 @@ void checkSamples(const Config& config, const Ok& ok, const Suffix& suffix, std:
   }
 }
 
+// teacher.request_ids (ids answers) and loss.kind sampled_token, which needs them.
+template <typename Ok, typename Suffix>
+void checkRequestIds(const Config& config, const Ok& ok, const Suffix& suffix, std::vector<std::string>& problems) {
+  if (ok("loss.kind") && ok("teacher.request_ids") && config.loss.kind == LossKind::kSampledToken &&
+      config.teacher.request_ids == 0) {
+    problems.push_back("loss.kind sampled_token: needs the teacher's log-probability of each sampled token, an ids "
+                       "answer: set teacher.request_ids: 1 (or more) and hand Steps each micro-batch's sampled "
+                       "tokens (docs/onpolicy.md, \"The sampled-token recipe\")" +
+                       suffix("loss.kind"));
+  }
+  if (!ok("teacher.request_ids") || config.teacher.request_ids == 0) return;
+  if (ok("teacher.answer") && config.teacher.answer == TeacherAnswer::kHidden) {
+    problems.push_back("teacher.request_ids (" + std::to_string(config.teacher.request_ids) +
+                       "): ids answers are the teacher's logits at the ids, and teacher.answer hidden sends no "
+                       "logits; set teacher.request_ids: 0 or another teacher.answer" +
+                       suffix("teacher.request_ids"));
+  }
+}
+
 // The rules between keys, only between values that are valid on their own.
 void checkAcrossFields(const Config& config, const std::vector<std::optional<Setting>>& values,
                        const std::vector<bool>& valid, std::vector<std::string>& problems) {
@@ -335,6 +354,7 @@ void checkAcrossFields(const Config& config, const std::vector<std::optional<Set
   }
   checkTeacherPool(config, ok, suffix, problems);
   checkSamples(config, ok, suffix, problems);
+  checkRequestIds(config, ok, suffix, problems);
   if (ok("run.node_rank") && ok("run.nnodes") && config.run.node_rank >= config.run.nnodes) {
     problems.push_back("run.node_rank: must be < run.nnodes (" + std::to_string(config.run.nnodes) + "), found " +
                        std::to_string(config.run.node_rank) + suffix("run.node_rank"));

@@ -61,6 +61,7 @@ std::vector<KeySpec> runAndTeacherKeys() {
       DISTILL_KEY(teacher, max_batch_tokens).min(1).runtime(),
       DISTILL_KEY(teacher, topk).min(0),
       DISTILL_KEY(teacher, samples).min(0).max(32767), // int16 counts; against topk, loss.kind, ... across fields
+      DISTILL_KEY(teacher, request_ids).min(0).max(1 << 20), // ids per position a request may carry
       DISTILL_KEY(teacher, payload_dtype),
       // Runtime: it sizes the response slots (and is checked at the first answer).
       DISTILL_KEY(teacher, vocab_size).min(0).runtime(),

@@ -14,7 +14,10 @@ constexpr int64_t kFallbackResponse = int64_t(64) << 20;
 
 int64_t aligned(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-int64_t requestBytes(const TeacherOptions& t, int64_t tokens) { return int64_t(t.inputs.size()) * aligned(tokens * 8); }
+// Every input at 8 bytes per token, and the ids a request may carry (int32, teacher.request_ids).
+int64_t requestBytes(const TeacherOptions& t, int64_t tokens) {
+  return int64_t(t.inputs.size()) * aligned(tokens * 8) + (t.request_ids > 0 ? aligned(tokens * t.request_ids * 4) : 0);
+}
 
 // The answer's known part for `tokens` tokens (the answer kinds table); 0
 // when unknown (full logits of an unknown vocabulary).
@@ -62,7 +65,7 @@ SlotBytes slotBytesNeeded(const Config& c) {
   SlotBytes s;
   s.tokens = t.max_batch_tokens;
   s.request = requestBytes(t, s.tokens);
-  s.requestPerToken = 8.0 * double(t.inputs.size());
+  s.requestPerToken = 8.0 * double(t.inputs.size()) + 4.0 * double(t.request_ids);
   s.response = responseBytes(t, s.tokens);
   s.responsePerToken = answerBytesPerToken(t);
   if (s.responsePerToken == 0) {
@@ -93,7 +96,8 @@ void checkSlotBytes(const Config& c) {
     const int64_t fits = tokensFitting(req, s.tokens, [&](int64_t n) { return requestBytes(t, n); });
     DISTILL_THROW(ConfigError, "transport.max_request_bytes: ", req, " bytes is below the ", s.request,
                   " bytes a request of teacher.max_batch_tokens=", s.tokens, " tokens needs (", t.inputs.size(),
-                  " input(s) of teacher.inputs, 8 bytes per token each); set transport.max_request_bytes to at "
+                  " input(s) of teacher.inputs, 8 bytes per token each",
+                  t.request_ids > 0 ? ", and 4 bytes per id of teacher.request_ids" : "", "); set transport.max_request_bytes to at "
                   "least ",
                   s.request, " (or auto), or lower teacher.max_batch_tokens to ", fits, " or fewer");
   }

@@ -196,6 +196,7 @@ class TeacherConfig(Section):
     max_batch_tokens: int
     topk: int
     samples: int
+    request_ids: int
     payload_dtype: str
     vocab_size: int
     max_restarts: int

@@ -51,6 +51,7 @@ TeacherOutput TeacherReply::output() const {
   TeacherOutput o = teacherOutputFrom(
       kind_, [&](const std::string& name) { return has(name) ? tensor(name) : at::Tensor(); }, vocab_);
   if (HiddenAnswer* h = o.hidden()) h->head = head_;
+  if (IdsAnswer* a = o.ids()) a->ids = ids_; // the request's: the answer does not carry them back
   return o;
 }
 
@@ -71,6 +72,7 @@ struct Client::Impl {
   std::atomic<bool> stopAsked{false}; // requestStop()
   std::deque<Handle> inFlight; // sent, answer not yet received
   std::map<uint64_t, ipc::ReceivedMessage> received; // received, not yet taken by get()
+  std::map<uint64_t, at::Tensor> requestIds; // by seq: the ids a request asked an answer at (ids answers)
   bool finished = false;
   // Time blocked on the teacher: waiting for an answer, or for a free request
   // slot. publishStatus() turns it into the step's teacher wait share.
@@ -168,15 +170,29 @@ Handle Client::submit(const std::vector<std::pair<std::string, at::Tensor>>& inp
   DISTILL_CHECK_T(UsageError, !s.finished, "submit() after finish(): this student told its teacher it sends nothing more");
   trace::setCurrentStep(step, accStep);
   while (static_cast<int64_t>(s.inFlight.size()) >= s.cfg.student.in_flight) s.receiveOldest();
+  std::vector<std::pair<std::string, at::Tensor>> tensors = inputs;
+  at::Tensor ids;
+  for (auto& [name, t] : tensors) {
+    if (name != protocol::kRequestIds) continue;
+    DISTILL_CHECK_T(UsageError, t.defined() && t.dim() == 3 && !at::isFloatingType(t.scalar_type()),
+                    at(step, accStep, "submit"), "'", name, "': expected integer ids [B, T, k], found ",
+                    t.defined() ? t.sizes() : at::IntArrayRef{}, " ", t.defined() ? c10::toString(t.scalar_type()) : "");
+    DISTILL_CHECK_T(UsageError, t.size(2) >= 1 && t.size(2) <= s.cfg.teacher.request_ids, at(step, accStep, "submit"),
+                    "'", name, "': ", t.size(2), " ids per position; teacher.request_ids (", s.cfg.teacher.request_ids,
+                    ") says how many a request may carry (it sizes the slots): raise it");
+    t = t.to(at::kInt).contiguous(); // int32 on the wire (teacher.request_ids sizes the slot at 4 bytes an id)
+    ids = t;
+  }
   const Handle h{s.nextSeq++, step, accStep};
   ipc::OutMessage msg;
   msg.tag = h;
   msg.kind = ipc::MsgKind::kRequest;
-  msg.tensors = inputs;
+  msg.tensors = std::move(tensors);
   const auto t0 = Clock::now();
   s.endpoint->send(msg, s.responseDeadline()); // waits while every request slot is taken
   s.waited += Clock::now() - t0;
   s.inFlight.push_back(h);
+  if (ids.defined()) s.requestIds[h.seq] = ids;
   return h;
 }
 
@@ -200,6 +216,7 @@ TeacherReply Client::get(const Handle& h, ReplyMode mode) {
   r.head_ = s.head;
   r.vocab_ = m.vocab();
   r.kind_ = static_cast<AnswerKind>(m.answer()); // known: receiveOldest checked it
+  if (auto ids = s.requestIds.extract(h.seq)) r.ids_ = ids.mapped();
   for (auto& name : m.names()) {
     r.tensors_.emplace_back(name, mode == ReplyMode::kCopy ? m.copy(name) : m.view(name));
   }
@@ -216,6 +233,7 @@ void Client::finish() {
   if (s.finished) return;
   s.finished = true;
   s.received.clear();
+  s.requestIds.clear();
   ipc::OutMessage msg;
   msg.kind = ipc::MsgKind::kFinish;
   msg.tag = Tag{s.nextSeq++, 0, 0};

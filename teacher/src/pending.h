@@ -20,6 +20,7 @@ struct Pending {
   int student = 0;
   int64_t tokens = 0;
   std::vector<at::Tensor> inputs; // views into the request slot
+  at::Tensor ids; // the ids it asks an answer at (protocol::kRequestIds, request.h), or undefined
 };
 
 // Requests this teacher took but has not answered, when it fails (an

@@ -18,6 +18,7 @@
 #include "cache/cache.h"
 #include "head.h"
 #include "pending.h"
+#include "request.h"
 #include "distill/core/clock.h"
 #include "distill/core/config.h"
 #include "distill/core/errors.h"
@@ -34,14 +35,6 @@ using ipc::ReceivedMessage;
 // Thrown out of the cache's compute when an answer is not finite: nothing of the
 // batch is stored, and it is answered again without the cache (answer_check.h).
 struct NonfiniteInCache {};
-
-// The dtype and rank of each input, fixed by the first request of the job.
-struct InputSignature {
-  bool known = false;
-  std::vector<at::ScalarType> dtypes;
-  std::vector<int64_t> dims;
-};
-
 
 class Server {
  public:
@@ -192,60 +185,23 @@ class Server {
   }
 
   std::string checkInputs(const ReceivedMessage& m, Pending* p) {
-    const auto& names = cfg_.teacher.inputs;
-    std::ostringstream why;
-    int64_t batch = -1;
-    for (size_t i = 0; i < names.size(); ++i) {
-      if (!m.has(names[i])) {
-        why << "missing input '" << names[i] << "' (teacher.inputs); found:";
-        for (auto& n : m.names()) why << " " << n;
-        return why.str();
-      }
-      at::Tensor t = m.view(names[i]);
-      if (t.dim() < 1 || t.size(0) < 1) return "input '" + names[i] + "' has no batch dimension: " + describe(t);
-      if (batch < 0) batch = t.size(0);
-      if (t.size(0) != batch) {
-        return "input '" + names[i] + "' has batch " + std::to_string(t.size(0)) + ", input '" + names[0] + "' has " +
-            std::to_string(batch);
-      }
-      if (signature_.known && (t.scalar_type() != signature_.dtypes[i] || t.dim() != signature_.dims[i])) {
-        why << "input '" << names[i] << "': expected " << c10::toString(signature_.dtypes[i]) << " with "
-            << signature_.dims[i] << " dims (as every request so far), found " << describe(t);
-        return why.str();
-      }
-      p->inputs.push_back(t);
-    }
-    if (!signature_.known) {
-      for (auto& t : p->inputs) {
-        signature_.dtypes.push_back(t.scalar_type());
-        signature_.dims.push_back(t.dim());
-      }
-      signature_.known = true;
-    }
-    if (cache_ && cfg_.teacher.cache.keys == CacheKeys::kPrefix) {
-      if (std::string problem = prefixInputsProblem(names, p->inputs); !problem.empty()) return problem;
-    }
-    at::Tensor first = p->inputs.at(0);
-    p->tokens = first.dim() >= 2 ? first.size(0) * first.size(1) : first.size(0);
-    if (p->tokens > cfg_.teacher.max_batch_tokens) {
-      return "request of " + std::to_string(p->tokens) +
-          " tokens exceeds teacher.max_batch_tokens=" + std::to_string(cfg_.teacher.max_batch_tokens);
-    }
-    return "";
+    return checkRequest(m, cfg_, cache_ && cfg_.teacher.cache.keys == CacheKeys::kPrefix, signature_, p);
   }
 
   // Takes pending requests in order while they fit the token budget and share
-  // the trailing shape of the first; a student's later requests never overtake
-  // its earlier ones. Runs forward once and answers each request.
+  // the trailing shape of the first, and its kind of answer (ids of the same
+  // width, or none); a student's later requests never overtake its earlier
+  // ones. Runs forward once and answers each request.
   void serveOneBatch() {
     if (pending_.empty()) return;
     std::vector<Pending> batch;
     std::vector<bool> blocked(finished_.size(), false);
     int64_t tokens = 0;
     auto trailing = pending_.front().inputs[0].sizes().slice(1).vec();
+    const int64_t width = idsWidth(pending_.front());
     for (auto it = pending_.begin(); it != pending_.end();) {
       bool fits = tokens + it->tokens <= cfg_.teacher.max_batch_tokens &&
-          it->inputs[0].sizes().slice(1).vec() == trailing && !blocked[it->student];
+          it->inputs[0].sizes().slice(1).vec() == trailing && idsWidth(*it) == width && !blocked[it->student];
       if (!fits) {
         blocked[it->student] = true;
         ++it;
@@ -265,7 +221,8 @@ class Server {
       c10::InferenceMode guard;
       const std::string label = std::to_string(batch.size()) + " request(s), " + std::to_string(tokens) + " tokens";
       nonfinite_.reset(); // this batch's, set by compute() outside the cache
-      if (cache_) {
+      batchIds_ = width > 0 ? concatIds(batch) : at::Tensor(); // ids answers: never cached (keys hold no ids)
+      if (cache_ && width == 0) {
         std::vector<std::vector<at::Tensor>> requests;
         for (auto& p : batch) requests.push_back(p.inputs);
         try {
@@ -321,7 +278,7 @@ class Server {
       reply.kind = MsgKind::kResponse;
       reply.tag = batch[b].msg.tag();
       reply.vocab = vocab_; // the students check it against theirs (loss.vocab)
-      reply.answer = answerKindOf(cfg_.teacher); // what its tensors are (core/answer_kinds.h)
+      reply.answer = batchKind(); // what its tensors are (core/answer_kinds.h)
       if (!cached.empty()) {
         for (auto& [name, t] : cached[b]) reply.tensors.emplace_back(name, t);
       }
@@ -393,7 +350,7 @@ class Server {
     names.push_back(cfg_.teacher.output);
     if (positions.defined()) raw = gatherPositions(raw, names, positions, inputs[0].size(1));
     auto answer = shape(std::move(raw));
-    if (nf && mask) markMasked(answer, answerKindOf(cfg_.teacher), *nf);
+    if (nf && mask) markMasked(answer, batchKind(), *nf);
     if (nf) nonfinite_ = std::move(nf);
     return {std::move(answer), vocab};
   }
@@ -415,11 +372,22 @@ class Server {
     return true;
   }
 
-  // The configured kind's answer (teacher/src/answer/), plus hidden states.
+  // The ids a request asks an answer at: k per position, 0 for none.
+  static int64_t idsWidth(const Pending& p) { return p.ids.defined() ? p.ids.size(-1) : 0; }
+  static at::Tensor concatIds(const std::vector<Pending>& batch) {
+    std::vector<at::Tensor> parts;
+    for (const Pending& p : batch) parts.push_back(p.ids.to(at::kLong));
+    return at::cat(parts, 0);
+  }
+  AnswerKind batchKind() const { return batchIds_.defined() ? AnswerKind::kIds : answerKindOf(cfg_.teacher); }
+
+  // The configured kind's answer (teacher/src/answer/), plus hidden states; or the batch's ids answer.
   std::map<std::string, at::Tensor> shape(std::map<std::string, at::Tensor> raw) {
+    const ShapeContext context{cfg_.teacher, cfg_.loss.temperature, rowKeys_};
+    const at::Tensor& logits = raw.at(cfg_.teacher.output);
     std::map<std::string, at::Tensor> out =
-        shapeAnswer(raw.at(cfg_.teacher.output), ShapeContext{cfg_.teacher, cfg_.loss.temperature, rowKeys_});
-    for (auto& name : cfg_.teacher.hidden_states) {
+        batchIds_.defined() ? shapeIds(logits, batchIds_, context) : shapeAnswer(logits, context);
+    for (auto& name : batchIds_.defined() ? std::vector<std::string>() : cfg_.teacher.hidden_states) {
       auto h = raw.find(name);
       DISTILL_CHECK_T(ProtocolError, h != raw.end(), "teacher model returned no hidden state '", name,
                       "' (teacher.hidden_states)");
@@ -464,6 +432,7 @@ class Server {
   std::optional<ipc::TeacherEndpoint> endpoint_;
   std::deque<Pending> pending_;
   at::Tensor rowKeys_; // the batch being computed: sampleKeys
+  at::Tensor batchIds_; // the batch being computed: its requests' ids [rows, T, k] (an ids batch), or undefined
   std::vector<std::optional<Tag>> last_;
   std::vector<bool> finished_; // by local student index (only those in mine_ are used)
   std::vector<int> mine_; // the local students this teacher serves (teacher i % K)

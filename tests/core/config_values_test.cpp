@@ -44,10 +44,11 @@ TEST(Config, DumpAndHashAreStableAndSensitive) {
 
 TEST(Config, KeysInSchemaOrder) {
   const auto keys = configKeys();
-  EXPECT_EQ(keys.size(), 79u); // 62 + loss.vocab, loss.max_truncated_mass, teacher.payload_dtype, teacher.vocab_size,
+  EXPECT_EQ(keys.size(), 80u); // 62 + loss.vocab, loss.max_truncated_mass, teacher.payload_dtype, teacher.vocab_size,
                                // teacher.cache.keys, teacher.cache.dtype, teacher.on_nonfinite, loss.on_nonfinite,
                                // teacher.answer, teacher.hidden_size, teacher.head.{weight, bias, softcap, scale,
-                               // on_change}, teacher.samples, transport.cuda_mps
+                               // on_change}, teacher.samples, transport.cuda_mps,
+                               // teacher.request_ids
   EXPECT_EQ(keys.front(), "run.name");
   EXPECT_EQ(keys.back(), "checkpoint.on_corrupt");
   EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()).size(), keys.size());

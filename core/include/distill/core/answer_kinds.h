@@ -69,6 +69,9 @@ constexpr const char* kHidden = "hidden"; // [B, T, d_t] the teacher's final hid
 constexpr const char* kIdsValues = "ids_values"; // [B, T, k] teacher logits at the request's ids
 constexpr const char* kSampledIds = "sampled_ids"; // [B, T, K] int32 ids drawn from the teacher
 constexpr const char* kSampledCounts = "sampled_counts"; // [B, T, K] int16: how often each was drawn
+// In a REQUEST beside teacher.inputs: [B, T, k] integer ids (k <= teacher.request_ids) the teacher
+// answers its logits at (an ids answer). The student keeps them; the answer does not carry them back.
+constexpr const char* kRequestIds = "request_ids";
 } // namespace protocol
 
 // The dtype an answer tensor travels in.
@@ -85,7 +88,7 @@ enum class ShapeRule : uint8_t {
   kTopk, // k: teacher.topk
   kToken, // nothing: one value per token
   kHiddenDim, // d_t: teacher.hidden_size (0: unknown until the first answer)
-  kIds, // k: the request's ids (unknown from the options: elementsPerToken 0)
+  kIds, // k: the request's ids (at most teacher.request_ids: elementsPerToken says that many)
   kSamples, // K: teacher.samples
 };
 
@@ -126,7 +129,8 @@ int64_t elementsPerToken(const TeacherOptions& t, ShapeRule rule);
 int64_t elementBytes(const TeacherOptions& t, DtypeRule rule);
 // Payload bytes of the configured kind's tensors (optional ones included: the
 // server sends them) for `tokens` tokens, each tensor rounded up to `align`;
-// 0 when a size is unknown (full logits of teacher.vocab_size 0).
+// 0 when a size is unknown (full logits of teacher.vocab_size 0). With
+// teacher.request_ids k > 0, the larger of that and an ids answer of k ids.
 int64_t answerBytes(const TeacherOptions& t, int64_t tokens, int64_t align);
 // The same per token, before alignment (0 when unknown).
 double answerBytesPerToken(const TeacherOptions& t);

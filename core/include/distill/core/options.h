@@ -179,6 +179,9 @@ struct TeacherOptions {
   // K > 0: sampled answers, K ids drawn per position from softmax(logits / loss.temperature) with
   // replacement, sent as unique ids and counts (answer_kinds.h); reproducible from run.seed.
   int64_t samples = 0;
+  // k > 0: a request may carry up to k ids per position (request_ids [B, T, k]), answered as the
+  // teacher's logits at them (ids answers, answer_kinds.h); sizes the request and response slots.
+  int64_t request_ids = 0;
   // auto | float32 | bfloat16 | float16: the dtype of the logits or top-k values
   // sent (logsumexp and log tail stay float32). auto: teacher.autocast's dtype
   // when set, else the output's (float16 and bfloat16 kept, anything else float32).

@@ -76,6 +76,7 @@ class TeacherReply {
   AnswerKind kind_ = AnswerKind::kLogits;
   std::vector<std::pair<std::string, at::Tensor>> tensors_;
   std::shared_ptr<const TeacherHead> head_; // hidden-state answers: the head they were made for
+  at::Tensor ids_; // the request's ids (protocol::kRequestIds), which an ids answer is at
   std::unique_ptr<ipc::ReceivedMessage> held_; // view mode only
 };
 
@@ -92,7 +93,10 @@ class Client {
   Client& operator=(const Client&) = delete;
 
   // Sends the inputs named by teacher.inputs; returns at once unless
-  // student.in_flight requests are already outstanding.
+  // student.in_flight requests are already outstanding. With a tensor named
+  // protocol::kRequestIds ("request_ids": integer [B, T, k], k <=
+  // teacher.request_ids) the teacher answers its logits at those ids (an ids
+  // answer, core/answer_kinds.h); output() attaches the ids to it.
   Handle submit(const std::vector<std::pair<std::string, at::Tensor>>& inputs, int64_t step, int64_t accStep);
   // The same with one input, named teacher.inputs[0].
   Handle submit(const at::Tensor& input, int64_t step, int64_t accStep);
