@@ -16,7 +16,11 @@ if TYPE_CHECKING:
 
 __all__ = ["StepItem", "Steps", "Batch", "LmHead"]
 
-Batch = Tuple[torch.Tensor, torch.Tensor]  # a loader's micro-batch: (inputs, labels)
+# A loader's micro-batch: (inputs, labels), or with the ids to have the teacher's logits at
+# ([B, T, k] integer, k <= teacher.request_ids: an ids answer) and, for loss.kind sampled_token,
+# the sampling policy's log-probabilities of ids[..., 0] ([B, T]; None: not given).
+Batch = Union[Tuple[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+              Tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]]
 # Steps.backward's lm_head: a Linear, its weight [V, d], or a (weight, bias) pair.
 LmHead = Union[torch.nn.Linear, torch.Tensor, Tuple[torch.Tensor, Optional[torch.Tensor]]]
 _LOADER_FORMAT = "distill.Steps loader 2"  # a checkpoint's per-rank extra (0.4: the loader's state alone)
@@ -157,7 +161,7 @@ class Steps:
         saved = torch.load(io.BytesIO(extra), weights_only=True) if extra else None
         if isinstance(saved, dict) and saved.get("format") == _LOADER_FORMAT:
             self._loader_state.load_state_dict(saved["loader"])
-            self._replay = [(b[0], b[1]) for b in saved["ahead"]]
+            self._replay = [tuple(b) for b in saved["ahead"]]  # (inputs, labels[, ids[, sampling_logprobs]])
         elif saved is not None:  # 0.4: the loader's state alone, after the step's last read
             self._loader_state.load_state_dict(saved)
         elif self._c.resumed_step > 0:

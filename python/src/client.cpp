@@ -35,9 +35,13 @@ pyb::dict outputDict(const ReplyPtr& r) {
   TeacherOutput o = r->reply.output();
   pyb::dict d;
   for (auto& [name, t] : namedTensors(o)) d[pyb::str(name)] = r->hold(r, t);
+  if (const IdsAnswer* a = o.ids(); a && a->ids.defined()) d[protocol::kRequestIds] = a->ids; // the request's
   if (o.vocab > 0) d["vocab"] = o.vocab;
   return d;
 }
+
+// The student's side of an ids answer in a dict: the request's ids and the sampling log-probabilities.
+constexpr const char* kSamplingLogprobs = "sampling_logprobs";
 
 // A Reply as C++ reads it (in place), or a user's dict of named tensors (docs/python-api.md): its
 // kind is the one whose first tensor it holds (answerKindNamed).
@@ -46,7 +50,12 @@ TeacherOutput teacherOutputOf(const pyb::object& teacher) {
   auto d = teacher.cast<pyb::dict>();
   auto has = [&](const std::string& k) { return d.contains(pyb::str(k)); };
   auto get = [&](const std::string& k) { return has(k) ? d[pyb::str(k)].cast<at::Tensor>() : at::Tensor(); };
-  return teacherOutputFrom(answerKindNamed(has), get, d.contains("vocab") ? d["vocab"].cast<int64_t>() : 0);
+  TeacherOutput t = teacherOutputFrom(answerKindNamed(has), get, d.contains("vocab") ? d["vocab"].cast<int64_t>() : 0);
+  if (IdsAnswer* a = t.ids()) {
+    a->ids = get(protocol::kRequestIds);
+    a->samplingLogProbs = get(kSamplingLogprobs);
+  }
+  return t;
 }
 
 // A dict of hidden states (no head travels with them) gets the session's: the node's mapped head,

@@ -90,7 +90,8 @@ StepsPtr makeSteps(const SessionPtr& s, std::vector<at::Tensor> params, std::vec
   return p;
 }
 
-// The loader: a Python callable returning (inputs, labels) or None.
+// The loader: a Python callable returning (inputs, labels), (inputs, labels, ids) or
+// (inputs, labels, ids, sampling_logprobs) (MicroBatch's optional fields; None: left out), or None.
 std::optional<MicroBatch> loadOne(const pyb::function& loader) {
   pyb::gil_scoped_acquire gil;
   pyb::object item = loader();
@@ -99,17 +100,22 @@ std::optional<MicroBatch> loadOne(const pyb::function& loader) {
     return pyb::str(pyb::type::handle_of(h).attr("__qualname__")).cast<std::string>();
   };
   const bool sequence = pyb::isinstance<pyb::tuple>(item) || pyb::isinstance<pyb::list>(item);
-  DISTILL_CHECK_T(
-      UsageError, sequence && pyb::len(item) == 2,
-      "distill.Steps: the loader must yield (inputs, labels) pairs of tensors, got ",
-      sequence ? "a " + typeOf(item) + " of " + std::to_string(pyb::len(item)) + " items" : "a " + typeOf(item));
-  pyb::sequence pair = item.cast<pyb::sequence>();
-  for (size_t i = 0; i < 2; ++i) {
-    DISTILL_CHECK_T(UsageError, THPVariable_Check(pair[i].ptr()),
-                    "distill.Steps: the loader must yield (inputs, labels) pairs of tensors; its ",
-                    i == 0 ? "inputs are" : "labels are", " a ", typeOf(pair[i]));
+  const size_t n = sequence ? pyb::len(item) : 0;
+  DISTILL_CHECK_T(UsageError, n >= 2 && n <= 4,
+                  "distill.Steps: the loader must yield (inputs, labels) pairs of tensors (or (inputs, labels, ids"
+                  "[, sampling_logprobs])), got ",
+                  sequence ? "a " + typeOf(item) + " of " + std::to_string(n) + " items" : "a " + typeOf(item));
+  pyb::sequence seq = item.cast<pyb::sequence>();
+  static const char* const kWhat[] = {"inputs are", "labels are", "ids are", "sampling_logprobs are"};
+  at::Tensor parts[4];
+  for (size_t i = 0; i < n; ++i) {
+    if (i >= 2 && seq[i].is_none()) continue;
+    DISTILL_CHECK_T(UsageError, THPVariable_Check(seq[i].ptr()),
+                    "distill.Steps: the loader must yield (inputs, labels) pairs of tensors; its ", kWhat[i], " a ",
+                    typeOf(seq[i]));
+    parts[i] = THPVariable_Unpack(seq[i].ptr());
   }
-  return MicroBatch{THPVariable_Unpack(pair[0].ptr()), THPVariable_Unpack(pair[1].ptr())};
+  return MicroBatch{parts[0], parts[1], parts[2], parts[3]};
 }
 
 pyb::object next(PySteps& p, const pyb::function& loader) {

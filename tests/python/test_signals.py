@@ -1,6 +1,7 @@
-"""Issue 44's sampled answers in real distill-run jobs: a TorchScript teacher with teacher.samples
-draws K ids per position and the students train on them to the end; what sampled answers cannot
-serve is refused at the start, naming why."""
+"""Issue 44's answers in real distill-run jobs: a TorchScript teacher with teacher.samples draws K
+ids per position and the students train on them to the end; what sampled answers cannot serve is
+refused at the start, naming why; a request carrying ids is answered with the teacher's logits at
+exactly those ids."""
 
 import math
 
@@ -24,6 +25,33 @@ def test_sampled_answers_train_a_job_to_the_end(job):
         assert r["steps"] == 3 and not r["stopped"], r
         losses = [step[4] for step in r["nonfinite"]]
         assert len(losses) == 3 and all(math.isfinite(x) for x in losses), losses
+
+
+IDS = """
+run: {{name: py, log_dir: logs, startup_timeout_s: 60, collective_timeout_s: 60, hang_timeout_s: 60}}
+teacher: {{kind: torchscript, path: {path}, request_ids: 5, payload_dtype: float32}}
+student: {{in_flight: 1, grad_acc_steps: 2}}
+loss: {{alpha: 0.5, temperature: 2.0, kind: reverse_kl}}
+"""
+
+
+def test_ids_answered_by_a_teacher_process_equal_a_gather_from_its_full_logits(job):
+    """One student, one request at a time: the plain request and the one with ids are two batches
+    of the same shape through the same teacher process, so the gather must be bit-for-bit."""
+    rc = job.run("ids", IDS.format(path=job.tiny_lm), students=1)
+    assert rc == 0, job.output
+    r = job.report(0)
+    assert r["kinds"] == ["ids"] * 3 and r["gather_equal"] == [True] * 3 and r["ids_back"], r
+    assert r["lse_diff"] < 1e-5 and r["tail_diff"] < 1e-5, r  # float32 sums against float64
+    assert r["loss_diff"] == 0.0 and math.isfinite(r["loss"]) and r["loss"] > 0, r
+    assert "9 ids per position; teacher.request_ids (5) says how many a request may carry" in r["too_many"], r
+
+
+def test_sampled_token_without_request_ids_is_refused_at_the_start(job):
+    rc = job.run("steps_plain", BASE.format(path=job.tiny_lm, kind="sampled_token").replace(", samples: 8", ""))
+    assert rc != 0, job.output
+    assert "loss.kind sampled_token: needs the teacher's log-probability of each sampled token" in job.output, \
+        job.output
 
 
 def test_sampled_answers_with_reverse_kl_are_refused_at_the_start(job):

@@ -15,6 +15,10 @@ Modes:
   sigint_job  like steps; at step 2 student rank 1 sends SIGINT to distill-run and every rank, as
             a scheduler's signal to every task (or a terminal's Ctrl-C under torchrun) does.
   steps_plain  like steps without DDP: distill.Steps sums the gradients itself.
+  ids       the low-level API: each micro-batch asked twice, plainly (full logits) and with
+            request_ids (5 distinct random ids per position): the ids answer against a gather
+            from the full answer, and its logsumexp; distill.loss on the ids answer (reverse KL
+            on those ids + tail) against the same loss on a dict built from the full answer.
   fsdp      the low-level API under FSDP2 (fully_shard over the students' world): one step
             of two micro-batches per student, normaliser step tokens / world size (FSDP
             averages); the full parameters after the SGD step.
@@ -222,6 +226,40 @@ def lowlevel(session, args):
     return report
 
 
+def ids(session, args):
+    mbs = micro_batches(session.rank, 3)
+    g = torch.Generator().manual_seed(7 + session.rank)
+    temperature = session.config.loss.temperature
+    report = {"kinds": [], "gather_equal": [], "lse_diff": 0.0, "tail_diff": 0.0, "loss_diff": 0.0}
+    for i, (x, labels) in enumerate(mbs):
+        full = session.get(session.submit(x, i + 1, 0)).output["logits"]
+        want = torch.rand(BATCH, SEQ, VOCAB, generator=g).argsort(-1)[..., :5]  # distinct per position
+        reply = session.get(session.submit({"input_ids": x, "request_ids": want}, i + 1, 1))
+        out = reply.output
+        report["kinds"].append(reply.kind)
+        report["gather_equal"].append(torch.equal(out["ids_values"], full.gather(-1, want)))
+        report["ids_back"] = torch.equal(out["request_ids"].long(), want)
+        scaled = full.double() / temperature
+        lse = torch.logsumexp(scaled, -1)
+        tail = torch.logsumexp(scaled.scatter(-1, want, float("-inf")), -1)
+        report["lse_diff"] = max(report["lse_diff"], (out["logsumexp"].double() - lse).abs().max().item())
+        report["tail_diff"] = max(report["tail_diff"], (out["log_tail"].double() - tail).abs().max().item())
+        student = torch.randn(BATCH, SEQ, VOCAB, generator=g)
+        n = distill.count_tokens(labels, session.ignore_index)
+        a = distill.loss(student, labels, reply, n, session)
+        b = distill.loss(student, labels, {"ids_values": full.gather(-1, want), "logsumexp": out["logsumexp"],
+                                           "log_tail": out["log_tail"], "request_ids": want}, n, session)
+        report["loss_diff"] = max(report["loss_diff"], abs(a.loss.item() - b.loss.item()))
+        report["loss"] = a.kd.item()
+    try:  # more ids than teacher.request_ids: refused at the student, naming the key
+        session.submit({"input_ids": mbs[0][0], "request_ids": torch.zeros(BATCH, SEQ, 9, dtype=torch.long)}, 9, 0)
+        report["too_many"] = "no error"
+    except distill.UsageError as e:
+        report["too_many"] = str(e)
+    session.finish()
+    return report
+
+
 def steps(session, args):
     torch.distributed.init_process_group("gloo")
     report = {"dist_rank": torch.distributed.get_rank(), "dist_world": torch.distributed.get_world_size()}
@@ -334,7 +372,7 @@ def main():
     args = p.parse_args()
     if session.is_teacher:
         return serve(session, args)
-    modes = {"lowlevel": lowlevel, "fsdp": fsdp}
+    modes = {"lowlevel": lowlevel, "fsdp": fsdp, "ids": ids}
     report = modes.get(args.mode, steps)(session, args)
     report["rank"] = session.rank
     report["sigpipe_ignored"] = signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN

@@ -49,6 +49,12 @@ struct Steps::Impl {
   LossResult backwardWith(const LossFn& loss, const RowsFn& rows);
   bool fill(const Loader& loader, size_t count);
   void submitAhead();
+  // A micro-batch's request: its inputs, and the ids it asks an answer at.
+  Handle submit(const Pending& p) {
+    std::vector<std::pair<std::string, at::Tensor>> named{{session_.config.teacher.inputs.at(0), p.mb.inputs}};
+    if (p.mb.ids.defined()) named.emplace_back(protocol::kRequestIds, p.mb.ids);
+    return session_.client->submit(named, p.step, p.accStep);
+  }
   bool openStep(const Loader& loader);
   void finishStep();
   void syncGradients();
@@ -175,11 +181,11 @@ bool Steps::Impl::fill(const Loader& loader, size_t count) {
 // Keeps student.in_flight requests with the teacher: the current one and those read ahead.
 void Steps::Impl::submitAhead() {
   if (current_ && !current_->handle)
-    current_->handle = session_.client->submit(current_->mb.inputs, current_->step, current_->accStep);
+    current_->handle = submit(*current_);
   int64_t outstanding = current_ ? 1 : 0;
   for (Pending& p : queue_) {
     if (outstanding >= session_.config.student.in_flight) break;
-    if (!p.handle) p.handle = session_.client->submit(p.mb.inputs, p.step, p.accStep);
+    if (!p.handle) p.handle = submit(p);
     ++outstanding;
   }
 }
@@ -290,7 +296,8 @@ LossResult Steps::Impl::backwardWith(const LossFn& loss, const RowsFn& rows) {
   wait_ += static_cast<double>(monotonicNs() - t0) * 1e-9;
   LossResult r;
   try {
-    const TeacherOutput teacher = reply.output();
+    TeacherOutput teacher = reply.output();
+    if (IdsAnswer* a = teacher.ids(); a && p.mb.samplingLogProbs.defined()) a->samplingLogProbs = p.mb.samplingLogProbs;
     const at::Tensor masked = session_.config.teacher.on_nonfinite == TeacherOnNonfinite::kMask
         ? train_impl::maskedTokens(teacher, p.mb.labels.numel())
         : at::Tensor();

@@ -57,6 +57,13 @@ namespace distill {
 struct MicroBatch {
   at::Tensor inputs;
   at::Tensor labels;
+  // Optional (teacher.request_ids >= k): integer ids [B, T, k] to have the teacher's logits at
+  // (an ids answer): the student's own top-k, or with loss.kind sampled_token the token it sampled
+  // at each position (k = 1, e.g. the labels where they are not ignored).
+  at::Tensor ids;
+  // Optional, loss.kind sampled_token: [B, T] log-probabilities of ids[..., 0] under the policy
+  // that sampled them (importance weights when the weights moved since; losses.h).
+  at::Tensor samplingLogProbs;
 };
 
 // What next() hands the trainer: the micro-batch and where it stands.
