@@ -13,7 +13,8 @@ shared) and prints its token counts. Students write DIR/rank<r>.json. Modes:
          reverse_kl), a checkpoint every step; trainer.stop_at_read = K: student 0 sends itself
          SIGINT in the middle of the generation of its K-th on-policy micro-batch;
          trainer.stop_after_step = K: in step K (the job stops after it); trainer.lr (SGD, 0.5),
-         trainer.dropout (the student's attention dropout, 0).
+         trainer.dropout (the student's attention dropout, 0), trainer.ids (the Mixer's ids: token for
+         loss.kind sampled_token, topk with trainer.topk).
 """
 
 import argparse
@@ -85,7 +86,8 @@ def steps(session):
     opt = torch.optim.SGD(model.parameters(), lr=session.option("lr", 0.5))
     stop_at, stop_after = session.option("stop_at_read", 0), session.option("stop_after_step", 0)
     mix = distill.onpolicy.Mixer(model, prompts, dataset, lam=session.option("lam", 0.5), max_new_tokens=R,
-                                 group_size=G, eos_token_id=EOS, seed=session.seed * 1000 + session.rank)
+                                 group_size=G, eos_token_id=EOS, seed=session.seed * 1000 + session.rank,
+                                 ids=session.option("ids", "") or None, topk=session.option("topk", 0))
     calls = [0]
 
     def in_generation(module, args):  # student 0: Ctrl-C at its 3rd token of on-policy micro-batch K

@@ -24,15 +24,15 @@ run: {{name: onpolicy, steps: {steps}, seed: 3, log_dir: logs, startup_timeout_s
       hang_timeout_s: 120}}
 teacher: {{kind: self, max_restarts: 0{teacher}}}
 student: {{grad_acc_steps: 1, in_flight: {in_flight}}}
-loss: {{kind: reverse_kl, alpha: 0.9, temperature: 1.0}}
+loss: {{kind: {loss}, alpha: 0.9, temperature: 1.0}}
 {extra}
 """
 
 
-def start_job(bin_dir, tmp_path, mode, steps=1, in_flight=2, extra="", teacher=""):
+def start_job(bin_dir, tmp_path, mode, steps=1, in_flight=2, extra="", teacher="", loss="reverse_kl"):
     tmp_path.mkdir(exist_ok=True)
     cfg = tmp_path / "job.yaml"
-    cfg.write_text(CONFIG.format(steps=steps, in_flight=in_flight, extra=extra, teacher=teacher))
+    cfg.write_text(CONFIG.format(steps=steps, in_flight=in_flight, extra=extra, teacher=teacher, loss=loss))
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
     cmd = [os.path.join(bin_dir, "distill-run"), "--config", str(cfg), "--nproc-per-node", "3", "--master-port", "0",
@@ -52,8 +52,8 @@ def finish_job(p, tmp_path, ok=True):
     return ([json.load(open(tmp_path / "out" / f"rank{r}.json")) for r in (0, 1)] if ok else None), output
 
 
-def run_job(bin_dir, tmp_path, mode, steps=1, in_flight=2, extra="", ok=True, teacher=""):
-    return finish_job(start_job(bin_dir, tmp_path, mode, steps, in_flight, extra, teacher), tmp_path, ok)
+def run_job(bin_dir, tmp_path, mode, steps=1, in_flight=2, extra="", ok=True, teacher="", loss="reverse_kl"):
+    return finish_job(start_job(bin_dir, tmp_path, mode, steps, in_flight, extra, teacher, loss), tmp_path, ok)
 
 
 def test_sampling_is_reproducible_from_the_seed():
@@ -75,6 +75,43 @@ def test_sampling_is_reproducible_from_the_seed():
     plain = distill.onpolicy.sample(lambda ids: model(ids, use_cache=False).logits, x, ot.R, group_size=3,
                                     temperature=0)
     assert torch.equal(greedy.input_ids, plain.input_ids)
+
+
+def test_sampling_records_its_log_probabilities_and_the_students_top_k():
+    """At no extra forward: each label's log-probability under the distribution it was drawn from
+    (temperature 0.7, top_p 1), and the top-k ids of the logits it was drawn from, both against a
+    teacher-forced forward of the whole sample; 0 and 0 .. k - 1 where nothing was sampled."""
+    model, x = ot.student_model(), torch.randint(4, ot.VOCAB, (2, ot.P), generator=torch.Generator().manual_seed(0))
+    s = distill.onpolicy.sample(model, x, ot.R, group_size=2, temperature=0.7, topk=4, eos_token_id=ot.EOS,
+                                generator=torch.Generator().manual_seed(3))
+    assert s.sampling_logprobs.shape == s.labels.shape and s.topk_ids.shape == (*s.labels.shape, 4)
+    with torch.no_grad():
+        logits = model(s.input_ids, use_cache=False).logits
+    sampled = s.labels != -100
+    want = torch.log_softmax(logits / 0.7, -1).gather(-1, s.labels.clamp_min(0)[..., None])[..., 0]
+    assert torch.allclose(s.sampling_logprobs[sampled], want[sampled], atol=1e-4)
+    assert (s.sampling_logprobs[~sampled] == 0).all() and (s.sampling_logprobs[sampled] < 0).all()
+    top = logits.topk(4, -1).values
+    assert torch.allclose(logits.gather(-1, s.topk_ids)[sampled], top[sampled], atol=1e-4)
+    assert (s.topk_ids[~sampled] == torch.arange(4)).all()
+    assert torch.equal(s.token_ids()[..., 0][sampled], s.labels[sampled])
+    assert distill.onpolicy.sample(model, x, ot.R, temperature=0).sampling_logprobs is None  # greedy: no policy
+
+
+def test_the_mixer_hands_steps_the_ids_it_asks_for():
+    model = ot.student_model()
+    token = distill.onpolicy.Mixer(model, ot.prompts, ot.dataset, lam=0.5, max_new_tokens=ot.R, ids="token", seed=1)
+    kinds = set()
+    for _ in range(6):
+        mb = token.next()
+        assert len(mb) == 4 and torch.equal(mb[2][..., 0], mb[1].clamp_min(0))
+        kinds.add(mb[3] is None)  # a dataset batch has no sampling log-probabilities
+    assert kinds == {True, False}
+    topk = distill.onpolicy.Mixer(model, ot.prompts, max_new_tokens=ot.R, ids="topk", topk=3)
+    inputs, labels, ids = topk.next()
+    assert ids.shape == (*labels.shape, 3)
+    with pytest.raises(distill.ConfigError, match="exactly with 'topk'"):
+        distill.onpolicy.Mixer(model, ot.prompts, ids="topk")
 
 
 def test_bad_sampling_arguments_are_named():
@@ -178,24 +215,31 @@ def test_a_stop_in_the_middle_of_a_generation_resumes_cleanly(bin_dir, tmp_path)
 # number generators matter). A teacher-output cache rounds the answers; the stopped runs share it.
 CHAIN = "checkpoint: {{dir: ckpt, every_steps: 1}}\ntrainer: {{lam: 1.0, lr: 10.0, dropout: 0.1{stop}}}"
 PREFIX_CACHE = ", cache: {path: teacher_cache, mode: readwrite, keys: prefix}"
+# The sampled-token recipe: each request carries its sampled tokens; the Mixer's dataset batches too (lam 0.5).
+TOKEN_CHAIN = "checkpoint: {{dir: ckpt, every_steps: 1}}\ntrainer: {{lam: 0.5, lr: 2.0, dropout: 0.1, ids: token{stop}}}"
 
 
-@pytest.mark.parametrize("cache", ["", PREFIX_CACHE], ids=["uncached", "prefix_cache"])
-def test_a_run_stopped_after_every_step_ends_as_the_uninterrupted_one(bin_dir, tmp_path, cache):
+@pytest.mark.parametrize("cache,loss,chain", [("", "reverse_kl", CHAIN), (PREFIX_CACHE, "reverse_kl", CHAIN),
+                                              (", request_ids: 1", "sampled_token", TOKEN_CHAIN)],
+                         ids=["uncached", "prefix_cache", "sampled_token"])
+def test_a_run_stopped_after_every_step_ends_as_the_uninterrupted_one(bin_dir, tmp_path, cache, loss, chain):
     """Stopped by Ctrl-C after step 1 and resumed to the end (2 steps; each more is one more job):
     every micro-batch sampled and every final weight equal to the uninterrupted run's, bit for bit.
     With student.in_flight 2 the next step's sample is drawn before the optimizer step: the
-    checkpoint keeps it (a resume would draw it from newer weights), and the RNG state (dropout)."""
-    steps, extra = 2, lambda k: CHAIN.format(stop=f", stop_after_step: {k}" if k else "")
-    whole_job = start_job(bin_dir, tmp_path / "whole", "steps", steps=steps, extra=extra(0), teacher=cache)
+    checkpoint keeps it (a resume would draw it from newer weights), and the RNG state (dropout).
+    The sampled-token recipe (loss.kind sampled_token, ids answers of the sampled tokens, the
+    sampling log-probabilities as importance weights) resumes as exactly."""
+    steps, extra = 2, lambda k: chain.format(stop=f", stop_after_step: {k}" if k else "")
+    whole_job = start_job(bin_dir, tmp_path / "whole", "steps", steps=steps, extra=extra(0), teacher=cache, loss=loss)
     seen = [[], []]
     for k in list(range(1, steps)) + [0]:
-        parts, output = run_job(bin_dir, tmp_path / "parts", "steps", steps=steps, extra=extra(k), teacher=cache)
+        parts, output = run_job(bin_dir, tmp_path / "parts", "steps", steps=steps, extra=extra(k), teacher=cache,
+                                loss=loss)
         want = (k - 1, k, True) if k else (steps - 1, steps, False)  # resumed from, ended at, stopped
         assert all((p["resumed"], p["steps"], p["stopped"]) == want for p in parts), output[-3000:]
         seen = [s + p["seen"] for s, p in zip(seen, parts)]
     whole, output = finish_job(whole_job, tmp_path / "whole")
-    assert not cache or "prefix keys:" in output, output[-3000:]
+    assert "keys: prefix" not in cache or "prefix keys:" in output, output[-3000:]
     for w, s, p in zip(whole, seen, parts):
         assert [m[0] for m in s] == list(range(1, steps + 1))
         for i, (a, b) in enumerate(zip(w["seen"], s)):
