@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # examples/llm at equal tokens with each teacher signal: label-only (torchrun) and the students
-# distilled from the teacher's top-64, its full logits and its hidden states with its head
-# (teacher.answer: hidden), over SEEDS (1 2 3 by default). Held-out losses and bytes per token go to
+# distilled from the teacher's top-64 (top8: top-8), its full logits, its hidden states with its
+# head (teacher.answer: hidden) and K ids sampled from it per position (sampled8, sampled64:
+# teacher.samples), over SEEDS (1 2 3 by default). On-policy (train.py --mode onpolicy, alpha 1):
+# onpolicy_rkl, reverse KL on the teacher's top-64; onpolicy_token, the sampled-token recipe (ids
+# answers of the sampled tokens, loss.kind sampled_token); each reports the teacher's
+# log-likelihood of the student's samples before and after. Held-out losses and bytes per token go to
 # $OUT/signals.json (one JSON line, also printed). Makes the tokenizer, tokens and teacher first
 # unless $OUT has them (run.sh's REUSE). docs/llm.md, "Which signal".
 #   bash examples/llm/signals.sh      (STEPS=100 TEACHER_STEPS=200 SEEDS="1 2 3" SIGNALS="label top64 full hidden";
@@ -41,28 +45,42 @@ for seed in "${seeds[@]}"; do
       full) sets=(--set teacher.topk=0 --set "teacher.vocab_size=$vocab" --set teacher.max_batch_tokens=1024) ;;
       # The teacher's final hidden states (d = 256) and its head, mapped once by both students.
       hidden) sets=(--set teacher.topk=0 --set teacher.answer=hidden --set "teacher.hidden_size=$dim") ;;
-      *) echo "unknown signal $sig (label, top64, full, hidden)" >&2; exit 2 ;;
+      top8) sets=(--set teacher.topk=8) ;;
+      # K draws per position from the teacher (int32 ids + int16 counts): unbiased forward KL.
+      sampled8|sampled64) sets=(--set teacher.topk=0 --set "teacher.samples=${sig#sampled}") ;;
+      onpolicy_rkl) sets=(--set loss.kind=reverse_kl --set loss.alpha=1) ;;
+      onpolicy_token) sets=(--set loss.kind=sampled_token --set loss.alpha=1 --set teacher.request_ids=1) ;;
+      *) echo "unknown signal $sig (label, top64, top8, full, hidden, sampled8, sampled64, onpolicy_rkl, onpolicy_token)" >&2; exit 2 ;;
     esac
+    mode=distill
+    extra=()
+    case $sig in onpolicy_*) mode=onpolicy ;; esac
+    [ "$sig" = onpolicy_token ] && extra=(--ids token)
     rm -rf "$out/distill" "$out/distill_steps.jsonl"
     "$run" --config examples/llm/distill.yaml --master-port 0 --set "run.steps=$steps" --set "run.seed=$seed" \
       --set "run.log_dir=$out/distill" --set "checkpoint.dir=$out/distill/checkpoints" "${sets[@]}" \
-      -- python3 $ex --mode distill --out "$out" --seed "$seed" "${args[@]}" 2>&1 | tee "$out/results/$sig-s$seed.log" | grep -E "slots:|val_loss|job finished"
-    cp "$out/distill.json" "$out/results/$sig-s$seed.json"
+      -- python3 $ex --mode $mode --out "$out" --seed "$seed" "${args[@]}" "${extra[@]}" 2>&1 | tee "$out/results/$sig-s$seed.log" | grep -E "slots:|val_loss|job finished"
+    cp "$out/$mode.json" "$out/results/$sig-s$seed.json"
   done
 done
 python3 - "$out" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" <<'PY'
 import glob, json, os, re, statistics, sys
 out, commit = sys.argv[1:]
 teacher = json.load(open(f"{out}/teacher.json"))["val_loss"]
-rows = {}
+rows, lls = {}, {}
 for f in sorted(glob.glob(f"{out}/results/*-s*.json")):
     sig, seed = re.match(r"(.*)-s(\d+)\.json", os.path.basename(f)).groups()
-    rows.setdefault(sig, {})[int(seed)] = json.load(open(f))["val_loss"]
+    r = json.load(open(f))
+    rows.setdefault(sig, {})[int(seed)] = r["val_loss"]
+    if "sample_teacher_ll_before" in r:
+        lls.setdefault(sig, {})[int(seed)] = [r["sample_teacher_ll_before"], r["sample_teacher_ll"]]
 ring = {}
 for sig in rows:
     logs = glob.glob(f"{out}/results/{sig}-s*.log")
     m = re.search(r"\(auto; [^)]*?(\d+) B/token", open(logs[0]).read().split("response", 1)[-1]) if logs else None
     ring[sig] = int(m.group(1)) if m else 0
+    if sig == "onpolicy_token":  # ids answers of one id: a float32 logit, logsumexp and log tail (the slots are top-64's)
+        ring[sig] = 12
 res = {"bench": "llm_signals", "teacher_val_loss": teacher, "commit": commit, "signals": {}}
 label = rows.get("label", {})
 for sig, by in rows.items():
@@ -70,6 +88,8 @@ for sig, by in rows.items():
     res["signals"][sig] = {"val_loss": by, "mean": statistics.mean(by.values()),
                            "ring_bytes_per_token": ring[sig],
                            "gap_closed": statistics.mean(gap) if gap else None}
+    if sig in lls:  # on-policy: the teacher's log-likelihood of the student's samples, [before, after]
+        res["signals"][sig]["sample_teacher_ll"] = lls[sig]
 print(json.dumps(res))
 json.dump(res, open(f"{out}/signals.json", "w"))
 PY

@@ -57,6 +57,10 @@ def options(argv):
     p.add_argument("--lam", type=float, default=1.0, help="onpolicy: the fraction of on-policy micro-batches")
     p.add_argument("--temperature", type=float, default=1.0, help="onpolicy: sampling temperature")
     p.add_argument("--eval-samples", type=int, default=16, help="held-out prompts for sample_teacher_ll")
+    p.add_argument("--ids", choices=["token", "topk"], default=None,
+                   help="onpolicy: ask the teacher at the sampled tokens (loss.kind sampled_token, "
+                        "teacher.request_ids 1) or at the student's top --ids-topk (teacher.request_ids k)")
+    p.add_argument("--ids-topk", type=int, default=0, help="onpolicy --ids topk: k")
     p.add_argument("--device", default="cpu",
                    help="where the teacher's training and the students run: cpu or cuda (then bf16 autocast; "
                         "the distilled runs' teacher goes where teacher.device says)")
@@ -262,7 +266,9 @@ def train_onpolicy(args, session):
     mix = distill.onpolicy.Mixer(model, lambda g: train.batch(prompts, g)[0][:, : args.prompt].to(dev),  # distill: prompts
                                  lambda g: tuple(t.to(dev) for t in train.batch(args.batch, g)), lam=args.lam, max_new_tokens=args.response,
                                  group_size=args.group, temperature=args.temperature, eos_token_id=eos_id(args),
-                                 seed=args.seed * 1000 + rank)
+                                 seed=args.seed * 1000 + rank, ids=args.ids, topk=args.ids_topk)
+    # The teacher's log-likelihood of the untrained student's samples (rank 0; the same weights on every rank).
+    before = teacher_ll(args, model.module, val) if rank == 0 else 0.0
     start = time.time()
     steps = distill.Steps(session, model, opt, loader_state=mix)  # distill: a resume restores the mix
     trained = 0
@@ -283,6 +289,7 @@ def train_onpolicy(args, session):
         save_result(args, "onpolicy", val_loss=val.loss(model.module, args.eval_tokens), seconds=seconds,
                     tokens=int(counts[0]), onpolicy_batches=int(counts[1]), dataset_batches=int(counts[2]),
                     steps=steps.step, lam=args.lam, group=args.group, prompt=args.prompt, response=args.response,
+                    ids=args.ids or "none", sample_teacher_ll_before=before,
                     sample_teacher_ll=teacher_ll(args, model.module, val))
     torch.distributed.destroy_process_group()
 
