@@ -96,6 +96,7 @@ ReceivedMessage& ReceivedMessage::operator=(ReceivedMessage&& o) noexcept {
     student_ = o.student_;
     errorText_ = std::move(o.errorText_);
     vocab_ = o.vocab_;
+    teacher_ = o.teacher_;
     answer_ = o.answer_;
     tensors_ = o.tensors_;
     ntensors_ = o.ntensors_;

@@ -104,6 +104,7 @@ ReceivedMessage ChannelCore::take(int r, int64_t startNs) {
   m.kind_ = MsgKind(h.kind);
   m.senderRank_ = h.senderRank;
   m.vocab_ = h.vocab;
+  m.teacher_ = h.teacher;
   m.answer_ = h.answer;
   m.student_ = studentOf(r);
   if (h.kind == uint32_t(wire::Kind::kError)) m.errorText_ = h.errorText;

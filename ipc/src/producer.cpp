@@ -142,6 +142,7 @@ void ChannelCore::send(int r, const OutMessage& msg, Deadline deadline) {
     DISTILL_CHECK_T(IpcError, msg.vocab >= 0 && msg.vocab <= int64_t(UINT32_MAX), "vocabulary size ", msg.vocab,
                     " does not fit the message header (uint32)");
     h.vocab = uint32_t(msg.vocab);
+    h.teacher = msg.teacher;
     h.answer = static_cast<uint8_t>(msg.answer);
     const uint64_t seq = acquire(r, msg.tag, deadline);
     for (size_t i = 0; i < n; ++i) {

@@ -43,14 +43,14 @@ constexpr uint64_t kSegmentMagic = 0x314D48534C495444ull; // "DTILSHM1", little 
 // one that fails again on the same request gives up), and the status values kStatusMasked and
 // kStatusSkipped; 15: SlotHeader::answer (the answer kind of a response, core/answer_kinds.h) in what
 // was the upper half of SlotHeader::kind, now 16 bits
-constexpr uint32_t kLayoutVersion = 15;
+constexpr uint32_t kLayoutVersion = 16;
 constexpr uint32_t kSlotMagic = 0x544F4C53u; // "SLOT"
 
 constexpr int kMaxTensors = 4; // tensors per message
 constexpr int kMaxDims = 8; // dimensions per tensor
 constexpr int kNameBytes = 32; // tensor name incl. NUL
 constexpr int kJobIdBytes = 64; // job id incl. NUL
-constexpr int kErrorTextBytes = 464; // error message text incl. NUL
+constexpr int kErrorTextBytes = 456; // error message text incl. NUL
 constexpr int kMaxStudents = 255; // local students per node
 constexpr int kMaxTeachers = 16; // local teachers per node (teacher.procs)
 constexpr int kMaxSlots = 1024; // slots per ring
@@ -128,18 +128,19 @@ struct SlotHeader {
   int32_t senderRank; // global rank of the sender
   uint32_t ntensors; // 0 .. kMaxTensors
   uint32_t vocab; // kind == kResponse: the teacher's vocabulary size (its logits' width), 0 = not stated
+  uint64_t teacher; // kind == kResponse: the teacher's fingerprint (teacher/server.h), 0 = not stated
   TensorDesc tensors[kMaxTensors];
   char errorText[kErrorTextBytes]; // kind == kError: NUL-terminated message; else zeros
 };
 static_assert(sizeof(SlotHeader) == 1024, "SlotHeader layout");
-static_assert(offsetof(SlotHeader, tensors) == 48, "SlotHeader layout");
+static_assert(offsetof(SlotHeader, tensors) == 56, "SlotHeader layout");
 constexpr size_t kSlotHeaderBytes = sizeof(SlotHeader);
 
 // The part of a header that carries the message: the fixed fields and the
 // first `ntensors` descriptors, plus the error text for kind kError (1 KiB in
 // all then). Only this prefix is written, copied and checksummed; the bytes
 // after it are not part of the message and are never read (a consumer copies
-// the prefix into a zeroed header). 176 bytes for a one-tensor message: the
+// the prefix into a zeroed header). 184 bytes for a one-tensor message: the
 // cross-core traffic of a header is 3 cache lines instead of 16.
 // `ntensors` above kMaxTensors counts as kMaxTensors (validation rejects it).
 inline size_t headerBytes(uint32_t kind, uint32_t ntensors) {

@@ -155,6 +155,7 @@ void bindClient(pyb::module_& m) {
       .def("tensor", [](const ReplyPtr& r, const std::string& name) { return r->hold(r, r->reply.tensor(name)); })
       .def("has", [](const PyReply& r, const std::string& name) { return r.reply.has(name); })
       .def_property_readonly("kind", [](const PyReply& r) { return answerKind(r.reply.kind()).name; })
+      .def_property_readonly("teacher_fingerprint", [](const PyReply& r) { return r.reply.teacherFingerprint(); })
       .def("release", [](PyReply& r) { r.reply.release(); });
   m.attr("answer_kinds") = answerKindsDict();
   m.def(

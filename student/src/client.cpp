@@ -9,6 +9,7 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <sstream>
 
 #include "distill/core/clock.h"
 #include "distill/core/config.h"
@@ -73,6 +74,8 @@ struct Client::Impl {
   std::deque<Handle> inFlight; // sent, answer not yet received
   std::map<uint64_t, ipc::ReceivedMessage> received; // received, not yet taken by get()
   std::map<uint64_t, at::Tensor> requestIds; // by seq: the ids a request asked an answer at (ids answers)
+  uint64_t teacherSeen = 0; // the fingerprint of the teacher answering (0: no answer yet)
+  Tag teacherSince; // the first request it answered
   bool finished = false;
   // Time blocked on the teacher: waiting for an answer, or for a free request
   // slot. publishStatus() turns it into the step's teacher wait share.
@@ -134,7 +137,29 @@ struct Client::Impl {
       DISTILL_THROW(ProtocolError, at(want.step, want.accStep, "teacher answer"), "the answer of teacher rank ",
                     m.senderRank(), " to request ", tagStr(want), " is ", why);
     }
+    checkTeacher(m.teacher(), want, m.senderRank());
     received.emplace(want.seq, std::move(m));
+  }
+
+  // One teacher answers a run: an answer from another (a restarted teacher that loaded other
+  // weights) is refused, or adopted with teacher.head.on_change adopt (a head swapped on purpose).
+  void checkTeacher(uint64_t fingerprint, const Tag& want, int rank) {
+    if (fingerprint == 0 || fingerprint == teacherSeen) return;
+    if (teacherSeen != 0) {
+      std::ostringstream was, now;
+      was << std::hex << teacherSeen;
+      now << std::hex << fingerprint;
+      DISTILL_CHECK_T(ProtocolError, cfg.teacher.head.on_change == HeadOnChange::kAdopt,
+                      at(want.step, want.accStep, "teacher answer"), "teacher rank ", rank, " answered request ",
+                      tagStr(want), " as teacher ", now.str(), ", where teacher ", was.str(),
+                      " answered this student since ", tagStr(teacherSince),
+                      ": a restarted teacher loaded other weights; one run trains on one teacher (restart the job "
+                      "from its checkpoint to change teachers, or set teacher.head.on_change: adopt)");
+      DISTILL_LOG(kWarning) << "student rank " << topo.globalRank << " adopts teacher " << now.str() << " at request "
+                            << tagStr(want) << " (was " << was.str() << "): teacher.head.on_change adopt";
+    }
+    teacherSeen = fingerprint;
+    teacherSince = want;
   }
 };
 
@@ -215,6 +240,7 @@ TeacherReply Client::get(const Handle& h, ReplyMode mode) {
   r.handle_ = h;
   r.head_ = s.head;
   r.vocab_ = m.vocab();
+  r.teacher_ = m.teacher();
   r.kind_ = static_cast<AnswerKind>(m.answer()); // known: receiveOldest checked it
   if (auto ids = s.requestIds.extract(h.seq)) r.ids_ = ids.mapped();
   for (auto& name : m.names()) {

@@ -95,6 +95,7 @@ class Server {
     // teacher.answer hidden: the head published before any student is admitted (they map it at admission).
     head_ = serveHead(*model_, cfg_.teacher, topo.segment, topo.teacherIndex);
     vocab_ = head_.vocab;
+    fingerprint_ = teacherFingerprint(*model_, head_.fingerprint);
     if (cfg_.teacher.cache.mode != CacheMode::kOff) openCache();
     teacher_ = topo.teacherIndex;
     device_ = teacherDevice(cfg_.teacher, teacher_);
@@ -113,7 +114,8 @@ class Server {
         startup, [&](int local, const std::string& theirs) { return admissionProblem(topo, local, theirs); });
     DISTILL_LOG(kInfo) << "teacher " << teacher_ << " of " << topo.teachersPerNode << " serving " << mine_.size()
                        << " local student(s) on " << topo.segment << " (device " << device_ << "), output "
-                       << describeAnswer(cfg_.teacher, nullptr);
+                       << describeAnswer(cfg_.teacher, nullptr) << ", fingerprint " << std::hex << fingerprint_
+                       << std::dec;
     const int perNode = topo.studentsPerNode();
     stats_.perStudent.assign(perNode, 0);
     last_.assign(perNode, std::nullopt);
@@ -278,6 +280,7 @@ class Server {
       reply.kind = MsgKind::kResponse;
       reply.tag = batch[b].msg.tag();
       reply.vocab = vocab_; // the students check it against theirs (loss.vocab)
+      reply.teacher = fingerprint_; // and that one teacher answers them all run long
       reply.answer = batchKind(); // what its tensors are (core/answer_kinds.h)
       if (!cached.empty()) {
         for (auto& [name, t] : cached[b]) reply.tensors.emplace_back(name, t);
@@ -439,6 +442,7 @@ class Server {
   // The width of the model's logits (its vocabulary), known from its first
   // forward; stated in every response (0 before: answers all from the cache).
   int64_t vocab_ = 0;
+  uint64_t fingerprint_ = 0; // teacherFingerprint: in every answer
   int teacher_ = 0; // its index among the node's teachers
   std::string device_; // teacherDevice(teacher.*, teacher_)
   InputSignature signature_;

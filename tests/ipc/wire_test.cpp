@@ -108,7 +108,7 @@ TEST(IpcWire, ChecksumCoversTheUsedPrefixOnly) {
   w::SlotHeader h = validHeader();
   h.ntensors = 1;
   w::sealHeader(h);
-  EXPECT_EQ(w::headerBytes(h), 48u + 128u);
+  EXPECT_EQ(w::headerBytes(h), 56u + 128u);
   std::string why;
   std::memset(&h.tensors[2], 0xAB, sizeof h.tensors[2]); // beyond the prefix
   EXPECT_TRUE(w::validateHeader(h, kCap, &why)) << why;
@@ -144,7 +144,7 @@ TEST(IpcWire, ChecksumCoversTheUsedPrefixOnly) {
   // A corrupt ntensors cannot make the checksum read past the header.
   w::SlotHeader big = validHeader();
   big.ntensors = 1000000;
-  EXPECT_EQ(w::headerBytes(big), 48u + 4u * 128u);
+  EXPECT_EQ(w::headerBytes(big), 56u + 4u * 128u);
   w::sealHeader(big);
   ASSERT_TRUE(rejected(big, &why));
   EXPECT_NE(why.find("ntensors"), std::string::npos) << why;

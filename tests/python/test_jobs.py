@@ -157,6 +157,19 @@ def test_killed_teacher_is_reported(job):
     assert "job failed: [r2 teacher] signal SIGKILL" in job.output, job.output
 
 
+def test_a_restarted_teacher_with_other_weights_is_refused_and_the_same_teacher_is_not(job):
+    """Every answer carries the teacher's fingerprint; a student refuses answers of a second teacher."""
+    other = "kill_teacher_after: 3, fingerprints: 'first,second'"
+    rc = job.run("lowlevel", config(job, teacher="self", extra=f"trainer: {{{other}}}").replace(
+        "max_restarts: 0", "max_restarts: 1"))
+    assert rc != 0, job.output
+    assert "a restarted teacher loaded other weights; one run trains on one teacher" in job.output, job.output
+    same = "kill_teacher_after: 3, fingerprints: 'first,first'"
+    rc = job.run("lowlevel", config(job, teacher="self", extra=f"trainer: {{{same}}}").replace(
+        "max_restarts: 0", "max_restarts: 1"))
+    assert rc == 0, job.output
+
+
 def elastic(job, trainer):
     return config(job, teacher="self", steps=6, extra=f"trainer: {{{trainer}}}").replace(
         "max_restarts: 0", "max_restarts: 3")

@@ -23,8 +23,9 @@ Modes:
             of two micro-batches per student, normaliser step tokens / world size (FSDP
             averages); the full parameters after the SGD step.
 Options read from the config's trainer section (self teacher): kill_teacher_after (SIGKILL
-itself at that forward call), gil_busy_s (its 3rd forward spins in Python, holding the GIL,
+itself at that forward call of its first incarnation), gil_busy_s (its 3rd forward spins in Python, holding the GIL,
 this long), interrupt_teacher_at (SIGINT itself twice at that forward call),
+fingerprints ("a,b": the self teacher's fingerprint, and a restarted incarnation's),
 raise_teacher_at (raises RuntimeError at that forward call of its first incarnation; with
 raise_teacher_always: 1 at every call from then on, and at every call of a restarted incarnation),
 teacher (module: the TorchScript module; function: a plain function calling it;
@@ -139,7 +140,7 @@ def serve(session, args):
 
     def forward(ids):
         calls[0] += 1
-        if kill_after and calls[0] >= kill_after:
+        if kill_after and calls[0] >= kill_after and not restarted:
             os.kill(os.getpid(), signal.SIGKILL)
         if busy_s and calls[0] == 3:  # a long pure-Python call holding the GIL
             end = time.monotonic() + busy_s
@@ -169,7 +170,10 @@ def serve(session, args):
         print(f"teacher module on {next(teacher.parameters()).device.type}", flush=True)
     plain = not (kill_after or busy_s or interrupt_at or raise_at or pad or nonfinite or how != "module")
     # A function has no weights for teacher.cache to key on: the nonfinite tests name the teacher.
-    stats = distill.serve(session, teacher if plain else forward, fingerprint="tiny_lm" if nonfinite else "")
+    # trainer.fingerprints "a,b": the first incarnation's fingerprint and a restarted one's (other weights).
+    names = session.trainer.get("fingerprints", "")
+    named = names.split(",")[1 if restarted else 0] if names else ""
+    stats = distill.serve(session, teacher if plain else forward, fingerprint="tiny_lm" if nonfinite else named)
     print(f"teacher served {stats['requests']} requests in {stats['batches']} batches", flush=True)
 
 

@@ -62,6 +62,7 @@ struct OutMessage {
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   std::string errorText; // kind == kError: the message (truncated to 463 bytes)
   int64_t vocab = 0; // kind == kResponse: the teacher's vocabulary size (0 = not stated; < 2^32)
+  uint64_t teacher = 0; // kind == kResponse: the teacher's fingerprint (0 = not stated)
   AnswerKind answer{}; // kind == kResponse: what its tensors are (core/answer_kinds.h); 0 otherwise
 };
 
@@ -107,6 +108,7 @@ class ReceivedMessage {
   int student() const { return student_; } // local student index of the ring it came from
   const std::string& errorText() const { return errorText_; }
   int64_t vocab() const { return vocab_; } // the teacher's vocabulary size it stated (0: none)
+  uint64_t teacher() const { return teacher_; } // the teacher's fingerprint it stated (0: none)
   // A response's answer kind as sent: a code of core/answer_kinds.h, unchecked here
   // (findAnswerKind, answerMismatch); 0 for other kinds of message.
   uint8_t answer() const { return answer_; }
@@ -151,6 +153,7 @@ class ReceivedMessage {
   int student_ = -1;
   std::string errorText_;
   int64_t vocab_ = 0;
+  uint64_t teacher_ = 0;
   uint8_t answer_ = 0;
   std::array<Desc, kMaxTensors> tensors_{};
   int ntensors_ = 0;

@@ -61,6 +61,9 @@ class TeacherReply {
   TeacherOutput output() const;
   // The teacher's vocabulary size as it stated it (0: not stated).
   int64_t vocab() const { return vocab_; }
+  // The fingerprint of the teacher that answered (model.h's teacherFingerprint; 0: not stated).
+  // One teacher answers a run: get() refuses an answer of another.
+  uint64_t teacherFingerprint() const { return teacher_; }
   // The answer's kind (core/answer_kinds.h), as the message said and its tensors match.
   AnswerKind kind() const { return kind_; }
   // Any named tensor of the answer (hidden states).
@@ -73,6 +76,7 @@ class TeacherReply {
   friend class Client;
   Handle handle_;
   int64_t vocab_ = 0;
+  uint64_t teacher_ = 0;
   AnswerKind kind_ = AnswerKind::kLogits;
   std::vector<std::pair<std::string, at::Tensor>> tensors_;
   std::shared_ptr<const TeacherHead> head_; // hidden-state answers: the head they were made for
