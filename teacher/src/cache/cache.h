@@ -25,6 +25,9 @@
 // (the answer context, keys.h, stored in the store at its creation). A teacher
 // whose context differs is refused at open (ConfigError naming the store, what
 // it holds and what this teacher answers), never served another's rows.
+// Sampled answers: their K, temperature and run.seed are in the context, so
+// other draws are refused too, not missed; a row computed here draws what it
+// would draw without the cache (computingRows), a hit returns its first draws.
 //
 // Store: one LMDB environment per path, shared by every teacher of the node
 // (LMDB's lock file; readers of dead processes cleared at open); one write
