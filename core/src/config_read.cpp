@@ -271,9 +271,6 @@ void checkSamples(const Config& config, const Ok& ok, const Suffix& suffix, std:
         ": sampled answers give an unbiased forward KL only (docs/losses.md, \"Sampled targets\"); use "
         "loss.kind: forward_kl");
   }
-  if (ok("teacher.cache.mode") && config.teacher.cache.mode != CacheMode::kOff) {
-    add(s + ": sampled answers are not cached yet: set teacher.cache.mode: off");
-  }
   if (ok("teacher.on_nonfinite") && config.teacher.on_nonfinite == TeacherOnNonfinite::kMask) {
     add(s + ": a sampled answer cannot mark a masked token (integer counts): set teacher.on_nonfinite: error");
   }

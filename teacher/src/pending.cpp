@@ -50,4 +50,24 @@ at::Tensor sampleKeys(const std::vector<Pending>& batch, int64_t seed) {
   return at::tensor(keys, at::kLong);
 }
 
+at::Tensor sampleKeys(const std::vector<Pending>& batch, int64_t seed,
+                      const std::vector<std::pair<size_t, int64_t>>& rows, const at::Tensor& positions) {
+  std::vector<int64_t> keys;
+  for (const auto& [request, row] : rows) {
+    const Pending& p = batch.at(request);
+    keys.push_back(static_cast<int64_t>(sampleKey(seed, p.student, p.msg.tag(), row)));
+  }
+  if (!positions.defined() || rows.empty()) return at::tensor(keys, at::kLong);
+  // Prefix keys: one key per position asked for (flat index row * T + t into `rows`).
+  const int64_t seq = batch.at(rows[0].first).inputs.at(0).size(1);
+  const at::Tensor flat = positions.to(at::kLong).cpu().contiguous();
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < flat.numel(); ++i) {
+    const int64_t index = flat.data_ptr<int64_t>()[i];
+    const auto rowKey = static_cast<uint64_t>(keys.at(size_t(index / seq)));
+    out.push_back(static_cast<int64_t>(positionSampleKey(rowKey, index % seq)));
+  }
+  return at::tensor(out, at::kLong);
+}
+
 } // namespace distill

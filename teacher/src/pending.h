@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <exception>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "distill/ipc/channel.h"
@@ -53,6 +54,12 @@ std::string exceptionLine(const std::string& text);
 // Sampled answers: the key of each row of the batch (answer/answer.h's sampleKey of run.seed, the
 // student, the tag and the row), int64 [rows of the whole batch], CPU.
 at::Tensor sampleKeys(const std::vector<Pending>& batch, int64_t seed);
+// The same for the rows the teacher cache computes (TeacherCache::computingRows: (request, row)
+// of `batch`, in order), so that a row draws the same ids with the cache as without; with
+// `positions` (teacher.cache.keys prefix: flat indices i * T + t into those rows) one key per
+// position, whose draws at position 0 are its row's at t (answer.h's positionSampleKey).
+at::Tensor sampleKeys(const std::vector<Pending>& batch, int64_t seed,
+                      const std::vector<std::pair<size_t, int64_t>>& rows, const at::Tensor& positions);
 
 // Notes in the rings which requests the failed batch held: the oldest of
 // each student's (the one that student awaits, first in its ring again after

@@ -231,6 +231,9 @@ class Server {
           cached = cache_->answer(
               requests,
               [&](const std::vector<at::Tensor>& rows, const at::Tensor& positions) {
+                if (answerKindOf(cfg_.teacher) == AnswerKind::kSampled) { // the draws of the rows it computes
+                  rowKeys_ = sampleKeys(batch, cfg_.run.seed, cache_->computingRows(), positions);
+                }
                 return compute(rows, label, positions, /*inCache=*/true);
               },
               cfg_.transport.cuda_ipc == CudaIpc::kOff ? at::Device(at::kCPU) : at::Device(device_));
@@ -297,7 +300,7 @@ class Server {
   // parameter and buffer of the model once here.
   void openCache() {
     const auto t0 = Clock::now();
-    std::string context = answerContext(cfg_.teacher, cfg_.loss.temperature, *model_, head_.fingerprint);
+    std::string context = answerContext(cfg_.teacher, cfg_.loss.temperature, *model_, head_.fingerprint, cfg_.run.seed);
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     cache_ = std::make_unique<TeacherCache>(cfg_.teacher.cache, std::move(context), cfg_.teacher.inputs,
                                             cfg_.loss.temperature);

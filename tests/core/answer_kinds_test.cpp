@@ -51,17 +51,20 @@ TEST(AnswerKinds, EveryKindHasARowAndItsMaskedTensor) {
 }
 
 // The teacher cache stores a position record's tensor names as their index in
-// the table's order (teacher/src/cache/records.cpp): these five keep their
-// codes 1-5 for the stores written so far; a new kind's tensors come after them.
+// the table's order (teacher/src/cache/records.cpp): today's tensors keep their
+// codes 1-11 for the stores written so far (sampled ids and counts, 10 and 11,
+// since sampled answers are cached); a new kind's tensors come after them.
 TEST(AnswerKinds, TheTablesFirstTensorsKeepTheCacheNameCodes) {
   std::vector<std::string> names;
   for (const auto& k : distill::answerKinds()) {
     for (const auto& a : k.tensors) names.push_back(a.name);
   }
-  const std::vector<std::string> stored = {protocol::kLogits, protocol::kTopkValues, protocol::kTopkIndices,
-                                           protocol::kLogsumexp, protocol::kLogTail};
+  const std::vector<std::string> stored = {protocol::kLogits,     protocol::kTopkValues,   protocol::kTopkIndices,
+                                           protocol::kLogsumexp,  protocol::kLogTail,      protocol::kHidden,
+                                           protocol::kIdsValues,  protocol::kLogsumexp,    protocol::kLogTail,
+                                           protocol::kSampledIds, protocol::kSampledCounts};
   ASSERT_GE(names.size(), stored.size());
-  EXPECT_EQ(std::vector<std::string>(names.begin(), names.begin() + 5), stored);
+  EXPECT_EQ(std::vector<std::string>(names.begin(), names.begin() + int64_t(stored.size())), stored);
 }
 
 TEST(AnswerKinds, AResponseMustMatchItsKind) {

@@ -358,3 +358,23 @@ TEST(Config, TheAnswerKindAndTheHiddenStateHead) {
                                       "teacher.head.scale: must be > 0, found 0",
                                       "teacher.head.on_change: must be one of refuse, adopt; found \"keep\""}));
 }
+
+// Issue 44: teacher.samples answers sampled draws, which the teacher cache
+// stores like any answer (row or prefix keys); what they cannot serve is
+// refused naming teacher.samples.
+TEST(Config, SampledAnswersAreCachedAndRefuseWhatTheyCannotServe) {
+  using distill::AnswerKind;
+  const std::string teacher = "teacher:\n  kind: self\n  samples: 8\n";
+  EXPECT_EQ(distill::answerKindOf(parseConfig(teacher).teacher), AnswerKind::kSampled);
+  for (const char* keys : {"row", "prefix"}) {
+    const Config c = parseConfig(teacher + "  cache:\n    path: /tmp/c\n    mode: readwrite\n    keys: " + keys + "\n");
+    EXPECT_EQ(c.teacher.cache.mode, distill::CacheMode::kReadWrite) << keys;
+    EXPECT_EQ(distill::answerKindOf(c.teacher), AnswerKind::kSampled) << keys;
+  }
+  EXPECT_EQ(
+      problemsOf(teacher + "  topk: 8\n"),
+      (std::vector<std::string>{"teacher.samples (8): one answer kind: set teacher.topk: 0 or teacher.samples: 0"}));
+  EXPECT_EQ(problemsOf(teacher + "  on_nonfinite: mask\n"),
+            (std::vector<std::string>{"teacher.samples (8): a sampled answer cannot mark a masked token (integer "
+                                      "counts): set teacher.on_nonfinite: error"}));
+}

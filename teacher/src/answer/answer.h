@@ -38,6 +38,9 @@ struct ShapeContext {
 // request. The same request answered again (a replay, a restarted teacher)
 // draws the same ids; another row, tag or seed draws others.
 uint64_t sampleKey(int64_t seed, int student, const Tag& tag, int64_t row); // sampled.cpp
+// The key whose draws at position 0 are those of `rowKey` at `position`: a position
+// shaped alone ([N, 1, V], teacher.cache.keys prefix) draws what its row would.
+uint64_t positionSampleKey(uint64_t rowKey, int64_t position); // sampled.cpp
 
 // The configured kind's answer for `logits`.
 Answer shapeAnswer(const at::Tensor& logits, const ShapeContext& c);

@@ -75,6 +75,11 @@ uint64_t sampleKey(int64_t seed, int student, const Tag& tag, int64_t row) {
   return h;
 }
 
+uint64_t positionSampleKey(uint64_t rowKey, int64_t position) {
+  // uniforms() draws position p of key k from mix(k ^ mix(p)): this key at position 0 is rowKey at `position`.
+  return rowKey ^ mix(static_cast<uint64_t>(position)) ^ mix(0);
+}
+
 Answer shapeSampled(const at::Tensor& logits, const ShapeContext& c) {
   const int64_t k = c.teacher.samples;
   DISTILL_CHECK_T(ConfigError, k >= 1 && k <= 32767, "teacher.samples must be in [1, 32767] (int16 counts), found ", k);

@@ -24,6 +24,19 @@ std::vector<at::Tensor> gatherRows(const std::vector<std::vector<at::Tensor>>& r
   return inputs;
 }
 
+TeacherCache::Computed TeacherCache::computeRows(const std::vector<std::vector<at::Tensor>>& requests,
+                                                 const std::vector<std::pair<size_t, int64_t>>& rows,
+                                                 const at::Tensor& positions, const ComputePositions& compute) {
+  computing_ = rows;
+  struct Clear {
+    std::vector<std::pair<size_t, int64_t>>& v;
+    ~Clear() { v.clear(); } // also when compute throws
+  } clear{computing_};
+  Computed computed = compute(gatherRows(requests, rows), positions);
+  ++stats_.forwards;
+  return computed;
+}
+
 std::vector<Answer> TeacherCache::answer(const std::vector<std::vector<at::Tensor>>& requests, const Compute& compute,
                                          const at::Device& device) {
   // Every position shaped, then the wanted ones taken (tests; the server shapes only those).
@@ -76,8 +89,7 @@ std::vector<Answer> TeacherCache::answerRows(const std::vector<std::vector<at::T
     // Every missing row of every request in one forward.
     std::vector<std::pair<size_t, int64_t>> where;
     for (const Row& m : missing) where.emplace_back(m.request, m.row);
-    Computed computed = compute(gatherRows(requests, where), at::Tensor());
-    ++stats_.forwards;
+    Computed computed = computeRows(requests, where, at::Tensor(), compute);
     if (dtype_ == CacheDtype::kFloat16) roundForStorage(computed.answer, temperature_);
     std::vector<std::pair<CacheKey, std::string>> rows;
     std::vector<int64_t> tokens;

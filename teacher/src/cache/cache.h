@@ -25,6 +25,9 @@
 // (the answer context, keys.h, stored in the store at its creation). A teacher
 // whose context differs is refused at open (ConfigError naming the store, what
 // it holds and what this teacher answers), never served another's rows.
+// Sampled answers: their K, temperature and run.seed are in the context, so
+// other draws are refused too, not missed; a row computed here draws what it
+// would draw without the cache (computingRows), a hit returns its first draws.
 //
 // Store: one LMDB environment per path, shared by every teacher of the node
 // (LMDB's lock file; readers of dead processes cleared at open); one write
@@ -147,6 +150,13 @@ class TeacherCache {
   std::vector<Answer> answer(const std::vector<std::vector<at::Tensor>>& requests, const Compute& compute,
                              const at::Device& device);
 
+  // During a call of `compute`: the (request, row) of each of its input rows,
+  // in their order (the rows gathered: a subset of the requests' rows); empty
+  // outside one. Sampled answers key each row's draws by its request and row
+  // (teacher/src/pending.h's sampleKeys), so that a row computed here draws
+  // what it would draw without the cache.
+  const std::vector<std::pair<size_t, int64_t>>& computingRows() const { return computing_; }
+
   const CacheStats& stats() const { return stats_; }
   // The hit share's (lookups, hits), as the segment publishes them: rows, or
   // with prefix keys positions (a group's rows rarely all hit: new responses).
@@ -178,6 +188,10 @@ class TeacherCache {
   void insert(const std::vector<std::pair<CacheKey, std::string>>& rows, const std::vector<int64_t>& tokens);
   std::vector<Answer> answerRows(const std::vector<std::vector<at::Tensor>>& requests, const ComputePositions& compute,
                                  const at::Device& device);
+  // One call of `compute` on `rows` (request, row) of `requests`, computingRows() set during it.
+  Computed computeRows(const std::vector<std::vector<at::Tensor>>& requests,
+                       const std::vector<std::pair<size_t, int64_t>>& rows, const at::Tensor& positions,
+                       const ComputePositions& compute);
   struct PrefixBatch; // prefix.cpp
   void lookupPositions(PrefixBatch& b, const std::vector<std::vector<at::Tensor>>& requests);
   void computePositions(PrefixBatch& b, const std::vector<std::vector<at::Tensor>>& requests,
@@ -202,6 +216,7 @@ class TeacherCache {
   Faults faults_;
   int64_t commits_ = 0;
   std::set<CacheKey> damaged_; // keys whose record failed its CRC: replaced at the next insert
+  std::vector<std::pair<size_t, int64_t>> computing_; // computingRows()
   CacheStats stats_;
 };
 

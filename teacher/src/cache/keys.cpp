@@ -40,6 +40,13 @@ class Sha256 {
   EVP_MD_CTX* ctx_;
 };
 
+// A double exactly, as C's %a writes it: the context must tell 0.1 from 0.1 + 1 ulp.
+std::string hexDouble(double v) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%a", v);
+  return text;
+}
+
 } // namespace
 
 std::string keyHex(const CacheKey& k) {
@@ -69,7 +76,7 @@ std::string modelDigest(const TeacherModel& model) {
 }
 
 std::string answerContext(const TeacherOptions& t, double temperature, const TeacherModel& model,
-                          const std::string& headFingerprint) {
+                          const std::string& headFingerprint, int64_t seed) {
   std::string weights = modelDigest(model);
   if (weights.empty()) weights = model.fingerprint().empty() ? "" : "fingerprint " + model.fingerprint();
   DISTILL_CHECK_T(ConfigError, !weights.empty(), "teacher.cache: the teacher model (teacher.kind ", t.kind,
@@ -83,9 +90,11 @@ std::string answerContext(const TeacherOptions& t, double temperature, const Tea
     os << "\nhidden states of head " << headFingerprint;
   } else if (answerKindOf(t) == AnswerKind::kTopk) {
     // logsumexp and log_tail are taken at the loss temperature; full logits do not depend on it.
-    char temp[64];
-    std::snprintf(temp, sizeof temp, "%a", temperature);
-    os << "\ntopk " << t.topk << " temperature " << temp;
+    os << "\ntopk " << t.topk << " temperature " << hexDouble(temperature);
+  } else if (answerKindOf(t) == AnswerKind::kSampled) {
+    // Draws are K ids from softmax(logits / T) at uniforms keyed by run.seed (answer/answer.h's
+    // sampleKey): a store of other K, T or seed is refused at open, never read as these draws.
+    os << "\nsampled K=" << t.samples << " temperature " << hexDouble(temperature) << " run.seed " << seed;
   } else {
     os << "\nfull logits";
   }

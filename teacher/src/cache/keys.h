@@ -13,7 +13,8 @@
 // the cache format version, the teacher's fingerprint (a SHA-256 over every
 // parameter's and buffer's name, dtype, shape and bytes, plus kind, method and
 // output names), the output kind (full logits, or top-k k and the loss
-// temperature, on which logsumexp and log_tail depend), the hidden states,
+// temperature, on which logsumexp and log_tail depend, or sampled K, the loss
+// temperature and run.seed, on which the draws depend), the hidden states,
 // autocast and the device type.
 //
 // Prefix keys (teacher.cache.keys: prefix): one key per position, a chain over
@@ -44,8 +45,10 @@ using CacheKey = std::array<uint8_t, 32>;
 // tensors nor a fingerprint: two such teachers could not be kept apart.
 // teacher.answer hidden: `headFingerprint` (ipc::headFingerprint of the head
 // published) is in it, so that rows of another head never read as this one's.
+// Sampled answers (teacher.samples > 0): K, `temperature` and `seed` (run.seed)
+// are in it, so that a store of other draws is refused at open (cache.h, "Signal").
 std::string answerContext(const TeacherOptions& teacher, double temperature, const TeacherModel& model,
-                          const std::string& headFingerprint = "");
+                          const std::string& headFingerprint = "", int64_t seed = 0);
 
 // SHA-256 over the model's named parameters and buffers (name, dtype, shape,
 // bytes), hex; "" if it exposes none.

@@ -94,8 +94,7 @@ void TeacherCache::computePositions(PrefixBatch& b, const std::vector<std::vecto
                                     const ComputePositions& compute) {
   if (b.forward.empty()) return;
   const int64_t n = int64_t(b.flat.size());
-  Computed computed = compute(gatherRows(requests, b.forward), at::tensor(b.flat, at::kLong));
-  ++stats_.forwards;
+  Computed computed = computeRows(requests, b.forward, at::tensor(b.flat, at::kLong), compute);
   if (dtype_ == CacheDtype::kFloat16) roundForStorage(computed.answer, temperature_);
   Answer host;
   for (auto& [name, t] : computed.answer) {

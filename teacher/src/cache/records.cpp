@@ -147,16 +147,18 @@ uint8_t nameCode(const std::string& name) {
 
 // How a tensor is stored, and the tensor to store, by what the kinds table says
 // it is: values in the payload dtype (logits, top-k values) in float16 where it
-// holds them, token ids (top-k indices) in the narrowest integer that holds the
-// vocabulary; anything else (float32 statistics, hidden states) as it is.
+// holds them, token ids (top-k indices, sampled ids) in the narrowest integer
+// that holds the vocabulary; anything else (float32 statistics, hidden states,
+// sampled counts in their int16) as it is.
 std::pair<Encoding, at::Tensor> chooseEncoding(const std::string& name, const at::Tensor& t, int64_t vocab,
                                                CacheDtype dtype) {
   const AnswerTensor* spec = tableTensor(name);
   if (spec && spec->dtype == DtypeRule::kPayload && t.scalar_type() == at::kFloat) {
     if (dtype == CacheDtype::kFloat32) return {Encoding::kRaw, t};
     if (auto half = asFloat16(t)) return {Encoding::kFloat16, *half};
-  } else if (spec && spec->dtype == DtypeRule::kInt32 && spec->shape == ShapeRule::kTopk &&
-             t.scalar_type() == at::kInt && vocab > 0 && vocab <= 65536) {
+  } else if (spec && spec->dtype == DtypeRule::kInt32 &&
+             (spec->shape == ShapeRule::kTopk || spec->shape == ShapeRule::kSamples) && t.scalar_type() == at::kInt &&
+             vocab > 0 && vocab <= 65536) {
     return {vocab <= 256 ? Encoding::kUInt8 : Encoding::kUInt16, t};
   }
   return {Encoding::kRaw, t};
@@ -180,7 +182,7 @@ void putPayload(std::string& out, Encoding enc, const at::Tensor& stored, int64_
   // By hand: torch has no uint16 arithmetic to convert with.
   const int32_t* idx = stored.data_ptr<int32_t>();
   for (int64_t i = 0; i < stored.numel(); ++i) {
-    DISTILL_INTERNAL_ASSERT(idx[i] >= 0 && idx[i] < vocab, "top-k index ", idx[i], " outside vocab ", vocab);
+    DISTILL_INTERNAL_ASSERT(idx[i] >= 0 && idx[i] < vocab, "token id ", idx[i], " outside vocab ", vocab);
     if (enc == Encoding::kUInt8) {
       putValue<uint8_t>(out, static_cast<uint8_t>(idx[i]));
     } else {

@@ -8,8 +8,9 @@
 // value outside float16's range stays float32: float16 rather than bfloat16
 // because logits span a small range, where float16's 11-bit significand keeps
 // 8 times bfloat16's precision); logits of another dtype and hidden states in
-// their own dtype; indices in the narrowest unsigned integer that holds the
-// vocabulary (uint8, uint16, else int32), logsumexp and log_tail float32. Every
+// their own dtype; token ids (top-k indices, sampled ids) in the narrowest
+// unsigned integer that holds the vocabulary (uint8, uint16, else int32),
+// sampled counts as their int16, logsumexp and log_tail float32. Every
 // answer, hit or miss, is decoded from its record, so the rounding is the same
 // in every epoch and reads give float32 as before. A computed top-k answer is
 // first rounded as stored (roundForStorage): its logsumexp is then recomputed
@@ -42,7 +43,7 @@ namespace distill {
 using Answer = std::map<std::string, at::Tensor>; // by protocol name, dim 0 = rows
 
 // A row's answer (each tensor [1, ...], CPU) as stored, and back. `vocab`:
-// the logits' last dimension (top-k indices are stored in the narrowest
+// the logits' last dimension (top-k indices and sampled ids are stored in the narrowest
 // integer that holds it). `key`: the row's key, which the record's CRC32C
 // covers with its bytes (so a record moved under another key fails it too).
 // decodeRow throws IpcError on a malformed record; it does not check the CRC.
