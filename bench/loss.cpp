@@ -9,7 +9,7 @@
 //
 // --double: float64 logits (both losses); --kind: only that kind.
 //
-//   build/bin/bench_loss --signals [--n 128] [--v 32000] [--draws 100] [--reps 5]
+//   build/bin/bench_loss --signals [--n 128] [--v 32000] [--draws 100] [--reps 5] [--teacher-logits FILE]
 //
 // --signals: bytes per token, CPU time and gradient bias of each teacher signal
 // (full, top-k, the student's top-k, sampled targets, the sampled token;

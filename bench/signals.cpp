@@ -16,12 +16,17 @@
 //                     (the expected error of an unbiased estimator's mean)
 //   bias              sqrt(max(0, error^2 - noise^2)): the relative error of
 //                     the estimator's expectation (error itself where noise 0)
-// The teacher is synthetic, not uniform noise: per token, Zipf logits
-// -a log(rank) with a in [1.0, 1.8] over shuffled ranks (entropy printed), and
-// a student equal to it plus N(0, 1) noise on every logit (its tail has
-// another shape).
+// The teacher by default is synthetic, not uniform noise: per token, Zipf
+// logits -a log(rank) with a in [1.0, 1.8] over shuffled ranks (entropy
+// printed), and a student equal to it plus N(0, 1) noise on every logit (its
+// tail has another shape). --teacher-logits FILE reads a trained model's
+// instead: a file written by Python's torch.save, either the teacher's [N, V]
+// logits alone (the student is then the teacher plus N(0, 1) noise, the labels
+// drawn from the teacher) or a dict {"teacher": [N, V], "student": [N, V],
+// "labels": [N]} (bench/signals_logits.py writes one from a trained Llama
+// teacher and a less-trained student on held-out text); N and V are the file's.
 //
-//   build/bin/bench_loss --signals [--n 128] [--v 32000] [--draws 100] [--reps 5]
+//   build/bin/bench_loss --signals [--n 128] [--v 32000] [--draws 100] [--reps 5] [--teacher-logits FILE]
 #include <distill/distill.h>
 #include <torch/torch.h>
 
@@ -29,6 +34,9 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <fstream>
+#include <iterator>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -43,6 +51,8 @@ double cpuMs() {
 struct Setup {
   int64_t n = 128, v = 32000, draws = 100;
   int reps = 5;
+  std::string logitsFile; // --teacher-logits (empty: the synthetic Zipf teacher)
+  std::string teacher = "zipf", student = "teacher+noise"; // what the rows say they measured
 };
 
 struct Data {
@@ -59,6 +69,46 @@ Data makeData(const Setup& s) {
   d.t = rank.log_().mul_(a).neg_().to(at::kFloat);
   d.z = d.t + at::randn({s.n, s.v}, gen, at::kFloat);
   d.labels = at::multinomial(at::softmax(d.t, 1), 1, false, gen).squeeze(1);
+  d.q = at::softmax(d.t.to(at::kDouble), 1);
+  d.p = at::softmax(d.z.to(at::kDouble), 1);
+  return d;
+}
+
+// --teacher-logits: the file torch.save wrote (top of file), its N and V into s.
+Data loadData(Setup& s) {
+  std::ifstream f(s.logitsFile, std::ios::binary);
+  if (!f) throw std::runtime_error("--teacher-logits " + s.logitsFile + ": cannot open it");
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const c10::IValue v = torch::pickle_load(bytes);
+  Data d;
+  if (v.isTensor()) {
+    d.t = v.toTensor();
+  } else if (v.isGenericDict()) {
+    for (const auto& e : v.toGenericDict()) {
+      const std::string key = e.key().isString() ? e.key().toStringRef() : "";
+      at::Tensor* slot = key == "teacher" ? &d.t : key == "student" ? &d.z : key == "labels" ? &d.labels : nullptr;
+      if (slot && e.value().isTensor()) *slot = e.value().toTensor();
+    }
+  }
+  if (!d.t.defined() || d.t.dim() < 2) {
+    throw std::runtime_error("--teacher-logits " + s.logitsFile + ": expected a tensor [..., V] or a dict with "
+                             "\"teacher\" [N, V] (torch.save of either)");
+  }
+  d.t = d.t.to(at::kFloat).reshape({-1, d.t.size(-1)}).contiguous();
+  s.n = d.t.size(0), s.v = d.t.size(1);
+  s.teacher = "file";
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(44);
+  if (d.z.defined()) {
+    d.z = d.z.to(at::kFloat).reshape({s.n, s.v}).contiguous();
+    s.student = "file";
+  } else {
+    d.z = d.t + at::randn({s.n, s.v}, gen, at::kFloat);
+  }
+  if (d.labels.defined()) {
+    d.labels = d.labels.to(at::kLong).reshape({s.n}).contiguous();
+  } else {
+    d.labels = at::multinomial(at::softmax(d.t, 1), 1, false, gen).squeeze(1);
+  }
   d.q = at::softmax(d.t.to(at::kDouble), 1);
   d.p = at::softmax(d.z.to(at::kDouble), 1);
   return d;
@@ -91,9 +141,10 @@ struct Row {
 
 void print(const Setup& s, double entropy, const Row& r) {
   std::printf("{\"bench\":\"signals\",\"signal\":\"%s\",\"size\":%lld,\"loss\":\"%s\",\"n\":%lld,\"v\":%lld,"
-              "\"teacher\":\"zipf\",\"teacher_entropy_nats\":%.3f,\"bytes_per_token\":%.0f,\"request_bytes_per_"
+              "\"teacher\":\"%s\",\"student\":\"%s\",\"teacher_entropy_nats\":%.3f,\"bytes_per_token\":%.0f,\"request_bytes_per_"
               "token\":%.0f,\"cpu_ms_p50\":%.2f,\"error\":%.4g,\"noise\":%.4g,\"bias\":%.4g,\"draws\":%lld}\n",
-              r.signal.c_str(), (long long)r.size, r.loss, (long long)s.n, (long long)s.v, entropy, r.bytes,
+              r.signal.c_str(), (long long)r.size, r.loss, (long long)s.n, (long long)s.v, s.teacher.c_str(),
+              s.student.c_str(), entropy, r.bytes,
               r.requestBytes, r.cpu, r.error, r.noise,
               std::sqrt(std::max(0.0, r.error * r.error - r.noise * r.noise)), (long long)r.draws);
   std::fflush(stdout);
@@ -141,10 +192,8 @@ Row drawn(const Setup& s, const at::Tensor& exact, F&& draw) {
   return r;
 }
 
-} // namespace
-
-int signalsMain(int argc, char** argv) {
-  Setup s;
+// The command line into s; false (after the usage line) when it does not parse.
+bool parseArgs(int argc, char** argv, Setup& s) {
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
     const bool more = i + 1 < argc;
@@ -157,14 +206,34 @@ int signalsMain(int argc, char** argv) {
       s.draws = std::stoll(argv[++i]);
     } else if (f == "--reps" && more) {
       s.reps = std::stoi(argv[++i]);
+    } else if (f == "--teacher-logits" && more) {
+      s.logitsFile = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: bench_loss --signals [--n N] [--v V] [--draws M] [--reps R]\n");
-      return 2;
+      std::fprintf(stderr, "usage: bench_loss --signals [--n N] [--v V] [--draws M] [--reps R] [--teacher-logits FILE]\n");
+      return false;
     }
   }
+  return true;
+}
+
+} // namespace
+
+int signalsMain(int argc, char** argv) {
+  Setup s;
+  if (!parseArgs(argc, argv, s)) return 2;
   at::set_num_threads(1);
   using distill::LossKind;
-  const Data d = makeData(s);
+  Data d;
+  try {
+    d = s.logitsFile.empty() ? makeData(s) : loadData(s);
+  } catch (const c10::Error& e) { // not a file torch.save wrote
+    std::fprintf(stderr, "bench_loss --signals: --teacher-logits %s: %s\n", s.logitsFile.c_str(),
+                 e.what_without_backtrace());
+    return 2;
+  } catch (const std::exception& e) { // no such file, or not the tensors expected
+    std::fprintf(stderr, "bench_loss --signals: %s\n", e.what());
+    return 2;
+  }
   const double entropy = -(d.q * d.q.log()).sum(1).mean().item<double>();
   // Exact gradients (alpha 1, T 1, normalizer N): (p - q) / N and p (log p/q - KL) / N.
   const at::Tensor fwd = (d.p - d.q) / double(s.n);

@@ -88,7 +88,7 @@ Problem chunkProblem(const Problem& pb, const Span& span, const at::Tensor& zc) 
   c.valid = at::arange(span.count, pb.labels.options());
   c.allValid = true;
   for (at::Tensor* t : {&c.tLogits, &c.tValues, &c.tIndices, &c.tLse, &c.tLogTail, &c.tLogSum, &c.kValues, &c.kLse,
-                        &c.kLogTail, &c.tNull, &c.tWeights, &c.tSamplingLogp}) {
+                        &c.kLogTail, &c.tNull, &c.tWeights, &c.tSamplingLogp, &c.kLogq, &c.kSamplingLogp}) {
     *t = span.of(*t);
   }
   if (c.kernel) c.zc = zc;

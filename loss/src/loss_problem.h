@@ -5,7 +5,8 @@
 //   targets/         one reader per answer kind (targets.h), called by loss_inputs.cpp
 //   losses.cpp       the chunks (fused CPU kernel or ATen ops), autograd, distillLoss
 //   fused_linear.cpp fusedLinearLoss: the output projection chunked with the loss
-//   sampled_chunks.cpp  the chunks of sampled targets and of loss.kind sampled_token
+//   sampled_chunks.cpp  the chunks of sampled targets and of loss.kind sampled_token on ATen ops
+//                    (the CPU kernel's cpu/loss_kernel_sampled.h computes them where it runs)
 //   hidden_head.cpp  the teacher as hidden states + head (hidden_teacher.h)
 //   loss_vocab.cpp   loss.vocab: a teacher vocabulary that differs from the student's
 //   row_kernel.h     the row kernels by device (cpu/, cuda/) that compute chunks in one pass
@@ -98,6 +99,10 @@ struct Problem {
   // teacher's logits of them, tLse [N]; tSamplingLogp [N] the sampling policy's log-probs or undefined.
   bool sampledToken = false;
   at::Tensor tSamplingLogp;
+  // loss.kind sampled_token, for the CPU kernel: kLogq [N] the teacher's log-probability of the
+  // sampled id at T (tValues / T - tLse), kSamplingLogp [N] tSamplingLogp (or undefined), both
+  // in the arithmetic dtype, contiguous.
+  at::Tensor kLogq, kSamplingLogp;
 };
 
 // Checks the inputs of one distillLoss call (shapes, dtypes, devices, label

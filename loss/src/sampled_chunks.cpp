@@ -1,7 +1,9 @@
 // The chunks of the two losses whose teacher is a few ids per token (losses.h):
 // sampled targets (forward KL against counts / K) and loss.kind sampled_token
-// (the per-token reverse-KL estimate as a policy-gradient advantage). Both
-// take ATen ops only: no row kernel computes them.
+// (the per-token reverse-KL estimate as a policy-gradient advantage), on ATen
+// ops: where no row kernel runs (CUDA, half/bfloat16 logits, loss.vocab
+// truncate), and as the reference of the CPU kernel's sampledRows
+// (cpu/loss_kernel_sampled.h), which computes both where it runs.
 #include <ATen/ATen.h>
 
 #include "distill/core/errors.h"

@@ -36,6 +36,15 @@ struct Args {
   const T* tLse = nullptr;
   const T* tLogTail = nullptr;
   const T* tLogSum = nullptr;
+  // Sampled targets (sampledF/D with w set): idx [N, k] the drawn ids, w [N, k]
+  // their counts / K (0: padding). loss.kind sampled_token (logq set): idx
+  // [N, 1] the sampled id, logq [N] the teacher's log-probability of it at T,
+  // sampleLogp [N] the sampling policy's log-probability of it (or null: no
+  // importance weight), the weight truncated at ratioMax.
+  const T* w = nullptr;
+  const T* logq = nullptr;
+  const T* sampleLogp = nullptr;
+  double ratioMax = 0;
   // Per chunk row: the unscaled divergence and the cross-entropy.
   double* kdRow = nullptr;
   double* ceRow = nullptr;
@@ -50,6 +59,9 @@ struct Kernels {
   void (*denseD)(const Args<double>&, int64_t begin, int64_t end, double* scratch);
   void (*topkF)(const Args<float>&, int64_t begin, int64_t end, float* scratch);
   void (*topkD)(const Args<double>&, int64_t begin, int64_t end, double* scratch);
+  // Sampled targets or loss.kind sampled_token (loss_kernel_sampled.h); no scratch.
+  void (*sampledF)(const Args<float>&, int64_t begin, int64_t end, float* scratch);
+  void (*sampledD)(const Args<double>&, int64_t begin, int64_t end, double* scratch);
   // out[r] = logsumexp(x[r, :] / temperature) for rows [0, n) of x [n, k]
   // (-inf for a row of -inf), as at::logsumexp.
   void (*rowLogsumexpF)(const float* x, int64_t n, int64_t k, double temperature, float* out);

@@ -18,6 +18,7 @@
 #include <limits>
 
 #include "loss_kernel.h"
+#include "loss_kernel_sampled.h"
 #include "loss_kernel_vec.h"
 
 namespace distill::lossk::DISTILL_LOSSK_NS {
@@ -397,8 +398,9 @@ void rowLogsumexp(const T* x, int64_t n, int64_t k, double temperature, T* out) 
   }
 }
 
-const Kernels kTable{&denseRows<float>, &denseRows<double>,   &topkRows<float>,
-                     &topkRows<double>, &rowLogsumexp<float>, &rowLogsumexp<double>};
+const Kernels kTable{&denseRows<float>,    &denseRows<double>,    &topkRows<float>,
+                     &topkRows<double>,     &sampledRows<float>,   &sampledRows<double>,
+                     &rowLogsumexp<float>,  &rowLogsumexp<double>};
 
 } // namespace
 

@@ -16,6 +16,49 @@ namespace distill::loss_impl {
 
 namespace {
 
+// The teacher's side of the kernel's arguments; `tChunk` keeps the chunk's
+// teacher rows alive when they had to be converted.
+template <typename T>
+void teacherArgs(const Problem& pb, const at::Tensor& rows, lossk::Args<T>& a, at::Tensor& tChunk) {
+  if (!pb.needKd) return;
+  if (pb.tLogits.defined()) {
+    if (pb.tLogits.scalar_type() == pb.compute && pb.tLogits.is_contiguous()) {
+      a.t = pb.tLogits.data_ptr<T>();
+      a.tRows = a.rows;
+    } else {
+      tChunk = pb.tLogits.index_select(0, rows).to(pb.compute).contiguous();
+      a.t = tChunk.data_ptr<T>();
+    }
+    return;
+  }
+  a.k = pb.tIndices.size(1);
+  a.idx = pb.tIndices.data_ptr<int64_t>();
+  if (pb.tWeights.defined()) { // sampled targets
+    a.w = pb.tWeights.data_ptr<T>();
+  } else if (pb.sampledToken) {
+    a.logq = pb.kLogq.data_ptr<T>();
+    if (pb.kSamplingLogp.defined()) a.sampleLogp = pb.kSamplingLogp.data_ptr<T>();
+    a.ratioMax = kSampledTokenMaxRatio;
+  } else { // top-k
+    a.vals = pb.kValues.data_ptr<T>();
+    if (pb.kLse.defined()) a.tLse = pb.kLse.data_ptr<T>();
+    if (pb.kLogTail.defined()) a.tLogTail = pb.kLogTail.data_ptr<T>();
+    if (pb.tLogSum.defined()) a.tLogSum = pb.tLogSum.data_ptr<T>();
+  }
+}
+
+// The kernel function for pb's teacher form.
+template <typename T>
+auto kernelFn(const Problem& pb) {
+  const lossk::Kernels& kern = lossk::kernels();
+  const bool sampled = pb.tWeights.defined() || pb.sampledToken;
+  if constexpr (std::is_same_v<T, float>) {
+    return pb.tLogits.defined() ? kern.denseF : sampled ? kern.sampledF : kern.topkF;
+  } else {
+    return pb.tLogits.defined() ? kern.denseD : sampled ? kern.sampledD : kern.topkD;
+  }
+}
+
 template <typename T>
 void cpuChunk(const Problem& pb, const at::Tensor& rows, const at::Tensor& grad, Sums& sums) {
   const int64_t c = rows.size(0);
@@ -34,33 +77,13 @@ void cpuChunk(const Problem& pb, const at::Tensor& rows, const at::Tensor& grad,
   a.labels = pb.labels.data_ptr<int64_t>();
   a.grad = grad.defined() ? grad.data_ptr<T>() : nullptr;
   at::Tensor tChunk; // the chunk's teacher rows, only when they must be converted
-  if (pb.needKd && pb.tLogits.defined()) {
-    if (pb.tLogits.scalar_type() == pb.compute && pb.tLogits.is_contiguous()) {
-      a.t = pb.tLogits.data_ptr<T>();
-      a.tRows = a.rows;
-    } else {
-      tChunk = pb.tLogits.index_select(0, rows).to(pb.compute).contiguous();
-      a.t = tChunk.data_ptr<T>();
-    }
-  } else if (pb.needKd) {
-    a.k = pb.tIndices.size(1);
-    a.vals = pb.kValues.data_ptr<T>();
-    a.idx = pb.tIndices.data_ptr<int64_t>();
-    if (pb.kLse.defined()) a.tLse = pb.kLse.data_ptr<T>();
-    if (pb.kLogTail.defined()) a.tLogTail = pb.kLogTail.data_ptr<T>();
-    if (pb.tLogSum.defined()) a.tLogSum = pb.tLogSum.data_ptr<T>();
-  }
+  teacherArgs(pb, rows, a, tChunk);
   std::vector<double> kd(c, 0.0), ce(c, 0.0);
   a.kdRow = kd.data();
   a.ceRow = ce.data();
-  const lossk::Kernels& kern = lossk::kernels();
-  void (*fn)(const lossk::Args<T>&, int64_t, int64_t, T*) = nullptr;
-  if constexpr (std::is_same_v<T, float>) {
-    fn = pb.tLogits.defined() ? kern.denseF : kern.topkF;
-  } else {
-    fn = pb.tLogits.defined() ? kern.denseD : kern.topkD;
-  }
-  const int64_t scratch = lossk::scratchSize(pb.v, a.k);
+  void (*fn)(const lossk::Args<T>&, int64_t, int64_t, T*) = kernelFn<T>(pb);
+  const bool sampled = pb.tWeights.defined() || pb.sampledToken; // no scratch
+  const int64_t scratch = sampled ? 0 : lossk::scratchSize(pb.v, a.k);
   at::parallel_for(0, c, std::max<int64_t>(1, 16384 / pb.v), [&](int64_t b, int64_t e) {
     std::vector<T> buf(scratch, T(0));
     fn(a, b, e, buf.data());

@@ -21,7 +21,9 @@ void readTarget(Problem& pb, const IdsAnswer& a, const StudentShape& z, ReadStat
     DISTILL_CHECK_T(ProtocolError, a.ids.dim() >= 1 && a.ids.size(-1) == 1, pb.fn,
                     ": loss.kind sampled_token: expected one id per token (the sampled token, ids [", pb.n,
                     ", 1]), found ids ", shapeOf(a.ids));
-    s.cpuFused = false; // sampled_chunks.cpp computes the chunks
+    // The CPU kernel computes the chunks (cpu/loss_kernel_sampled.h), sampled_chunks.cpp elsewhere;
+    // with loss.vocab truncate (a sampled id may lie beyond the student's) only the latter.
+    if (s.truncate) s.cpuFused = false;
   }
   // The top-k reader checks shapes, ranges, repeats and the logsumexp against the values.
   readTarget(pb, TopkAnswer{a.values, a.ids, a.logsumexp, a.logTail}, z, s);
@@ -33,6 +35,10 @@ void readTarget(Problem& pb, const IdsAnswer& a, const StudentShape& z, ReadStat
                     c10::toString(l.scalar_type()));
     checkDevice("sampling log-probs", l, z);
     pb.tSamplingLogp = l.reshape({pb.n});
+  }
+  if (s.cpuFused) { // as sampled_chunks.cpp computes them, op for op
+    pb.kLogq = pb.tValues.reshape({pb.n}).to(pb.compute).div(pb.temperature).sub_(pb.tLse.to(pb.compute)).contiguous();
+    if (pb.tSamplingLogp.defined()) pb.kSamplingLogp = pb.tSamplingLogp.to(pb.compute).contiguous();
   }
 }
 

@@ -43,7 +43,8 @@ void readTarget(Problem& pb, const SampledAnswer& a, const StudentShape& z, Read
                                       ": sampled counts: a count is negative, or a token's counts sum to 0 "
                                       "(every answered token has K > 0 draws)");
                       }});
-  s.cpuFused = false; // sampled_chunks.cpp computes the chunks
+  // Where the CPU kernel runs (s.cpuFused) it computes the chunks (cpu/loss_kernel_sampled.h), elsewhere
+  // sampled_chunks.cpp does; pb.tIndices and pb.tWeights, contiguous, serve both.
 }
 
 } // namespace distill::loss_impl
