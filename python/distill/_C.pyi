@@ -141,6 +141,8 @@ def _steps(session: Session, parameters: Sequence[torch.Tensor], buffers: Sequen
 
 # The Python teacher (teacher.cpp).
 # head: teacher.answer hidden: (weight, bias or None, softcap, scale) to publish; None: teacher.head's names.
+def _teacher_logits(hidden: torch.Tensor, head: Tuple[torch.Tensor, Optional[torch.Tensor], float, float],
+                    chunk_tokens: int = 0) -> torch.Tensor: ...
 def _serve(session: Session, model: Any, fingerprint: str = "",
            head: Optional[Tuple[torch.Tensor, Optional[torch.Tensor], float, float]] = None) -> Dict[str, Any]: ...
 

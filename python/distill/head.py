@@ -49,12 +49,15 @@ def head_of(head: Any) -> TeacherHead:
     return out._replace(softcap=float(out.softcap), scale=float(out.scale))
 
 
-def head_logits(hidden: torch.Tensor, head: TeacherHead) -> torch.Tensor:
-    """The teacher's logits from its hidden states and head, in the head's dtype (as the teacher's
-    forward computes them): for the start-up check; the students compute them in C++, chunked."""
-    z = torch.nn.functional.linear(hidden.to(head.weight.dtype), head.weight, head.bias)
-    if head.scale != 1.0:
-        z = z * head.scale
-    if head.softcap > 0:
-        z = torch.tanh(z / head.softcap) * head.softcap
-    return z
+def head_logits(hidden: torch.Tensor, head: TeacherHead, chunk_tokens: int = 0) -> torch.Tensor:
+    """The teacher's logits [..., V_t] from its hidden states [..., d_t] and head, in the head's
+    dtype, without gradient: distill::teacherLogits, what the students compute (chunk_tokens rows
+    at a time; 0: automatic). distill.serve checks a Hugging Face teacher's head with it.
+
+    Raises:
+        UsageError: a head that is not one (shapes, dtypes, softcap, scale).
+        ProtocolError: hidden states that do not fit the head.
+    """
+    from . import _C
+
+    return _C._teacher_logits(hidden, tuple(head_of(head)), int(chunk_tokens))

@@ -142,6 +142,16 @@ pyb::dict serveModule(const SessionPtr& s, pyb::object module, std::string finge
 void bindTeacher(pyb::module_& m) {
   m.def("_serve", &serveModule, pyb::arg("session"), pyb::arg("model"), pyb::arg("fingerprint") = "",
         pyb::arg("head") = pyb::none());
+  // distill.head.head_logits: the students' own computation (loss/hidden_head.h), not a restatement of it.
+  m.def(
+      "_teacher_logits",
+      [](const at::Tensor& hidden, const pyb::object& head, int64_t chunkTokens) {
+        const TeacherHead h = *headOf(head);
+        validateTeacherHead(h);
+        pyb::gil_scoped_release nogil;
+        return teacherLogits(hidden, h, chunkTokens);
+      },
+      pyb::arg("hidden"), pyb::arg("head"), pyb::arg("chunk_tokens") = 0);
 }
 
 } // namespace distill::py

@@ -243,3 +243,19 @@ def test_config_transforms_that_contradict_a_hugging_face_model_are_refused():
     with pytest.raises(distill.ConfigError, match=r"teacher.head: softcap 30.0 and scale 1.0 differ from what the "
                                                   r"Hugging Face model \(type 'gemma2'\) declares, softcap 3.0"):
         _declared_head(fake_session(softcap=30.0), model, hf, None)
+
+
+def test_head_logits_is_the_students_computation_against_its_closed_form():
+    """distill.head.head_logits runs distill::teacherLogits (what the students compute, chunked):
+    float64 against scale, then soft-cap, of hidden @ weight.T + bias, at any chunk size."""
+    g = torch.Generator().manual_seed(0)
+    w, b, h = (torch.randn(50, 8, generator=g, dtype=torch.float64), torch.randn(50, generator=g, dtype=torch.float64),
+               torch.randn(3, 7, 8, generator=g, dtype=torch.float64) * 4)
+    head = distill.TeacherHead(w, b, softcap=5.0, scale=0.5)
+    want = torch.tanh((h @ w.T + b) * 0.5 / 5.0) * 5.0
+    for chunk in (0, 1, 4):
+        got = head_logits(h, head, chunk_tokens=chunk)
+        assert got.shape == (3, 7, 50) and got.dtype == torch.float64
+        assert (got - want).abs().max().item() < 1e-12
+    with pytest.raises(distill.UsageError, match="softcap"):
+        head_logits(h, head._replace(softcap=-1.0))
