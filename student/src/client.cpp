@@ -146,6 +146,7 @@ struct Client::Impl {
   void checkTeacher(uint64_t fingerprint, const Tag& want, int rank) {
     if (fingerprint == 0 || fingerprint == teacherSeen) return;
     if (teacherSeen != 0) {
+      checkHead(); // hidden answers: a changed head is named as such (refused, or adopted) first
       std::ostringstream was, now;
       was << std::hex << teacherSeen;
       now << std::hex << fingerprint;
