@@ -60,4 +60,5 @@ def head_logits(hidden: torch.Tensor, head: TeacherHead, chunk_tokens: int = 0) 
     """
     from . import _C
 
-    return _C._teacher_logits(hidden, tuple(head_of(head)), int(chunk_tokens))
+    h = head_of(head)
+    return _C._teacher_logits(hidden, (h.weight, h.bias, h.softcap, h.scale), int(chunk_tokens))
