@@ -5,7 +5,6 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <openssl/evp.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -19,6 +18,7 @@
 
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
+#include "distill/core/sha256.h"
 #include "sys.h"
 #include "wire.h"
 
@@ -42,36 +42,25 @@ namespace {
 
 std::string shmPath(const std::string& name) { return "/dev/shm/" + name; }
 
-std::string hex(const uint8_t* p, size_t n) {
-  static const char* digits = "0123456789abcdef";
-  std::string s(2 * n, '0');
-  for (size_t i = 0; i < n; ++i) {
-    s[2 * i] = digits[p[i] >> 4];
-    s[2 * i + 1] = digits[p[i] & 15];
-  }
-  return s;
-}
-
 // SHA-256 over the head's description and bytes (the contract in shared_head.h).
 void fingerprintBytes(HeadDType dtype, int64_t vocab, int64_t dim, double softcap, double scale, const void* weight,
                       const void* bias, uint8_t out[wire::kFingerprintBytes]) {
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  DISTILL_INTERNAL_ASSERT(ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) == 1, "SHA-256 init failed");
+  Sha256 h;
   const char tag[] = "distill-teacher-head-1";
   const uint32_t d = uint32_t(dtype), hasBias = bias != nullptr;
   const int64_t item = headItemSize(dtype);
-  EVP_DigestUpdate(ctx, tag, sizeof tag);
-  EVP_DigestUpdate(ctx, &d, sizeof d);
-  EVP_DigestUpdate(ctx, &vocab, sizeof vocab);
-  EVP_DigestUpdate(ctx, &dim, sizeof dim);
-  EVP_DigestUpdate(ctx, &hasBias, sizeof hasBias);
-  EVP_DigestUpdate(ctx, &softcap, sizeof softcap);
-  EVP_DigestUpdate(ctx, &scale, sizeof scale);
-  EVP_DigestUpdate(ctx, weight, size_t(vocab * dim * item));
-  if (bias) EVP_DigestUpdate(ctx, bias, size_t(vocab * item));
-  unsigned n = 0;
-  EVP_DigestFinal_ex(ctx, out, &n);
-  EVP_MD_CTX_free(ctx);
+  h.add(tag, sizeof tag);
+  h.add(&d, sizeof d);
+  h.add(&vocab, sizeof vocab);
+  h.add(&dim, sizeof dim);
+  h.add(&hasBias, sizeof hasBias);
+  h.add(&softcap, sizeof softcap);
+  h.add(&scale, sizeof scale);
+  h.add(weight, size_t(vocab * dim * item));
+  if (bias) h.add(bias, size_t(vocab * item));
+  const Sha256::Digest digest = h.finish();
+  static_assert(sizeof digest == wire::kFingerprintBytes, "the head fingerprint is a SHA-256");
+  std::memcpy(out, digest.data(), digest.size());
 }
 
 void checkHeadBytes(const HeadBytes& h) {
@@ -132,7 +121,7 @@ std::shared_ptr<SharedHead::Mapping> mapObject(const std::string& name, const st
   std::string why;
   DISTILL_CHECK_T(IpcError, wire::validateHeadHeader(m->header(), m->bytes, &why), who, ": the teacher's head '",
                   shmPath(name), "' is not a valid head object: ", why);
-  m->fingerprint = hex(m->header().fingerprint, wire::kFingerprintBytes);
+  m->fingerprint = hexBytes(m->header().fingerprint, wire::kFingerprintBytes);
   return m;
 }
 
@@ -179,7 +168,7 @@ std::string headFingerprint(const HeadBytes& head) {
   checkHeadBytes(head);
   uint8_t fp[wire::kFingerprintBytes];
   fingerprintBytes(head.dtype, head.vocab, head.dim, head.softcap, head.scale, head.weight, head.bias, fp);
-  return hex(fp, sizeof fp);
+  return hexBytes(fp, sizeof fp);
 }
 
 SharedHead SharedHead::publish(const std::string& segmentName, const HeadBytes& head) {
@@ -263,7 +252,7 @@ std::shared_ptr<const void> SharedHead::keepAlive() const { return m_; }
 void SharedHead::verify() const {
   uint8_t fp[wire::kFingerprintBytes];
   fingerprintBytes(dtype(), vocab(), dim(), softcap(), scale(), weight(), bias(), fp);
-  const std::string now = hex(fp, sizeof fp);
+  const std::string now = hexBytes(fp, sizeof fp);
   DISTILL_CHECK_T(IpcError, now == m_->fingerprint, "teacher head '", shmPath(m_->name), "': its bytes hash to ", now,
                   " but its header says ", m_->fingerprint, " (corrupted)");
 }

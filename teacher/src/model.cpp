@@ -2,12 +2,15 @@
 
 #include <dlfcn.h>
 #include <sys/stat.h>
+
 #include <torch/script.h>
 
+#include <cstring>
 #include <mutex>
 
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
+#include "distill/core/sha256.h"
 #include "distill/core/strings.h"
 #include "distill/core/sys.h"
 
@@ -138,36 +141,31 @@ std::string fileFingerprint(const std::string& path) {
   return path + " " + std::to_string(st.st_size) + " bytes mtime " + std::to_string(st.st_mtime);
 }
 
-namespace {
-
-// FNV-1a over bytes: a fingerprint, not a defence against a forger (the cache's keys use SHA-256).
-uint64_t fnv(uint64_t h, const void* data, size_t n) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
-  return h;
-}
-uint64_t fnv(uint64_t h, const std::string& s) { return fnv(h, s.data(), s.size() + 1); }
-
-} // namespace
-
 uint64_t teacherFingerprint(const TeacherModel& model, const std::string& head) {
-  uint64_t h = fnv(0xcbf29ce484222325ull, head);
+  // The first 8 bytes of a SHA-256 (core/sha256.h, the digest of every identity in distill).
+  Sha256 h;
+  h.addString("distill-teacher-1");
+  h.addString(head);
   const auto state = model.state();
   for (const auto& [name, t] : state) {
-    h = fnv(h, name);
-    h = fnv(h, std::string(c10::toString(t.scalar_type())));
-    for (int64_t d : t.sizes()) h = fnv(h, &d, sizeof d);
+    h.addString(name);
+    h.addString(c10::toString(t.scalar_type()));
+    h.addInt(t.dim());
+    for (int64_t d : t.sizes()) h.addInt(d);
     if (t.numel() == 0) continue;
     const at::Tensor flat = t.detach().reshape({-1});
     const at::Tensor at16 = at::linspace(0, double(flat.numel() - 1), 16, at::kDouble).to(at::kLong);
     const at::Tensor values = flat.index_select(0, at16.to(flat.device())).to(at::kDouble).cpu().contiguous();
-    h = fnv(h, values.data_ptr(), values.nbytes());
+    h.add(values.data_ptr(), values.nbytes());
   }
   if (state.empty()) {
     if (model.fingerprint().empty() && head.empty()) return 0; // nothing to tell this teacher by: not stated
-    h = fnv(h, model.fingerprint());
+    h.addString(model.fingerprint());
   }
-  return h == 0 ? 1 : h;
+  const Sha256::Digest digest = h.finish();
+  uint64_t out = 0;
+  std::memcpy(&out, digest.data(), sizeof out);
+  return out == 0 ? 1 : out;
 }
 
 std::shared_ptr<TeacherModel> loadTeacherModel(const TeacherOptions& o) {

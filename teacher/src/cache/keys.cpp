@@ -1,44 +1,16 @@
 // The teacher-output cache's keys (keys.h): the answer context, the model's
-// digest, a row's key and a row's position keys, all SHA-256 (EVP, libcrypto).
+// digest, a row's key and a row's position keys, all SHA-256 (core/sha256.h).
 #include "keys.h"
-
-#include <openssl/evp.h>
 
 #include <cstdio>
 #include <sstream>
 
 #include "distill/core/answer_kinds.h"
 #include "distill/core/errors.h"
+#include "distill/core/sha256.h"
 
 namespace distill {
 namespace {
-
-// Incremental SHA-256 (EVP, as core's rendezvous HMAC uses libcrypto).
-class Sha256 {
- public:
-  Sha256() : ctx_(EVP_MD_CTX_new()) {
-    DISTILL_CHECK_T(InternalError, ctx_ && EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr) == 1, "SHA-256 init failed");
-  }
-  ~Sha256() { EVP_MD_CTX_free(ctx_); }
-  Sha256(const Sha256&) = delete;
-  Sha256& operator=(const Sha256&) = delete;
-  void add(const void* p, size_t n) { EVP_DigestUpdate(ctx_, p, n); }
-  // A length first, so that ("ab","c") and ("a","bc") differ.
-  void addString(const std::string& s) {
-    addInt(static_cast<int64_t>(s.size()));
-    add(s.data(), s.size());
-  }
-  void addInt(int64_t v) { add(&v, sizeof v); }
-  CacheKey finish() {
-    CacheKey out{};
-    unsigned int n = 0;
-    EVP_DigestFinal_ex(ctx_, out.data(), &n);
-    return out;
-  }
-
- private:
-  EVP_MD_CTX* ctx_;
-};
 
 // A double exactly, as C's %a writes it: the context must tell 0.1 from 0.1 + 1 ulp.
 std::string hexDouble(double v) {
@@ -49,15 +21,7 @@ std::string hexDouble(double v) {
 
 } // namespace
 
-std::string keyHex(const CacheKey& k) {
-  static const char* digits = "0123456789abcdef";
-  std::string s;
-  for (uint8_t b : k) {
-    s += digits[b >> 4];
-    s += digits[b & 15];
-  }
-  return s;
-}
+std::string keyHex(const CacheKey& k) { return hexBytes(k.data(), k.size()); }
 
 std::string modelDigest(const TeacherModel& model) {
   const auto state = model.state();

@@ -98,11 +98,12 @@ std::string fileFingerprint(const std::string& path);
 
 // The teacher's identity in every answer it sends (the slot header's 64-bit
 // `teacher` field; the student refuses answers of two teachers in one run):
-// a hash of state()'s names, dtypes and shapes and 16 evenly spaced values of
-// each tensor (one small copy per tensor: cheap at any size, and another
-// checkpoint of the same model differs in them), or of fingerprint() when the
-// model exposes no state; `head` (teacher.answer hidden's head fingerprint)
-// is mixed in. 0 ("not stated": no check) when there is none of these.
+// the first 8 bytes of a SHA-256 (core/sha256.h) of state()'s names, dtypes
+// and shapes and 16 evenly spaced values of each tensor (one small copy per
+// tensor: cheap at any size, and another checkpoint of the same model differs
+// in them), or of fingerprint() when the model exposes no state; `head`
+// (teacher.answer hidden's head fingerprint) is mixed in. 0 ("not stated": no
+// check) when there is none of these.
 uint64_t teacherFingerprint(const TeacherModel& model, const std::string& head = "");
 
 } // namespace distill
