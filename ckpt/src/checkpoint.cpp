@@ -35,6 +35,8 @@ struct CheckpointManager::Impl {
   std::shared_ptr<CheckpointCore> core;
   int64_t saveSeq = 0; // async saves so far: the same on every rank (save() is collective)
   std::string lastError; // failSave's text of the last save()/wait() that failed ("" after one that did not)
+  uint64_t resumedTeacher = 0; // the loaded checkpoint's answer_teacher (0: none)
+  bool teacherChecked = false; // the first differing answer teacher after a resume was logged
 
   // Async only.
   std::shared_ptr<Writer> writer;
@@ -235,6 +237,19 @@ bool CheckpointManager::wait() {
 
 const std::string& CheckpointManager::lastError() const { return impl_->lastError; }
 
+void CheckpointManager::noteAnswerTeacher(uint64_t fingerprint) {
+  auto& s = *impl_;
+  if (fingerprint == 0) return;
+  s.core->answerTeacher.store(fingerprint);
+  if (s.resumedTeacher == 0 || s.teacherChecked || fingerprint == s.resumedTeacher) return;
+  s.teacherChecked = true;
+  DISTILL_LOG(kWarning) << "checkpoint: the model resumed was trained on the answers of teacher " << std::hex
+                        << s.resumedTeacher << ", this run's teacher answers as " << fingerprint << std::dec
+                        << " (other weights or another head): training goes on with this run's teacher";
+}
+
+uint64_t CheckpointManager::resumedAnswerTeacher() const { return impl_->resumedTeacher; }
+
 bool CheckpointManager::save(int64_t step, torch::nn::Module& model, torch::optim::Optimizer& optimizer,
                              const TrainState& train, const RankState& rank, std::mt19937_64* rng) {
   ModelRef ref;
@@ -333,14 +348,17 @@ std::optional<LoadedState> CheckpointManager::loadRef(const ModelRef& state, std
   if (!enabled()) return std::nullopt;
   trace::Scope recorded(checkpointEvent("load", -1));
   s.finishPending();
-  // Rank 0 chooses; [status (0 none, 1 found, 2 error), step, saved world size].
-  auto choice = torch::zeros({3}, torch::kLong);
+  // Rank 0 chooses; [status (0 none, 1 found, 2 error), step, saved world size, answer teacher's bits].
+  auto choice = torch::zeros({4}, torch::kLong);
   std::string err;
   std::optional<Manifest> chosen;
   if (c.rank == 0) {
     try {
       chosen = c.choose();
-      if (chosen) choice = torch::tensor({int64_t{1}, chosen->step, int64_t{chosen->studentWorldSize}});
+      if (chosen) {
+        choice = torch::tensor({int64_t{1}, chosen->step, int64_t{chosen->studentWorldSize},
+                                static_cast<int64_t>(chosen->answerTeacher)});
+      }
     } catch (const std::exception& e) {
       err = messageOf(e);
       choice[0] = 2;
@@ -349,6 +367,8 @@ std::optional<LoadedState> CheckpointManager::loadRef(const ModelRef& state, std
   s.group->broadcast(choice, 0, "checkpoint load: choice");
   const int64_t status = choice[0].item<int64_t>(), step = choice[1].item<int64_t>();
   const int64_t savedWorld = choice[2].item<int64_t>();
+  s.resumedTeacher = static_cast<uint64_t>(choice[3].item<int64_t>());
+  s.teacherChecked = false;
   if (status == 2) { // every rank throws rank 0's reason
     err = broadcastText(*s.group, err, 0, "checkpoint load: why not");
     DISTILL_THROW(CheckpointError, "checkpoint load: ", err);

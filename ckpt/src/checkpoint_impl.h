@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -172,6 +173,8 @@ inline trace::Event checkpointEvent(const char* what, int64_t step) {
 struct CheckpointCore {
   CheckpointOptions opts;
   std::string fingerprint;
+  // noteAnswerTeacher's last (the caller's thread writes, the writer reads it at publication).
+  std::atomic<uint64_t> answerTeacher{0};
   std::shared_ptr<FileSystem> fs;
   uint64_t cfgHash = 0;
   Config config; // this run's

@@ -93,6 +93,7 @@ void CheckpointCore::publish(int64_t step, const std::string& tmpDir, const Writ
   m.studentWorldSize = world;
   m.configHash = cfgHash;
   m.teacherFingerprint = fingerprint;
+  m.answerTeacher = answerTeacher.load();
   for (const auto& f : mine.files) {
     if (f.name.rfind("rank_", 0) != 0) m.files.push_back(f);
   }

@@ -118,6 +118,7 @@ std::string formatManifest(const Manifest& m) {
   j["student_world_size"] = m.studentWorldSize;
   j["config_hash"] = hex(m.configHash, 16);
   j["teacher_fingerprint"] = m.teacherFingerprint;
+  if (m.answerTeacher != 0) j["answer_teacher"] = hex(m.answerTeacher, 16);
   j["checksum"] = "crc32c";
   j["files"] = nlohmann::ordered_json::array();
   for (const auto& f : m.files) {
@@ -168,6 +169,7 @@ Manifest parseManifest(const std::string& text, const std::string& path) {
   m.studentWorldSize = static_cast<int>(world);
   m.configHash = hexField(doc, "config_hash", 16, path);
   m.teacherFingerprint = stringField(doc, "teacher_fingerprint", path);
+  if (doc.contains("answer_teacher")) m.answerTeacher = hexField(doc, "answer_teacher", 16, path);
   for (const Json& f : field(doc, "files", &Json::is_array, "an array", path)) {
     if (!f.is_object()) corrupt(path, "a files entry is not an object: " + f.dump());
     ManifestFile mf;

@@ -28,6 +28,12 @@ TEST(CkptUnit, ManifestRoundTripAndCorruption) {
   EXPECT_EQ(back.studentWorldSize, 2);
   EXPECT_EQ(back.configHash, m.configHash);
   EXPECT_EQ(back.teacherFingerprint, m.teacherFingerprint);
+  EXPECT_EQ(back.answerTeacher, 0u); // none noted: no "answer_teacher" key (as a 0.5.2 manifest)
+  EXPECT_EQ(text.find("answer_teacher"), std::string::npos);
+  m.answerTeacher = 0x0123456789abcdefull;
+  const std::string named = distill::formatManifest(m);
+  EXPECT_NE(named.find("\"answer_teacher\": \"0123456789abcdef\""), std::string::npos) << named;
+  EXPECT_EQ(distill::parseManifest(named, "m.json").answerTeacher, m.answerTeacher);
   ASSERT_EQ(back.files.size(), 2u);
   EXPECT_EQ(back.files[0].crc32c, 0xdeadbeefu);
   std::string bad = text;
@@ -101,6 +107,13 @@ TEST(CkptUnit, ManifestErrorsNameTheProblem) {
   EXPECT_NE(why.find("corrupt manifest m.json"), std::string::npos) << why;
   EXPECT_NE(why.find("\\u"), std::string::npos) << why;
   EXPECT_EQ(why.find("stoul"), std::string::npos) << why;
+
+  // A recorded answer teacher that is not 16 hex digits is corrupt, not 0.
+  m.answerTeacher = 0xabcull;
+  std::string teacher = manifestBody(distill::formatManifest(m));
+  teacher.replace(teacher.find("0000000000000abc"), 16, "00000000000xyz00");
+  why = parseError(withValidCrc(teacher));
+  EXPECT_NE(why.find("answer_teacher"), std::string::npos) << why;
 
   why = parseError(withValidCrc(std::string(1000000, '[') + "\n"));
   EXPECT_NE(why.find("nested"), std::string::npos) << why;

@@ -1,5 +1,6 @@
 """Python students and teachers in real distill-run jobs (real processes, rings, c10d groups)."""
 
+import json
 import re
 import time
 
@@ -168,6 +169,23 @@ def test_a_restarted_teacher_with_other_weights_is_refused_and_the_same_teacher_
     rc = job.run("lowlevel", config(job, teacher="self", extra=f"trainer: {{{same}}}").replace(
         "max_restarts: 0", "max_restarts: 1"))
     assert rc == 0, job.output
+
+
+def test_each_checkpoint_names_the_teacher_whose_answers_trained_it(job):
+    """distill.Steps notes every answer's teacher fingerprint; a resume under another teacher says so."""
+    def manifest(step):
+        return json.loads((job.dir / "ckpt" / f"step_{step}" / "manifest.json").read_text())
+
+    ckpt = "checkpoint: {dir: ckpt, every_steps: 2}"
+    assert job.run("steps", self_teacher(job, steps=2, trainer="fingerprints: 'first'", extra=ckpt)) == 0, job.output
+    first = manifest(2)["answer_teacher"]
+    assert re.fullmatch(r"[0-9a-f]{16}", first) and int(first, 16) != 0, first
+    assert "was trained on the answers of teacher" not in job.output, job.output
+    assert job.run("steps", self_teacher(job, steps=4, trainer="fingerprints: 'second'", extra=ckpt)) == 0, job.output
+    second = manifest(4)["answer_teacher"]
+    assert re.fullmatch(r"[0-9a-f]{16}", second) and second != first, (first, second)
+    assert (f"the model resumed was trained on the answers of teacher {first.lstrip('0')}, this run's teacher "
+            f"answers as {second.lstrip('0')}") in job.output, job.output
 
 
 def elastic(job, trainer):

@@ -168,10 +168,10 @@ def serve(session, args):
     teacher.to(session.teacher_device)
     if session.trainer.get("device", "cpu") != "cpu":
         print(f"teacher module on {next(teacher.parameters()).device.type}", flush=True)
-    plain = not (kill_after or busy_s or interrupt_at or raise_at or pad or nonfinite or how != "module")
+    names = session.trainer.get("fingerprints", "")
+    plain = not (kill_after or busy_s or interrupt_at or raise_at or pad or nonfinite or names or how != "module")
     # A function has no weights for teacher.cache to key on: the nonfinite tests name the teacher.
     # trainer.fingerprints "a,b": the first incarnation's fingerprint and a restarted one's (other weights).
-    names = session.trainer.get("fingerprints", "")
     named = names.split(",")[1 if restarted else 0] if names else ""
     stats = distill.serve(session, teacher if plain else forward, fingerprint="tiny_lm" if nonfinite else named)
     print(f"teacher served {stats['requests']} requests in {stats['batches']} batches", flush=True)

@@ -294,6 +294,7 @@ LossResult Steps::Impl::backwardWith(const LossFn& loss, const RowsFn& rows) {
   // Client::get checks the answer's tag against the request's (a ProtocolError naming both).
   TeacherReply reply = session_.client->get(*p.handle, ReplyMode::kView); // zero copy, freed below
   wait_ += static_cast<double>(monotonicNs() - t0) * 1e-9;
+  if (ckpt_) ckpt_->noteAnswerTeacher(reply.teacherFingerprint()); // each checkpoint names its teacher
   LossResult r;
   try {
     TeacherOutput teacher = reply.output();

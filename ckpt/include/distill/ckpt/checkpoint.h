@@ -130,6 +130,9 @@ struct Manifest {
   int studentWorldSize = 0;
   uint64_t configHash = 0; // configHash(config) of the run that saved it
   std::string teacherFingerprint; // as given to the manager ("" if none)
+  // The fingerprint of the teacher whose answers trained it (noteAnswerTeacher; the slot header's
+  // `teacher`): "answer_teacher", 16 hex digits, absent when 0 (none noted, or a manifest of 0.5.2 and before).
+  uint64_t answerTeacher = 0;
   std::vector<ManifestFile> files;
 
   const ManifestFile* find(const std::string& name) const;
@@ -226,6 +229,16 @@ class CheckpointManager {
   // and which checkpoint is left in place. "" after a call that returned true
   // (and after save() on a disabled manager, which saves nothing).
   const std::string& lastError() const;
+
+  // The teacher whose answers train the model: TeacherReply::teacherFingerprint() of each answer
+  // (distill::Steps notes every one; a trainer of its own calls it). Every checkpoint published after
+  // records the last one noted (the manifest's "answer_teacher"). After loadLatest, the first one
+  // noted that differs from the checkpoint's is a warning naming both (training goes on with this
+  // run's teacher). 0 ("not stated") is ignored. Not collective; the caller's thread.
+  void noteAnswerTeacher(uint64_t fingerprint);
+  // The answer teacher of the checkpoint loadLatest loaded (every rank); 0 when none was recorded or
+  // nothing was loaded.
+  uint64_t resumedAnswerTeacher() const;
 
   // Collective. Loads the published checkpoint (scanCheckpoints: the one
   // `latest` names, or the newest older one that verifies) into `model` and
