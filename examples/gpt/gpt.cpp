@@ -67,13 +67,15 @@ GptImpl::GptImpl(const GptOptions& o) : opts_(o) {
   }
 }
 
-torch::Tensor GptImpl::forward(const torch::Tensor& ids) {
+torch::Tensor GptImpl::hidden(const torch::Tensor& ids) {
   const int64_t t = ids.size(1);
   TORCH_CHECK(t <= opts_.context, "gpt: sequence of ", t, " exceeds the context of ", opts_.context);
   auto x = tok(ids) + pos(torch::arange(t, ids.options().dtype(torch::kLong)));
   for (auto& block : *blocks) x = block->as<BlockImpl>()->forward(x);
-  return head(lnF(x));
+  return lnF(x);
 }
+
+torch::Tensor GptImpl::forward(const torch::Tensor& ids) { return head(hidden(ids)); }
 
 void saveGpt(Gpt& model, const std::string& path) {
   const GptOptions& o = model->options();

@@ -55,6 +55,8 @@ class GptImpl : public torch::nn::Module {
   explicit GptImpl(const GptOptions& o = {});
   // ids [B, T] int64 with T <= context -> logits [B, T, vocab].
   torch::Tensor forward(const torch::Tensor& ids);
+  // The input of `head`: the final layer norm's output [B, T, dim] (forward = head(hidden(ids))).
+  torch::Tensor hidden(const torch::Tensor& ids);
   const GptOptions& options() const { return opts_; }
 
   torch::nn::Embedding tok{nullptr}, pos{nullptr};

@@ -5,17 +5,57 @@
 //
 //   teacher: {kind: registered, library: build/lib/libdistill_gpt_teacher.so,
 //             module: gpt, weights: logs/demo/teacher/teacher.pt}
+//
+// With teacher.answer: hidden it answers with its final hidden states (the
+// input of its output layer) and declares that layer as its head, so that the
+// students compute its logits themselves (docs/teacher.md, "The hidden-state answer").
+#include <distill/core/answer_kinds.h>
 #include <distill/core/errors.h>
 #include <distill/teacher/model.h>
 
 #include "gpt.h"
 
+namespace {
+
+namespace ex = distill::examples;
+
+class GptTeacher final : public distill::TeacherModel {
+ public:
+  GptTeacher(ex::Gpt model, const distill::TeacherOptions& o)
+      : model_(std::move(model)), output_(o.output), fingerprint_(distill::fileFingerprint(o.weights)),
+        hidden_(distill::answerKindOf(o) == distill::AnswerKind::kHidden) {}
+
+  std::map<std::string, at::Tensor> forward(const std::vector<at::Tensor>& inputs) override {
+    const at::Tensor& ids = inputs.at(0);
+    return {{output_, hidden_ ? model_->hidden(ids) : model_->forward(ids)}};
+  }
+  std::string fingerprint() const override { return fingerprint_; }
+  std::vector<std::pair<std::string, at::Tensor>> state() const override {
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    for (const auto& p : model_->named_parameters(true)) out.emplace_back("parameter " + p.key(), p.value());
+    for (const auto& b : model_->named_buffers(true)) out.emplace_back("buffer " + b.key(), b.value());
+    return out;
+  }
+  // Its head, declared: the output layer's weight (no bias, no soft-cap), whatever teacher.head names.
+  std::optional<distill::TeacherHead> head(const distill::TeacherOptions&) const override {
+    distill::TeacherHead h;
+    h.weight = model_->head->weight;
+    return h;
+  }
+
+ private:
+  ex::Gpt model_;
+  std::string output_;
+  std::string fingerprint_;
+  bool hidden_;
+};
+
+} // namespace
+
 DISTILL_REGISTER_TEACHER("gpt", [](const distill::TeacherOptions& o) {
   DISTILL_CHECK_T(ConfigError, !o.weights.empty(),
                   "teacher.module gpt needs teacher.weights: a file written by `distill-gpt train-teacher`");
-  distill::examples::Gpt model = distill::examples::loadGpt(o.weights);
+  ex::Gpt model = ex::loadGpt(o.weights);
   model->to(torch::Device(o.device));
-  return std::static_pointer_cast<distill::TeacherModel>(
-      std::make_shared<distill::ModuleTeacher<distill::examples::GptImpl>>(model.ptr(), o.output,
-                                                                           distill::fileFingerprint(o.weights)));
+  return std::static_pointer_cast<distill::TeacherModel>(std::make_shared<GptTeacher>(model, o));
 });
