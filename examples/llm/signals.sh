@@ -9,7 +9,8 @@
 # $OUT/signals.json (one JSON line, also printed). Makes the tokenizer, tokens and teacher first
 # unless $OUT has them (run.sh's REUSE). docs/llm.md, "Which signal".
 #   bash examples/llm/signals.sh      (STEPS=100 TEACHER_STEPS=200 SEEDS="1 2 3" SIGNALS="label top64 full hidden";
-#                                      ARGS= adds train.py options to every phase, e.g. "--vocab 1000 --max-files 30")
+#                                      ARGS= adds train.py options to every phase, e.g. "--vocab 1000 --max-files 30";
+#                                      ARGS="--teacher-pad 256": a teacher padded past the tokenizer's 32 000 ids)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${DISTILL_BUILD_DIR:-build}
@@ -24,13 +25,20 @@ run=$(command -v distill-run || echo "$build/bin/distill-run")
 export OMP_NUM_THREADS=1 RAYON_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error
 ex=examples/llm/train.py
 mkdir -p "$out/results"
-if [ ! -f "$out/tokens.pt" ] || [ ! -f "$out/teacher.json" ] || [ ! -d "$out/teacher" ]; then
+if [ ! -f "$out/tokens.pt" ] || [ ! -f "$out/prepare.json" ]; then
   python3 $ex --mode prepare --out "$out" "${args[@]}"
+fi
+if [ ! -f "$out/teacher.json" ] || [ ! -d "$out/teacher" ]; then
   python3 $ex --mode teacher --out "$out" --teacher-steps "${TEACHER_STEPS:-200}" "${args[@]}"
 fi
 # The teacher's vocabulary and width, for the full logits' and the hidden states' response slots.
 vocab=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['vocab_size'])" "$out/teacher/config.json")
 dim=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['hidden_size'])" "$out/teacher/config.json")
+# A teacher padded past the tokenizer's vocabulary (ARGS="--teacher-pad N"): the students drop its
+# padded ids and renormalise (loss.vocab: truncate), in every distilled run.
+tokens=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['vocab'])" "$out/prepare.json")
+pad=()
+if [ "$vocab" -gt "$tokens" ]; then pad=(--set loss.vocab=truncate); fi
 for seed in "${seeds[@]}"; do
   for sig in "${signals[@]}"; do
     echo "== $sig, seed $seed"
@@ -58,38 +66,9 @@ for seed in "${seeds[@]}"; do
     [ "$sig" = onpolicy_token ] && extra=(--ids token)
     rm -rf "$out/distill" "$out/distill_steps.jsonl"
     "$run" --config examples/llm/distill.yaml --master-port 0 --set "run.steps=$steps" --set "run.seed=$seed" \
-      --set "run.log_dir=$out/distill" --set "checkpoint.dir=$out/distill/checkpoints" "${sets[@]}" \
+      --set "run.log_dir=$out/distill" --set "checkpoint.dir=$out/distill/checkpoints" "${pad[@]}" "${sets[@]}" \
       -- python3 $ex --mode $mode --out "$out" --seed "$seed" "${args[@]}" "${extra[@]}" 2>&1 | tee "$out/results/$sig-s$seed.log" | grep -E "slots:|val_loss|job finished"
     cp "$out/$mode.json" "$out/results/$sig-s$seed.json"
   done
 done
-python3 - "$out" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" <<'PY'
-import glob, json, os, re, statistics, sys
-out, commit = sys.argv[1:]
-teacher = json.load(open(f"{out}/teacher.json"))["val_loss"]
-rows, lls = {}, {}
-for f in sorted(glob.glob(f"{out}/results/*-s*.json")):
-    sig, seed = re.match(r"(.*)-s(\d+)\.json", os.path.basename(f)).groups()
-    r = json.load(open(f))
-    rows.setdefault(sig, {})[int(seed)] = r["val_loss"]
-    if "sample_teacher_ll_before" in r:
-        lls.setdefault(sig, {})[int(seed)] = [r["sample_teacher_ll_before"], r["sample_teacher_ll"]]
-ring = {}
-for sig in rows:
-    logs = glob.glob(f"{out}/results/{sig}-s*.log")
-    m = re.search(r"\(auto; [^)]*?(\d+) B/token", open(logs[0]).read().split("response", 1)[-1]) if logs else None
-    ring[sig] = int(m.group(1)) if m else 0
-    if sig == "onpolicy_token":  # ids answers of one id: a float32 logit, logsumexp and log tail (the slots are top-64's)
-        ring[sig] = 12
-res = {"bench": "llm_signals", "teacher_val_loss": teacher, "commit": commit, "signals": {}}
-label = rows.get("label", {})
-for sig, by in rows.items():
-    gap = [(label[s] - v) / (label[s] - teacher) for s, v in by.items() if s in label and sig != "label"]
-    res["signals"][sig] = {"val_loss": by, "mean": statistics.mean(by.values()),
-                           "ring_bytes_per_token": ring[sig],
-                           "gap_closed": statistics.mean(gap) if gap else None}
-    if sig in lls:  # on-policy: the teacher's log-likelihood of the student's samples, [before, after]
-        res["signals"][sig]["sample_teacher_ll"] = lls[sig]
-print(json.dumps(res))
-json.dump(res, open(f"{out}/signals.json", "w"))
-PY
+python3 bench/signals_summary.py "$out" llm_signals "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"

@@ -44,6 +44,9 @@ def options(argv):
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--student", default="2,192", help="layers,dim")
     p.add_argument("--teacher", default="4,256", help="layers,dim")
+    p.add_argument("--teacher-pad", type=int, default=0,
+                   help="teacher: its vocabulary padded with N ids no text has, as Llama 3's and Qwen2's are "
+                        "(the students then need loss.vocab: truncate)")
     p.add_argument("--teacher-steps", type=int, default=200)
     p.add_argument("--teacher-batch", type=int, default=8)
     p.add_argument("--teacher-lr", type=float, default=2e-3)
@@ -101,7 +104,9 @@ def streams(args):
 def train_teacher(args):
     train, val, vocab = streams(args)
     torch.manual_seed(args.seed)
-    model = llama(args.teacher, vocab, args.context).to(args.device)
+    # Padded: the head (and the tied embedding) has --teacher-pad rows past the tokenizer's; training
+    # pushes their logits down, as it does a real model's.
+    model = llama(args.teacher, vocab + args.teacher_pad, args.context).to(args.device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.teacher_lr, weight_decay=0.0)
     g = torch.Generator().manual_seed(args.seed + 7)
     start = time.time()
