@@ -8,7 +8,7 @@
 //   error             ||mean g - g*|| / ||g*|| over all tokens, g the gradient
 //                     w.r.t. the student logits, g* the exact full-vocabulary
 //                     gradient of the same loss kind (forward KL for full,
-//                     top-k and sampled; reverse KL for student top-k and the
+//                     hidden, top-k and sampled; reverse KL for student top-k and the
 //                     sampled token), the mean over `draws` independent draws
 //                     for the sampled signals (one answer for the others)
 //   noise             the part of that error the draws' variance explains:
@@ -249,6 +249,18 @@ int signalsMain(int argc, char** argv) {
   fullRev.requestBytes = 0;
   print(s, entropy, fullRev);
 
+  { // hidden states and the head: any [N, V] logits are h W^T with d = N (reduced QR of the logits'
+    // transpose, in float64: W = Q [V, N] orthonormal, h = R^T [N, N]), so the signal is exact here
+    // up to float32 rounding; bytes as the values of the other rows (2 d), the head once per node.
+    auto [q, r] = at::linalg_qr(d.t.to(at::kDouble).t(), "reduced");
+    auto head = std::make_shared<distill::TeacherHead>();
+    head->weight = q.to(at::kFloat).contiguous();
+    const at::Tensor h = r.t().to(at::kFloat).contiguous();
+    Row hid = fixed(s, d, distill::TeacherOutput{distill::HiddenAnswer{h, head}}, LossKind::kForwardKl, fwd);
+    hid.signal = "hidden", hid.size = h.size(1), hid.loss = "forward_kl", hid.bytes = 2.0 * double(h.size(1));
+    hid.requestBytes = 0;
+    print(s, entropy, hid);
+  }
   for (int64_t k : {8, 64}) {
     auto out = distill::topkOutput(d.t, k, 1.0, at::kBFloat16);
     distill::TopkAnswer a{out.at(distill::protocol::kTopkValues), out.at(distill::protocol::kTopkIndices),
