@@ -33,7 +33,7 @@ for seed in "${seeds[@]}"; do
       continue
     fi
     case $sig in
-      full) sets=() ;;   # configs/demo.yaml: teacher.topk 0, float32 logits of the 256 bytes
+      full) sets=(--set teacher.vocab_size=256) ;;   # configs/demo.yaml's teacher.topk 0: float32 logits of the 256 bytes
       top8|top64) sets=(--set "teacher.topk=${sig#top}") ;;
       sampled8|sampled64) sets=(--set "teacher.samples=${sig#sampled}") ;;
       hidden) sets=(--set teacher.answer=hidden --set teacher.hidden_size=128) ;;   # = trainer.teacher_dim
