@@ -29,7 +29,8 @@
 #
 # Steps, in the order they run (the default: all of them):
 #   build     configure and build with CUDA (unity build, -O2 -g1) against python3's torch
-#   cuda      the CUDA tests alone: ipc_cuda_test, student_group_test, tests/python/test_cuda.py
+#   cuda      the CUDA tests alone: ipc_cuda_test, student_group_test, student_teacher_head_test (the head
+#             shared on a GPU), tests/python/test_cuda.py and test_hf_hidden.py's GPU test
 #   sanitize  the IPC tests under compute-sanitizer (memcheck)
 #   ring      bench_ring_cuda: CUDA IPC slot bandwidth against cudaMemcpy device to device
 #   mps       bench_ring_cuda (up to 64 MiB) with both processes clients of one MPS server
@@ -106,7 +107,7 @@ want() { case ",$STEPS," in *",$1,"*) return 0 ;; esac; return 1; }
 limit_of() {
   [ -n "$STEP_TIMEOUT" ] && { echo "$STEP_TIMEOUT"; return; }
   if [ "$SET" = issue42 ] || { [ "$SET" = loan ] && case "$1" in cuda-*|sanitize-*|bench_ring*) true ;; *) false ;; esac; }; then
-    case "$1" in configure) echo 60 ;; build) echo 290 ;; cuda-ctest) echo 90 ;; cuda-pytest) echo 120 ;;
+    case "$1" in configure) echo 60 ;; build) echo 290 ;; cuda-ctest) echo 90 ;; cuda-pytest) echo 150 ;;
       sanitize-*) echo 60 ;; bench_ring_cuda) echo 50 ;; bench_ring_cuda_events) echo 30 ;; *) echo 900 ;; esac
     return
   fi
@@ -199,8 +200,9 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 
 if want cuda; then
-  run_step cuda-ctest ctest --test-dir "$BUILD" --output-on-failure --timeout 300 -R "^(ipc_cuda_test|student_group_test|ipc_flag_page_test)$"
-  run_step cuda-pytest python3 -m pytest -x -q -rs tests/python/test_cuda.py
+  run_step cuda-ctest ctest --test-dir "$BUILD" --output-on-failure --timeout 300 -R "^(ipc_cuda_test|student_group_test|ipc_flag_page_test|student_teacher_head_test)$"
+  run_step cuda-pytest python3 -m pytest -x -q -rs tests/python/test_cuda.py \
+    "tests/python/test_hf_hidden.py::test_cuda_students_share_one_copy_of_the_head_on_their_gpu_and_train_as_full_logits"
 fi
 
 

@@ -84,6 +84,9 @@ struct Client::Impl {
   Clock::time_point lastPublish = Clock::now();
   std::optional<MappedTeacherHead> mapped; // teacher.answer hidden
   std::shared_ptr<const TeacherHead> head; // mapped's head, while it is the one held
+  // teacherHeadOn's: the head it was made from, and its copy on each device.
+  std::shared_ptr<const TeacherHead> onDeviceOf;
+  std::map<std::string, std::shared_ptr<const TeacherHead>> onDevice;
 
   // teacher.answer hidden: the head published beside the segment, mapped; logged.
   void mapHead(Deadline deadline) {
@@ -294,6 +297,21 @@ bool Client::stopRequested() const {
 }
 void Client::requestStop() { impl_->stopAsked.store(true, std::memory_order_relaxed); }
 std::shared_ptr<const TeacherHead> Client::teacherHead() const { return impl_->head; }
+std::shared_ptr<const TeacherHead> Client::teacherHeadOn(const at::Device& device) {
+  auto& s = *impl_;
+  if (!s.head || device.is_cpu()) return s.head;
+  if (s.onDeviceOf != s.head) { // a republished head: its own copies
+    s.onDevice.clear();
+    s.onDeviceOf = s.head;
+  }
+  auto& copy = s.onDevice[device.str()];
+  if (!copy) {
+    copy = std::make_shared<const TeacherHead>(distill::teacherHeadOn(s.mapped->shared(), *s.head, device, s.topo.segment,
+                                                             ipc::HeadReader{s.topo.globalRank, "student"},
+                                                             Deadline::afterSeconds(s.cfg.run.startup_timeout_s)));
+  }
+  return copy;
+}
 int64_t Client::outstanding() const { return static_cast<int64_t>(impl_->inFlight.size()); }
 const Config& Client::config() const { return impl_->cfg; }
 

@@ -42,6 +42,38 @@ TeacherHead teacherHeadView(const ipc::SharedHead& shared) {
   return h;
 }
 
+TeacherHead teacherHeadOn(const ipc::SharedHead& shared, const TeacherHead& mapped, const at::Device& device,
+                          const std::string& segmentName, const ipc::HeadReader& reader, Deadline deadline) {
+  if (device.is_cpu()) return mapped;
+  if (device.is_cuda() && ipc::DeviceHead::available()) {
+    const int ordinal = device.has_index() ? device.index() : 0;
+    try {
+      ipc::DeviceHead d = ipc::DeviceHead::share(segmentName, shared, ordinal, reader, deadline);
+      const at::ScalarType type = scalarType(shared.dtype());
+      const auto on = at::TensorOptions().dtype(type).device(at::Device(at::kCUDA, ordinal));
+      TeacherHead h = mapped;
+      h.weight = at::from_blob(
+          d.weight(), {shared.vocab(), shared.dim()}, [keep = d.keepAlive()](void*) mutable { keep.reset(); }, on);
+      if (shared.hasBias()) {
+        h.bias = at::from_blob(d.bias(), {shared.vocab()}, [keep = d.keepAlive()](void*) mutable { keep.reset(); }, on);
+      }
+      DISTILL_LOG(kInfo) << reader.role << " rank " << reader.rank << " "
+                         << (d.owner() ? "copied the teacher's head to " : "shares the teacher's head on ")
+                         << device.str() << " (/dev/shm/" << d.recordName() << ", one copy per device)";
+      return h;
+    } catch (const std::exception& e) {
+      const auto* de = dynamic_cast<const Error*>(&e); // its words, not its file and line
+      DISTILL_LOG(kWarning) << reader.role << " rank " << reader.rank << ": the teacher's head is not shared on "
+                            << device.str() << " (" << (de ? de->message() : std::string(e.what()))
+                            << "): this student copies it there for itself";
+    }
+  }
+  TeacherHead h = mapped;
+  h.weight = mapped.weight.to(device);
+  if (mapped.bias.defined()) h.bias = mapped.bias.to(device);
+  return h;
+}
+
 MappedTeacherHead::MappedTeacherHead(std::string segmentName, ipc::HeadReader reader, HeadChange onChange,
                                      ipc::SharedHead shared)
     : segmentName_(std::move(segmentName)),

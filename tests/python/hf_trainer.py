@@ -144,11 +144,13 @@ def steps(session, out, precision):
 def paths(session):
     """Steps in float32: rank 0 gives backward() the materialised logits, rank 1 the last hidden
     states and lm_head (the fused loss)."""
-    model = student_model()
+    dev = torch.device(session.trainer.get("device", "cpu"))  # trainer.device cuda: the students on the GPU
+    model = student_model().to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     s = distill.Steps(session, model, opt)
     losses = []
-    for mb in s.run((x, y) for x, y, _ in micro_batches(session.rank, STEPS * session.grad_acc_steps)):
+    batches = micro_batches(session.rank, STEPS * session.grad_acc_steps)
+    for mb in s.run((x.to(dev), y.to(dev)) for x, y, _ in batches):
         if session.rank == 0:
             r = s.backward(model(mb.inputs))
         else:
@@ -179,7 +181,7 @@ def main():
                                   fingerprint="qwen2 seed 0", head=model.lm_head)
             print(f"teacher served {stats['requests']} requests", flush=True)
             return
-        model = teacher_model(args.teacher)
+        model = teacher_model(args.teacher).to(session.teacher_device)
         stats = distill.serve(session, (lambda *t: model(*t)) if args.mode == "raw" else model)
         print(f"teacher served {stats['requests']} requests", flush=True)
         return

@@ -2,8 +2,8 @@
 other code (docs/teacher.md, "The hidden-state answer"): the teacher sends the input of its output
 layer and publishes the layer once; the students' losses and updates equal the full-logits
 answer's, through the materialised loss (rank 0: backward(logits)) and the fused one (rank 1:
-backward(hidden, lm_head=...)), and through the low-level API (a Reply of kind "hidden" and
-distill.loss of it). The head of every supported family reproduces the model's own logits; a head
+backward(hidden, lm_head=...)), on a GPU too (the students of one GPU share one copy of the head
+there), and through the low-level API (a Reply of kind "hidden" and distill.loss of it). The head of every supported family reproduces the model's own logits; a head
 that is not one is refused at start-up, naming the model type."""
 
 import json
@@ -26,9 +26,10 @@ TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_trainer.p
 CONFIG = """
 run: {{name: hidden, steps: {steps}, log_dir: logs-{answer}, startup_timeout_s: 120, collective_timeout_s: 120,
       hang_timeout_s: 120}}
-teacher: {{kind: self, max_restarts: 0, inputs: {inputs}, answer: {answer}}}
-student: {{grad_acc_steps: 1, in_flight: 2}}
+teacher: {{kind: self, max_restarts: 0, inputs: {inputs}, answer: {answer}, device: {device}}}
+student: {{grad_acc_steps: 1, in_flight: 2, device: {device}}}
 loss: {{alpha: 0.5, temperature: 2.0}}
+trainer: {{device: {device}}}
 """
 # float32 throughout: the hidden answer's teacher logits are the same GEMM as the teacher's own
 # lm_head, chunked in C++ (rounding of order 1e-7 on logits of order 1).
@@ -36,9 +37,9 @@ LOSS_TOL = 1e-5
 PARAM_TOL = 1e-5
 
 
-def run_job(bin_dir, tmp_path, answer, teacher, mode="paths", inputs="[input_ids]", rc=0):
+def run_job(bin_dir, tmp_path, answer, teacher, mode="paths", inputs="[input_ids]", rc=0, device="cpu"):
     cfg = tmp_path / f"{answer}.yaml"
-    cfg.write_text(CONFIG.format(steps=ht.STEPS, answer=answer, inputs=inputs))
+    cfg.write_text(CONFIG.format(steps=ht.STEPS, answer=answer, inputs=inputs, device=device))
     out = tmp_path / f"out-{answer}"  # logs: log_dir logs-<answer>
     out.mkdir(exist_ok=True)
     cmd = [os.path.join(bin_dir, "distill-run"), "--config", str(cfg), "--nproc-per-node", "3", "--master-port", "0",
@@ -77,6 +78,20 @@ def test_a_qwen2_teacher_answering_hidden_states_trains_as_full_logits(bin_dir, 
     hidden, output = run_job(bin_dir, tmp_path, "hidden", "qwen2")
     assert "published its head" in output, output[-3000:]
     assert_same_training(hidden, full_logits_job)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible")
+def test_cuda_students_share_one_copy_of_the_head_on_their_gpu_and_train_as_full_logits(bin_dir, tmp_path,
+                                                                                       full_logits_job):
+    """Two students on one GPU: the first copies the mapped head there, the other imports that copy
+    by CUDA IPC (one copy per node and device); the training equals the CPU full-logits job's."""
+    hidden, output = run_job(bin_dir, tmp_path, "hidden", "qwen2", device="cuda")
+    assert output.count("copied the teacher's head to cuda:0") == 1, output[-3000:]
+    assert output.count("shares the teacher's head on cuda:0") == 1, output[-3000:]
+    assert "is not shared on" not in output, output[-3000:]
+    for h, f in zip(hidden, full_logits_job):  # float32 GEMMs of cuBLAS against the CPU's
+        assert max(abs(a - b) for hl, fl in zip(h["losses"], f["losses"]) for a, b in zip(hl, fl)) < 1e-4
+        assert max_param_diff(h["params"], {n: torch.tensor(v) for n, v in f["params"].items()}) < 1e-4
 
 
 def test_a_function_teacher_with_its_head_given_trains_as_full_logits(bin_dir, tmp_path, full_logits_job):

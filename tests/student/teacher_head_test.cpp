@@ -1,10 +1,13 @@
 // The TeacherHead a CPU student builds over the node's one mapping of the
 // teacher's head (student/teacher_head.h): views, not copies, that outlive the
 // object's name; the loss reads them; a restarted teacher's head is checked by
-// fingerprint (refused or adopted), with real processes.
+// fingerprint (refused or adopted), with real processes; on a GPU, the students
+// of one device share one copy of it (ipc/device_head.h).
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+
+#include <algorithm>
 
 #include "distill/core/errors.h"
 #include "distill/ipc/segment.h"
@@ -101,4 +104,61 @@ TEST(TeacherHeadView, AHeadChangeAfterARestartIsCaught) {
   EXPECT_EQ(adopting.fingerprint(), fpFirst);
   EXPECT_EQ(adopting.head().weight[0][0].item<float>(), 1.0f);
   EXPECT_EQ(adopting.shared().generation(), 4u);
+}
+
+// The head on a GPU (ipc/device_head.h): the two students of one device share one copy, the first
+// making it and the other importing it by CUDA IPC; both read the mapped head's values; the copy
+// is freed and its record unlinked once both let go. Each student is its own process and the test
+// process never initialises CUDA (a fork after it is undefined). Skipped without an NVIDIA device.
+TEST(TeacherHeadOnDevice, TheStudentsOfOneGpuShareOneCopy) {
+  if (::access("/dev/nvidiactl", F_OK) != 0) GTEST_SKIP() << "no NVIDIA device (/dev/nvidiactl)";
+  ScopedHeadName sn;
+  TestHead src(48, 16, 1.0f, true);
+  publishFromTeacher(sn.name, src);
+  Signal shared, release;
+  auto student = [&](int rank) {
+    return forkChild([&, rank] {
+      const ipc::HeadReader reader{rank, "student"};
+      auto mapped = MappedTeacherHead::open(sn.name, reader, Deadline::after(10s));
+      int code = 1;
+      {
+        ipc::DeviceHead d = ipc::DeviceHead::share(sn.name, mapped.shared(), 0, reader, Deadline::after(60s));
+        const auto on = at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, 0);
+        const at::Tensor w = at::from_blob(d.weight(), {48, 16}, on).cpu();
+        const at::Tensor b = at::from_blob(d.bias(), {48}, on).cpu();
+        if (at::equal(w, mapped.head().weight) && at::equal(b, mapped.head().bias)) code = d.owner() ? 10 : 11;
+        shared.signal();
+        if (!release.wait(Deadline::after(60s))) return 2;
+      } // the importer lets go; the owner waits for it, then frees the copy and unlinks the record
+      return code;
+    });
+  };
+  auto a = student(0), b = student(1);
+  ASSERT_TRUE(shared.wait(Deadline::after(90s)));
+  ASSERT_TRUE(shared.wait(Deadline::after(90s)));
+  release.signal();
+  release.signal();
+  auto sa = a.join(90s), sb = b.join(90s);
+  ASSERT_TRUE(sa.exited && sb.exited) << sa.describe() << "; " << sb.describe();
+  EXPECT_EQ(std::min(sa.code, sb.code), 10) << sa.describe() << "; " << sb.describe(); // one made the copy
+  EXPECT_EQ(std::max(sa.code, sb.code), 11) << sa.describe() << "; " << sb.describe(); // the other imported it
+  EXPECT_TRUE(shmObjects(sn.name + ".head.cuda-").empty());
+}
+
+// Where no GPU can be used, sharing the head on one is an error naming why (the student then copies
+// the head for itself, teacherHeadOn), and no record is left behind.
+TEST(TeacherHeadOnDevice, WithoutAGpuSharingIsAnErrorNamingWhy) {
+  if (::access("/dev/nvidiactl", F_OK) == 0) GTEST_SKIP() << "an NVIDIA device is present (the test above shares)";
+  ScopedHeadName sn;
+  TestHead src(8, 4, 1.0f, false);
+  publishFromTeacher(sn.name, src);
+  auto mapped = MappedTeacherHead::open(sn.name, kStudent, Deadline::after(10s));
+  try {
+    ipc::DeviceHead::share(sn.name, mapped.shared(), 0, kStudent, Deadline::after(5s));
+    ADD_FAILURE() << "shared a head on a machine without an NVIDIA device";
+  } catch (const Error& e) {
+    const std::string m = e.message();
+    EXPECT_TRUE(ipc::DeviceHead::available() ? contains(m, "cuda:0") : contains(m, "without CUDA")) << m;
+  }
+  EXPECT_TRUE(shmObjects(sn.name + ".head.cuda-").empty());
 }

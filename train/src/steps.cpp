@@ -85,8 +85,6 @@ struct Steps::Impl {
   int64_t stepStartNs_ = 0;
   StepReport last_;
   at::Tensor lossScale_; // setLossScale()
-  // teacher.answer hidden on a device other than the CPU: the mapped head and its copy there (onDevice).
-  std::pair<std::shared_ptr<const TeacherHead>, std::shared_ptr<const TeacherHead>> headCopy_;
 };
 
 Steps::Impl::Impl(Session& session, torch::nn::Module& model, torch::optim::Optimizer& optimizer, StepsOptions options)
@@ -245,30 +243,29 @@ std::optional<StepItem> Steps::Impl::next(const Loader& loader) {
 namespace {
 // The teacher's answer on the student's device: it arrives on the host when the teacher runs on the
 // CPU for a CUDA student, or with transport.cuda_ipc off. A hidden-state answer's head (mapped on the
-// host, student/teacher_head.h) is copied to the device once per mapping: `head` holds the mapped head
-// and its copy.
-using HeadCopy = std::pair<std::shared_ptr<const TeacherHead>, std::shared_ptr<const TeacherHead>>;
-TeacherOutput onDevice(const TeacherOutput& t, const at::Device& d, HeadCopy& head) {
+// host, student/teacher_head.h) comes from the client on that device: on a GPU one copy per node and
+// device (Client::teacherHeadOn).
+TeacherOutput onDevice(const TeacherOutput& t, const at::Device& d, Client& client) {
   TeacherOutput o = t;
   for (at::Tensor* x : o.tensors()) {
     if (x->defined() && x->device() != d) *x = x->to(d, /*non_blocking=*/true);
   }
   HiddenAnswer* h = o.hidden();
   if (!h || !h->head || h->head->weight.device() == d) return o;
-  if (head.first != h->head) {
+  if (h->head == client.teacherHead()) h->head = client.teacherHeadOn(d);
+  if (h->head->weight.device() != d) { // an answer of a head the client no longer holds (not expected)
     auto copy = std::make_shared<TeacherHead>(*h->head);
     copy->weight = copy->weight.to(d);
     if (copy->bias.defined()) copy->bias = copy->bias.to(d);
-    head = {h->head, std::move(copy)};
+    h->head = std::move(copy);
   }
-  h->head = head.second;
   return o;
 }
 } // namespace
 
 LossResult Steps::Impl::backward(const at::Tensor& logits) {
   return backwardWith([&](const at::Tensor& labels, const TeacherOutput& teacher) {
-    return distillLoss(logits, labels.to(logits.device()), onDevice(teacher, logits.device(), headCopy_),
+    return distillLoss(logits, labels.to(logits.device()), onDevice(teacher, logits.device(), *session_.client),
                        session_.config.loss, tokens_);
   }, [&](const at::Tensor& index) {
     return logits.reshape({-1, logits.size(-1)}).index_select(0, index.to(logits.device()));
@@ -278,7 +275,7 @@ LossResult Steps::Impl::backward(const at::Tensor& logits) {
 LossResult Steps::Impl::backward(const at::Tensor& hidden, const OutputHead& head) {
   return backwardWith([&](const at::Tensor& labels, const TeacherOutput& teacher) {
     return fusedLinearLoss(hidden, head.weight, head.bias, labels.to(hidden.device()),
-                           onDevice(teacher, hidden.device(), headCopy_), session_.config.loss, tokens_,
+                           onDevice(teacher, hidden.device(), *session_.client), session_.config.loss, tokens_,
                            head.chunkTokens);
   }, [&](const at::Tensor& index) {
     const at::Tensor h = hidden.reshape({-1, hidden.size(-1)}).index_select(0, index.to(hidden.device()));

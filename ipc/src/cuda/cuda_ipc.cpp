@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../segment_impl.h"
+#include "cuda_call.h"
 #include "distill/core/clock.h"
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
@@ -24,28 +25,11 @@ static_assert(sizeof(cudaUUID_t) == sizeof(FlagControl::consumerUuid), "uuid siz
 
 namespace {
 
-#define DISTILL_CUDA_CALL(expr, ...)                                                                 \
-  do {                                                                                               \
-    cudaError_t err_ = (expr);                                                                       \
-    if (err_ != cudaSuccess)                                                                         \
-      DISTILL_THROW(IpcError, #expr, " failed: ", cudaGetErrorString(err_), " (", __VA_ARGS__, ")"); \
-  } while (0)
-
 #define DISTILL_CU_CALL(expr, ...)                                                                                     \
   do {                                                                                                                 \
     CUresult err_ = (expr);                                                                                            \
     if (err_ != CUDA_SUCCESS) DISTILL_THROW(IpcError, #expr, " failed: CUresult ", int(err_), " (", __VA_ARGS__, ")"); \
   } while (0)
-
-// Restores the caller's current device.
-struct DeviceGuard {
-  int prev = 0;
-  explicit DeviceGuard(int d) {
-    cudaGetDevice(&prev);
-    if (d != prev) cudaSetDevice(d);
-  }
-  ~DeviceGuard() { cudaSetDevice(prev); }
-};
 
 // ---- the driver's stream memory operations, found once per process ----
 

@@ -144,6 +144,10 @@ class Client {
   // the same fingerprint is mapped anew, another is refused or adopted by
   // teacher.head.on_change; so the pointer changes then.
   std::shared_ptr<const TeacherHead> teacherHead() const;
+  // The same head on `device` (teacherHeadOn, student/teacher_head.h: on a GPU,
+  // one copy per node and device), made once per head and device; null for
+  // other answers.
+  std::shared_ptr<const TeacherHead> teacherHeadOn(const at::Device& device);
 
   int64_t outstanding() const;
   const Config& config() const;

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "distill/core/clock.h"
+#include "distill/ipc/device_head.h"
 #include "distill/ipc/shared_head.h"
 #include "distill/loss/hidden_head.h"
 
@@ -27,6 +28,17 @@ namespace distill {
 // (undefined without one) of its dtype on the CPU, softcap and scale as
 // published. No copy.
 TeacherHead teacherHeadView(const ipc::SharedHead& shared);
+
+// The head on `device` for a student there (issue 43: one copy per node and
+// device). On a CUDA device, the node's students of that device share one copy
+// (ipc/device_head.h: the first copies the mapping there and exports it by CUDA
+// IPC, the others import it; `deadline` bounds the wait for the first); the
+// tensors hold the device memory. Where that fails (a build without CUDA, CUDA
+// IPC refused, a copy that failed) it logs why and copies the head to the
+// device for this student alone, as it does for any other device type; never
+// an error for the trainer. The CPU: the mapping's own view.
+TeacherHead teacherHeadOn(const ipc::SharedHead& shared, const TeacherHead& mapped, const at::Device& device,
+                          const std::string& segmentName, const ipc::HeadReader& reader, Deadline deadline);
 
 // What a student does when a restarted teacher publishes a head with another
 // fingerprint than the one it holds.
