@@ -19,22 +19,19 @@ namespace {
 
 namespace ex = distill::examples;
 
-class GptTeacher final : public distill::TeacherModel {
+// The demo's Gpt as ModuleTeacher serves it (its state and fingerprint), answering with its hidden
+// states under teacher.answer: hidden, and declaring its head.
+class GptTeacher final : public distill::ModuleTeacher<ex::GptImpl> {
  public:
   GptTeacher(ex::Gpt model, const distill::TeacherOptions& o)
-      : model_(std::move(model)), output_(o.output), fingerprint_(distill::fileFingerprint(o.weights)),
+      : ModuleTeacher(model.ptr(), o.output, distill::fileFingerprint(o.weights)),
+        model_(std::move(model)),
+        output_(o.output),
         hidden_(distill::answerKindOf(o) == distill::AnswerKind::kHidden) {}
 
   std::map<std::string, at::Tensor> forward(const std::vector<at::Tensor>& inputs) override {
-    const at::Tensor& ids = inputs.at(0);
-    return {{output_, hidden_ ? model_->hidden(ids) : model_->forward(ids)}};
-  }
-  std::string fingerprint() const override { return fingerprint_; }
-  std::vector<std::pair<std::string, at::Tensor>> state() const override {
-    std::vector<std::pair<std::string, at::Tensor>> out;
-    for (const auto& p : model_->named_parameters(true)) out.emplace_back("parameter " + p.key(), p.value());
-    for (const auto& b : model_->named_buffers(true)) out.emplace_back("buffer " + b.key(), b.value());
-    return out;
+    if (!hidden_) return ModuleTeacher::forward(inputs);
+    return {{output_, model_->hidden(inputs.at(0))}};
   }
   // Its head, declared: the output layer's weight (no bias, no soft-cap), whatever teacher.head names.
   std::optional<distill::TeacherHead> head(const distill::TeacherOptions&) const override {
@@ -46,7 +43,6 @@ class GptTeacher final : public distill::TeacherModel {
  private:
   ex::Gpt model_;
   std::string output_;
-  std::string fingerprint_;
   bool hidden_;
 };
 

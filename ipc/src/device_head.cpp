@@ -120,18 +120,9 @@ Fd createRecord(const std::string& name, const SharedHead& host, uint64_t weight
                 const std::string& who) {
   static std::atomic<int> counter{0};
   const std::string tmp = name + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
-  Fd fd(sys::retryEintr([&] { return ::open(shmPath(tmp).c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600); }));
-  DISTILL_CHECK_T(IpcError, bool(fd), who, ": cannot create '", shmPath(tmp), "': ", errnoString(errno));
-  int err = ::ftruncate(fd.get(), off_t(kRecordBytes)) == 0 ? 0 : errno;
-  if (err == 0)
-    do err = ::posix_fallocate(fd.get(), 0, off_t(kRecordBytes));
-    while (err == EINTR);
-  if (err != 0 && err != EOPNOTSUPP && err != EINVAL) {
-    ::unlink(shmPath(tmp).c_str());
-    DISTILL_THROW(IpcError, who, ": cannot reserve a page of /dev/shm for '", shmPath(tmp), "': ", errnoString(err));
-  }
+  auto [fd, mapped] = sys::createShmObject(tmp, kRecordBytes, who);
   Page p;
-  mapPage(p, fd.get(), shmPath(tmp));
+  p.base = mapped;
   Record& r = *new (p.base) Record{};
   r.magic = kMagic;
   r.version = kVersion;
@@ -144,7 +135,7 @@ Fd createRecord(const std::string& name, const SharedHead& host, uint64_t weight
   ::unlink(shmPath(tmp).c_str());
   if (linked == EEXIST) return Fd();
   DISTILL_CHECK_T(IpcError, linked == 0, who, ": cannot publish '", shmPath(name), "': ", errnoString(linked));
-  return fd;
+  return std::move(fd); // a structured binding: no implicit move
 }
 
 // An importer: waits until the owner made the copy (or failed, or died, or the deadline passed).

@@ -125,28 +125,6 @@ std::shared_ptr<SharedHead::Mapping> mapObject(const std::string& name, const st
   return m;
 }
 
-// A temporary object of `bytes`, reserved and mapped read-write.
-std::pair<Fd, void*> createTemporary(const std::string& tmp, uint64_t bytes) {
-  Fd fd(sys::retryEintr([&] { return ::open(shmPath(tmp).c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600); }));
-  DISTILL_CHECK_T(IpcError, bool(fd), "teacher head: cannot create '", shmPath(tmp), "': ", errnoString(errno));
-  int err = ::ftruncate(fd.get(), off_t(bytes)) == 0 ? 0 : errno;
-  if (err == 0)
-    do err = ::posix_fallocate(fd.get(), 0, off_t(bytes));
-    while (err == EINTR);
-  if (err != 0 && err != EOPNOTSUPP && err != EINVAL) {
-    ::unlink(shmPath(tmp).c_str());
-    DISTILL_THROW(IpcError, "teacher head: cannot reserve ", bytes, " bytes of shared memory for '", shmPath(tmp),
-                  "' (", errnoString(err), "): give /dev/shm more room");
-  }
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-  if (p == MAP_FAILED) {
-    err = errno;
-    ::unlink(shmPath(tmp).c_str());
-    DISTILL_THROW(IpcError, "teacher head: cannot map '", shmPath(tmp), "' (", bytes, " bytes): ", errnoString(err));
-  }
-  return {std::move(fd), p};
-}
-
 // The generation of the head published now, 0 if none (or not a valid one).
 uint64_t currentGeneration(const std::string& name) {
   try {
@@ -179,7 +157,7 @@ SharedHead SharedHead::publish(const std::string& segmentName, const HeadBytes& 
   const uint64_t generation = currentGeneration(name) + 1;
   wire::HeadHeader hd{};
   describe(head, generation, hd);
-  auto [fd, p] = createTemporary(tmp, hd.totalBytes);
+  auto [fd, p] = sys::createShmObject(tmp, hd.totalBytes, "teacher head");
   auto* h = new (p) wire::HeadHeader{}; // the object is zero-filled; placement for the atomic
   describe(head, generation, *h);
   auto* base = static_cast<uint8_t*>(p);

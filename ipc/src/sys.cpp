@@ -3,10 +3,14 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <ctime>
+
+#include "distill/core/errors.h"
 
 namespace distill::ipc::sys {
 
@@ -22,6 +26,28 @@ void futexWakeAll(std::atomic<uint32_t>* word) {
   retryEintr([&] {
     return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
   });
+}
+
+std::pair<Fd, void*> createShmObject(const std::string& name, uint64_t bytes, const std::string& who) {
+  const std::string path = "/dev/shm/" + name;
+  Fd fd(retryEintr([&] { return ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600); }));
+  DISTILL_CHECK_T(IpcError, bool(fd), who, ": cannot create '", path, "': ", errnoString(errno));
+  int err = ::ftruncate(fd.get(), off_t(bytes)) == 0 ? 0 : errno;
+  if (err == 0)
+    do err = ::posix_fallocate(fd.get(), 0, off_t(bytes));
+    while (err == EINTR);
+  if (err != 0 && err != EOPNOTSUPP && err != EINVAL) {
+    ::unlink(path.c_str());
+    DISTILL_THROW(IpcError, who, ": cannot reserve ", bytes, " bytes of shared memory for '", path, "' (",
+                  errnoString(err), "): give /dev/shm more room");
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (p == MAP_FAILED) {
+    err = errno;
+    ::unlink(path.c_str());
+    DISTILL_THROW(IpcError, who, ": cannot map '", path, "' (", bytes, " bytes): ", errnoString(err));
+  }
+  return {std::move(fd), p};
 }
 
 std::string readSmallFile(const std::string& path) {

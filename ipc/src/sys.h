@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "distill/core/sys.h"
 
@@ -24,6 +25,11 @@ void futexWakeAll(std::atomic<uint32_t>* word);
 
 enum class PidState { kRunning, kStopped, kGone }; // kGone: no such process, or a zombie
 PidState pidState(int pid);
+
+// Creates /dev/shm/<name> (O_EXCL, mode 0600) of `bytes`, its pages reserved
+// (posix_fallocate: no SIGBUS later on a full /dev/shm), mapped read-write.
+// IpcError naming `who`, the object and why (removed again on failure).
+std::pair<Fd, void*> createShmObject(const std::string& name, uint64_t bytes, const std::string& who);
 
 // Reads a small file (e.g. /proc/<pid>/stat); "" on error.
 std::string readSmallFile(const std::string& path);
