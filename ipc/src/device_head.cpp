@@ -1,6 +1,6 @@
 // The teacher's head on a GPU, one copy per node and device (device_head.h):
-// the record in /dev/shm, the election, the waits and the release. The CUDA
-// calls are cuda/device_head_cuda.cpp's (stubs below without CUDA).
+// the record in /dev/shm, the election, the waits and the release. The memory
+// is device_memory.h's: CUDA's (cuda/device_head_cuda.cpp), or a test's.
 #include "distill/ipc/device_head.h"
 
 #include <fcntl.h>
@@ -15,11 +15,11 @@
 #include <new>
 #include <utility>
 
-#include "cuda/device_head_cuda.h"
 #include "distill/build_config.h"
 #include "distill/core/errors.h"
 #include "distill/core/logging.h"
 #include "distill/core/sys.h"
+#include "device_memory.h"
 #include "sys.h"
 
 namespace distill::ipc {
@@ -40,7 +40,7 @@ struct Record {
   uint64_t generation; // of the host head copied
   uint64_t weightBytes, biasBytes;
   char fingerprint[65]; // the host head's SHA-256, hex, NUL-terminated
-  uint8_t handle[cuda::kIpcHandleBytes]; // cudaIpcMemHandle_t of the allocation
+  uint8_t handle[DeviceMemory::kHandleBytes]; // the allocation's (CUDA: cudaIpcMemHandle_t)
   std::atomic<uint32_t> complete; // kWriting, kReady, kFailed, kReleased
   std::atomic<uint32_t> readers; // importers holding the memory
   char why[1024]; // kFailed: the owner's reason
@@ -69,6 +69,7 @@ void mapPage(Page& p, int fd, const std::string& path) {
 } // namespace
 
 struct DeviceHead::State {
+  const DeviceMemory* mem = nullptr; // whose memory (set at share)
   std::string name; // the record's name in /dev/shm
   std::string who; // "student rank 3"
   Page page;
@@ -85,7 +86,7 @@ DeviceHead::State::~State() {
   if (page.base == MAP_FAILED) return;
   Record& r = page.rec();
   if (!owner) {
-    if (data) cuda::closeImported(device, data, name);
+    if (data) mem->closeImported(device, data, name);
     r.readers.fetch_sub(1);
     sys::futexWakeAll(&r.readers);
     return;
@@ -102,11 +103,11 @@ DeviceHead::State::~State() {
     }
     sys::futexWait(&r.readers, n, std::min<Clock::duration>(std::chrono::milliseconds(200), until.remaining()));
   }
-  if (data) cuda::freeExported(device, data, name);
+  if (data) mem->freeExported(device, data, name);
   ::unlink(shmPath(name).c_str());
 }
 
-bool DeviceHead::available() { return cuda::deviceHeadAvailable(); }
+bool DeviceHead::available() { return deviceMemory().available(); }
 
 std::string DeviceHead::recordName(const std::string& segmentName, const std::string& uuidHex, uint64_t generation) {
   return headObjectName(segmentName) + ".cuda-" + uuidHex + "-g" + std::to_string(generation);
@@ -139,8 +140,10 @@ Fd createRecord(const std::string& name, const SharedHead& host, uint64_t weight
 }
 
 // An importer: waits until the owner made the copy (or failed, or died, or the deadline passed).
-void awaitReady(Record& r, const std::string& name, const std::string& who, Deadline deadline) {
+void awaitReady(Record& r, const std::string& name, const std::string& who, Deadline deadline,
+                const DeviceMemory& mem) {
   const auto start = Clock::now();
+  if (r.complete.load(std::memory_order_acquire) == kWriting) mem.awaiting();
   for (uint32_t c = r.complete.load(std::memory_order_acquire); c == kWriting;
        c = r.complete.load(std::memory_order_acquire)) {
     DISTILL_CHECK_T(IpcError, sys::pidState(r.ownerPid) != sys::PidState::kGone, who,
@@ -164,19 +167,20 @@ DeviceHead DeviceHead::share(const std::string& segmentName, const SharedHead& h
   DISTILL_CHECK_T(UsageError, available(), who, ": the teacher's head cannot be shared on a GPU: distill was built "
                   "without CUDA");
   auto s = std::make_shared<State>();
+  s->mem = &deviceMemory();
   s->who = who;
   s->device = device;
   s->releaseTimeout = releaseTimeout;
   s->weightBytes = uint64_t(host.vocab() * host.dim() * headItemSize(host.dtype()));
   s->biasBytes = host.hasBias() ? uint64_t(host.vocab() * headItemSize(host.dtype())) : 0;
-  s->name = recordName(segmentName, cuda::deviceUuidHex(device), host.generation());
+  s->name = recordName(segmentName, s->mem->uuidHex(device), host.generation());
   Fd fd = createRecord(s->name, host, s->weightBytes, s->biasBytes, who);
   if (fd) { // the owner: copy, export, tell
     mapPage(s->page, fd.get(), shmPath(s->name));
     Record& r = s->page.rec();
     s->owner = true;
     try {
-      s->data = cuda::copyAndExport(device, host.weight(), s->weightBytes, host.bias(), s->biasBytes, r.handle,
+      s->data = s->mem->copyAndExport(device, host.weight(), s->weightBytes, host.bias(), s->biasBytes, r.handle,
                                     shmPath(s->name));
     } catch (const std::exception& e) {
       std::snprintf(r.why, sizeof r.why, "%s", e.what());
@@ -198,7 +202,7 @@ DeviceHead DeviceHead::share(const std::string& segmentName, const SharedHead& h
                   "' is not a device head record of this build");
   r.readers.fetch_add(1); // counted before the state is read: the owner's release waits for us
   try {
-    awaitReady(r, s->name, who, deadline);
+    awaitReady(r, s->name, who, deadline, *s->mem);
     const uint32_t c = r.complete.load();
     DISTILL_CHECK_T(IpcError, c != kFailed, who, ": the student (pid ", r.ownerPid,
                     ") copying the teacher's head to this device failed: ", std::string(r.why, strnlen(r.why, sizeof r.why)));
@@ -209,7 +213,7 @@ DeviceHead DeviceHead::share(const std::string& segmentName, const SharedHead& h
                     who, ": the device copy '", shmPath(s->name), "' holds head ", fp, " (", r.weightBytes, " + ",
                     r.biasBytes, " bytes), the head mapped here is ", host.fingerprint(), " (", s->weightBytes, " + ",
                     s->biasBytes, " bytes)");
-    s->data = cuda::importHandle(device, r.handle, shmPath(s->name));
+    s->data = s->mem->importHandle(device, r.handle, shmPath(s->name));
   } catch (...) {
     r.readers.fetch_sub(1);
     sys::futexWakeAll(&r.readers);
@@ -226,17 +230,35 @@ bool DeviceHead::owner() const { return s_->owner; }
 const std::string& DeviceHead::recordName() const { return s_->name; }
 std::shared_ptr<const void> DeviceHead::keepAlive() const { return s_; }
 
+namespace {
+const DeviceMemory* testMemory = nullptr;
+} // namespace
+
+void setDeviceMemoryForTests(const DeviceMemory* m) { testMemory = m; }
+const DeviceMemory& deviceMemory() { return testMemory ? *testMemory : cudaDeviceMemory(); }
+
 #if !DISTILL_CUDA
-namespace cuda { // without CUDA: DeviceHead::available() is false and share() refuses before any of these
-bool deviceHeadAvailable() { return false; }
-std::string deviceUuidHex(int) { DISTILL_THROW(UsageError, "built without CUDA"); }
-void* copyAndExport(int, const void*, size_t, const void*, size_t, uint8_t*, const std::string&) {
-  DISTILL_THROW(UsageError, "built without CUDA");
+namespace {
+// Without CUDA: available() is false and share() refuses before any of the others.
+class NoCuda final : public DeviceMemory {
+ public:
+  bool available() const override { return false; }
+  std::string uuidHex(int) const override { DISTILL_THROW(UsageError, "built without CUDA"); }
+  void* copyAndExport(int, const void*, size_t, const void*, size_t, uint8_t*, const std::string&) const override {
+    DISTILL_THROW(UsageError, "built without CUDA");
+  }
+  void* importHandle(int, const uint8_t*, const std::string&) const override {
+    DISTILL_THROW(UsageError, "built without CUDA");
+  }
+  void closeImported(int, void*, const std::string&) const override {}
+  void freeExported(int, void*, const std::string&) const override {}
+};
+} // namespace
+
+const DeviceMemory& cudaDeviceMemory() {
+  static const NoCuda m;
+  return m;
 }
-void* importHandle(int, const uint8_t*, const std::string&) { DISTILL_THROW(UsageError, "built without CUDA"); }
-void closeImported(int, void*, const std::string&) {}
-void freeExported(int, void*, const std::string&) {}
-} // namespace cuda
 #endif
 
 } // namespace distill::ipc

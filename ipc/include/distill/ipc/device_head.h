@@ -34,6 +34,8 @@
 // the host head it mapped (IpcError naming both).
 //
 // Without CUDA compiled in, available() is false and share() throws UsageError.
+// The memory is ipc/src/device_memory.h's: CUDA's, or in tests POSIX shared
+// memory (tests/ipc/device_head_test.cpp runs all of the above without a GPU).
 // Thread safety: a DeviceHead is an immutable handle; copies share one state.
 
 #include <chrono>
