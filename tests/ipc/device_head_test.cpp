@@ -23,11 +23,11 @@
 #include "support/process.h"
 #include "sys.h"
 
+using distill::testing::forkChild;
+using namespace std::chrono_literals;
 using namespace distill;
 using namespace distill::ipc;
 using namespace distill::ipc::test;
-using distill::testing::forkChild;
-using namespace std::chrono_literals;
 
 namespace {
 
@@ -112,16 +112,21 @@ bool sameBytes(const DeviceHead& d, const TestHead& src) {
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
+// A head published beside a fresh segment name, removed after the test.
+class DeviceHeadTest : public ::testing::Test {
+ protected:
+  void SetUp() override { SharedHead::publish(sh.name, src.bytes); }
+  ScopedHead sh;
+  TestHead src{kVocab, kDim, 1.0f, true};
+};
+
 } // namespace
 
 // Two students of one device: one makes the copy, the other imports it; both read the published
 // head's bytes. The owner frees the copy only after the importer let go (the importer's flag, set
 // just before it lets go, is seen by the owner once its release returns); then neither the record
 // nor the memory is left.
-TEST(DeviceHead, TwoStudentsShareOneCopyAndTheOwnerFreesItAfterTheLast) {
-  ScopedHead sh;
-  TestHead src(kVocab, kDim, 1.0f, true);
-  SharedHead::publish(sh.name, src.bytes);
+TEST_F(DeviceHeadTest, TwoStudentsShareOneCopyAndTheOwnerFreesItAfterTheLast) {
   SharedFlags flags; // [0]: the importer let go
   Signal madeCopy, imported, releasing;
   auto owner = forkChild([&] {
@@ -156,10 +161,7 @@ TEST(DeviceHead, TwoStudentsShareOneCopyAndTheOwnerFreesItAfterTheLast) {
 
 // The owner killed while it copies: a student waiting for it learns it at once from the kernel,
 // not at its deadline (60 s), with an error naming the owner and the record.
-TEST(DeviceHead, AnOwnerKilledBeforeItSharedIsReportedAtOnce) {
-  ScopedHead sh;
-  TestHead src(kVocab, kDim, 1.0f, true);
-  SharedHead::publish(sh.name, src.bytes);
+TEST_F(DeviceHeadTest, AnOwnerKilledBeforeItSharedIsReportedAtOnce) {
   Signal inCopy, waiting;
   auto owner = forkChild([&] {
     HostMemory mem;
@@ -193,10 +195,7 @@ TEST(DeviceHead, AnOwnerKilledBeforeItSharedIsReportedAtOnce) {
 
 // The owner's copy fails: the students waiting for it get its reason; the record is gone, so a
 // later student starts again (and here makes the copy itself).
-TEST(DeviceHead, AFailedCopyIsEveryWaitersErrorAndTheNextStudentTriesAgain) {
-  ScopedHead sh;
-  TestHead src(kVocab, kDim, 1.0f, true);
-  SharedHead::publish(sh.name, src.bytes);
+TEST_F(DeviceHeadTest, AFailedCopyIsEveryWaitersErrorAndTheNextStudentTriesAgain) {
   Signal inCopy, go, waiting;
   auto owner = forkChild([&] {
     HostMemory mem;
@@ -238,10 +237,7 @@ TEST(DeviceHead, AFailedCopyIsEveryWaitersErrorAndTheNextStudentTriesAgain) {
 
 // An importer killed while it holds the copy never lets go: the owner frees the copy after its
 // release timeout all the same, and leaves nothing behind.
-TEST(DeviceHead, AKilledImporterDoesNotHoldTheOwnerPastItsTimeout) {
-  ScopedHead sh;
-  TestHead src(kVocab, kDim, 1.0f, true);
-  SharedHead::publish(sh.name, src.bytes);
+TEST_F(DeviceHeadTest, AKilledImporterDoesNotHoldTheOwnerPastItsTimeout) {
   Signal madeCopy, imported, release;
   auto owner = forkChild([&] {
     HostMemory mem;
